@@ -1,0 +1,64 @@
+"""Building the one Spark session a peer (or a test process) uses.
+
+Settings follow the measurements in shared/notes/spark.md: few shuffle partitions (frozen into
+stateful checkpoints, so they must be small before the first start), the RocksDB state store,
+join state format 4, no UI, and Python workers on this very interpreter so that the spool
+data source finds pyarrow and this package.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from peer.engine.java import find_java
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONF: dict[str, str] = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "1",
+    "spark.default.parallelism": "2",
+    "spark.sql.streaming.stateStore.providerClass": (
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+    ),
+    "spark.sql.streaming.join.stateFormatVersion": "4",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.driver.memory": "1g",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.streaming.noDataMicroBatches.enabled": "true",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.driver.host": "127.0.0.1",
+    "spark.sql.adaptive.enabled": "false",
+}
+
+
+def build_session(
+    master: str = "local[*]",
+    app_name: str = "fedstream-peer",
+    conf: dict[str, str] | None = None,
+    warehouse_dir: str | None = None,
+) -> SparkSession:
+    """Start (or return) this process's Spark session. Blocking: call off the event loop."""
+    find_java()  # fail with the actionable message, not a py4j trace
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(master).appName(app_name)
+    settings = dict(DEFAULT_CONF)
+    if warehouse_dir:
+        settings["spark.sql.warehouse.dir"] = warehouse_dir
+    settings.update(conf or {})
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    log.info("spark session ready: master=%s version=%s", master, spark.version)
+    return spark
