@@ -1,0 +1,361 @@
+"""The ``peer`` command (DESIGN.md section 8: the synopsis there is a contract).
+
+Only this module installs logging handlers and chooses uvloop. Every failure prints one line a
+person can act on and exits non-zero: 1 for a refused request, 2 for usage or an unreachable
+peer, 3 for a missing Java.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from peer.errors import FedstreamError, JavaMissing, Unavailable
+
+DEFAULT_PEER = "127.0.0.1:7700"
+log = logging.getLogger("peer")
+
+
+class UsageError(Exception):
+    pass
+
+
+def parse_addr(text: str, *, what: str = "address") -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise UsageError(f"{what} {text!r} must be HOST:PORT, e.g. 127.0.0.1:7700")
+    return host.strip("[]"), int(port)
+
+
+def _peer_addr(args: argparse.Namespace) -> tuple[str, int]:
+    return parse_addr(args.peer or os.environ.get("PEER_ADDR") or DEFAULT_PEER, what="--peer")
+
+
+def _run(coro: Awaitable[int]) -> int:
+    try:
+        import uvloop
+
+        return uvloop.run(coro)  # type: ignore[no-any-return]
+    except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
+        return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+async def _with_client(args: argparse.Namespace, fn: Callable[[Any], Awaitable[int]]) -> int:
+    from peer.client import Client
+
+    host, port = _peer_addr(args)
+    try:
+        client = Client(host, port, timeout_s=args.timeout)
+        await client.connect()
+    except (OSError, Unavailable, TimeoutError) as exc:
+        raise Unavailable(f"cannot reach a peer at {host}:{port} ({exc}); is `peer join` "
+                          "running there? Point --peer or PEER_ADDR at it.") from exc
+    try:
+        return await fn(client)
+    finally:
+        await client.close()
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+# commands talking to a peer
+async def cmd_schema_create(args: argparse.Namespace) -> int:
+    text = Path(args.file).read_text()
+
+    async def go(client: Any) -> int:
+        _print_json(await client.create_schema(text))
+        return 0
+
+    return await _with_client(args, go)
+
+
+async def cmd_stream_create(args: argparse.Namespace) -> int:
+    async def go(client: Any) -> int:
+        _print_json(await client.create_stream(args.name, args.schema))
+        return 0
+
+    return await _with_client(args, go)
+
+
+async def cmd_query_submit(args: argparse.Namespace) -> int:
+    text = Path(args.file).read_text()
+
+    async def go(client: Any) -> int:
+        result = await client.create_query(text)
+        if args.start:
+            result = {**result, **(await client.start_query(result["query"]))}
+        _print_json(result)
+        return 0
+
+    return await _with_client(args, go)
+
+
+def _status_cmd(status: str) -> Callable[[argparse.Namespace], Awaitable[int]]:
+    async def cmd(args: argparse.Namespace) -> int:
+        async def go(client: Any) -> int:
+            _print_json(await client.set_query_status(args.name, status))
+            return 0
+
+        return await _with_client(args, go)
+
+    return cmd
+
+
+async def cmd_push(args: argparse.Namespace) -> int:
+    from peer.ingest import chunks, read_columns
+    from peer.model.schema import parse_schema
+
+    source = sys.stdin if args.file in (None, "-") else Path(args.file).open()  # noqa: SIM115
+    with source:
+        text = source.read().splitlines()
+
+    async def go(client: Any) -> int:
+        info = await client.lookup_object(args.stream)
+        if info.get("kind") != "stream":
+            raise UsageError(f"{args.stream} is a {info.get('kind')}, not a stream")
+        schema = parse_schema(info["schema"])
+        columns = read_columns(text, args.format, schema)
+        total = 0
+        for part in chunks(columns, args.batch_size):
+            reply = await client.push(args.stream, {"columns": part})
+            total += int(reply.get("count", 0))
+        print(json.dumps({"stream": args.stream, "pushed": total}))
+        return 0
+
+    return await _with_client(args, go)
+
+
+async def cmd_subscribe(args: argparse.Namespace) -> int:
+    from peer.ingest import to_jsonl
+    from peer.model.schema import parse_schema
+
+    async def go(client: Any) -> int:
+        info = await client.lookup_object(args.stream)
+        schema = parse_schema(info["schema"])
+        seen = 0
+        iterator = client.subscribe(args.stream, start=args.start).__aiter__()
+        while args.limit is None or seen < args.limit:
+            try:
+                async with asyncio.timeout(args.idle_timeout):
+                    batch = await iterator.__anext__()
+            except (TimeoutError, StopAsyncIteration):
+                break
+            rows = batch.rows()
+            if args.limit is not None:
+                rows = rows[: args.limit - seen]
+            seen += len(rows)
+            sys.stdout.write(to_jsonl(rows, schema))
+            sys.stdout.flush()
+        return 0
+
+    return await _with_client(args, go)
+
+
+async def cmd_lookup(args: argparse.Namespace) -> int:
+    async def go(client: Any) -> int:
+        _print_json(await client.lookup_object(args.name))
+        return 0
+
+    return await _with_client(args, go)
+
+
+async def cmd_status(args: argparse.Namespace) -> int:
+    async def go(client: Any) -> int:
+        status = await client.status()
+        if args.json:
+            _print_json(status)
+            return 0
+        from rich.console import Console
+        from rich.table import Table
+
+        console = Console()
+        console.print(f"peer {status['peer']}  engine={status['engine']}  "
+                      f"uptime={status['uptime_s']}s  data={status['data_dir']}")
+        table = Table("query", "status", "batches", "rows out", "error")
+        for q in status["queries"]:
+            table.add_row(q["name"], q["status"], str(q.get("batches", "")),
+                          str(q.get("rows_out", "")), q.get("error", ""))
+        console.print(table)
+        streams = Table("stream", "latest offset")
+        for s in status["streams"]:
+            streams.add_row(s["name"], str(s["latest_offset"]))
+        console.print(streams)
+        return 0
+
+    return await _with_client(args, go)
+
+
+# local commands
+async def cmd_join(args: argparse.Namespace) -> int:
+    from peer.node import Peer, PeerConfig
+
+    host, port = parse_addr(args.listen, what="--listen")
+    if not args.no_engine:
+        from peer.engine.java import find_java
+
+        find_java()
+    config = PeerConfig(data_dir=Path(args.data_dir), host=host, port=port,
+                        engine=not args.no_engine, spark_master=args.spark_master)
+    node = Peer(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, node.stop)
+    try:
+        await node.start()
+    except BaseException:
+        await node.close()
+        raise
+    address = {"host": host, "port": node.port, "pid": os.getpid()}
+    (config.data_dir / "peer.json").write_text(json.dumps(address))
+    print(f"peer ready on {host}:{node.port} (data {config.data_dir}); Ctrl-C to leave",
+          flush=True)
+    await node.run()
+    with contextlib.suppress(OSError):
+        (config.data_dir / "peer.json").unlink()
+    return 0
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from contracts.keys import generate
+
+    key, pub = generate(args.name, Path(args.dir))
+    print(json.dumps({"private_key": str(key), "public_key": str(pub)}))
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from peer.doctor import run_doctor
+
+    return run_doctor(data_dir=Path(args.data_dir), listen=args.listen, spark=not args.quick)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from peer.demo import run_demo
+
+    return run_demo(peers=args.peers, duration_s=args.duration, tuples=args.tuples)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="peer", description="fedstream peer")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def client_cmd(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--peer", help="HOST:PORT of a peer (default $PEER_ADDR or "
+                                      f"{DEFAULT_PEER})")
+        p.add_argument("--timeout", type=float, default=60.0, help="request timeout, seconds")
+        return p
+
+    p = sub.add_parser("keygen", help="make a participant key pair")
+    p.add_argument("name")
+    p.add_argument("--dir", default=".")
+    p.set_defaults(sync=cmd_keygen)
+
+    p = sub.add_parser("join", help="run a peer until SIGINT/SIGTERM")
+    p.add_argument("--data-dir", default="./peer-data")
+    p.add_argument("--participant")
+    p.add_argument("--key")
+    p.add_argument("--listen", default="127.0.0.1:7700")
+    p.add_argument("--bootstrap", action="append", default=[])
+    p.add_argument("--http")
+    p.add_argument("--contracts")
+    p.add_argument("--trust")
+    p.add_argument("--spark-master", default="local[*]")
+    p.add_argument("--no-engine", action="store_true", help="serve without Spark")
+    p.set_defaults(run=cmd_join)
+
+    schema = sub.add_parser("schema", help="schemas").add_subparsers(dest="sub", required=True)
+    p = client_cmd(schema.add_parser("create", help="create a schema from Medusa XML or JSON"))
+    p.add_argument("file")
+    p.set_defaults(run=cmd_schema_create)
+
+    stream = sub.add_parser("stream", help="streams").add_subparsers(dest="sub", required=True)
+    p = client_cmd(stream.add_parser("create", help="create a stream"))
+    p.add_argument("name")
+    p.add_argument("--schema", required=True)
+    p.set_defaults(run=cmd_stream_create)
+
+    query = sub.add_parser("query", help="queries").add_subparsers(dest="sub", required=True)
+    p = client_cmd(query.add_parser("submit", help="submit Medusa/Borealis XML or JSON"))
+    p.add_argument("file")
+    p.add_argument("--start", action="store_true")
+    p.set_defaults(run=cmd_query_submit)
+    for verb, status in (("start", "RUNNING"), ("stop", "STOPPED"), ("delete", "DELETED")):
+        p = client_cmd(query.add_parser(verb, help=f"set a query {status}"))
+        p.add_argument("name")
+        p.set_defaults(run=_status_cmd(status))
+
+    p = client_cmd(sub.add_parser("push", help="push tuples (one per line); exit 0 once acked"))
+    p.add_argument("stream")
+    p.add_argument("file", nargs="?", default="-")
+    p.add_argument("--format", choices=("jsonl", "csv"), default="jsonl")
+    p.add_argument("--batch-size", type=int, default=10_000)
+    p.set_defaults(run=cmd_push)
+
+    p = client_cmd(sub.add_parser("subscribe", help="print a stream's tuples as JSONL"))
+    p.add_argument("stream")
+    p.add_argument("--limit", type=int)
+    p.add_argument("--idle-timeout", type=float, default=None)
+    p.add_argument("--start", choices=("latest", "earliest"), default="latest")
+    p.set_defaults(run=cmd_subscribe)
+
+    p = client_cmd(sub.add_parser("lookup", help="describe a schema, stream or query"))
+    p.add_argument("name")
+    p.set_defaults(run=cmd_lookup)
+
+    p = client_cmd(sub.add_parser("status", help="what the peer runs"))
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=cmd_status)
+
+    p = sub.add_parser("doctor", help="check Java, Spark, data directory and ports")
+    p.add_argument("--data-dir", default="./peer-data")
+    p.add_argument("--listen", default="127.0.0.1:7700")
+    p.add_argument("--quick", action="store_true", help="skip the Spark start-up check")
+    p.set_defaults(sync=cmd_doctor)
+
+    p = sub.add_parser("demo", help="run a local peer with a sample query and check its output")
+    p.add_argument("--peers", type=int, default=1)
+    p.add_argument("--duration", type=float, default=0.0)
+    p.add_argument("--tuples", type=int, default=20_000)
+    p.set_defaults(sync=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if hasattr(args, "sync"):
+            return int(args.sync(args))
+        return _run(args.run(args))
+    except JavaMissing as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 3
+    except (UsageError, Unavailable) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except FedstreamError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""``peer doctor``: what is wrong with this machine for running a peer, and how to fix it."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from peer.engine.java import HOW_TO_FIX, find_java
+from peer.errors import FedstreamError
+
+
+def _python() -> str:
+    if sys.version_info < (3, 11):
+        raise RuntimeError(f"Python {sys.version.split()[0]} is too old: install Python 3.11+")
+    return sys.version.split()[0]
+
+
+def _packages() -> str:
+    missing = [m for m in ("pyspark", "pyarrow", "pandas", "msgpack", "kademlia", "sqlglot")
+               if importlib.util.find_spec(m) is None]
+    if missing:
+        raise RuntimeError(f"missing Python packages {', '.join(missing)}: run "
+                           "`pip install fedstream` (or `pip install -e .` in a checkout)")
+    import pyspark
+
+    return f"pyspark {pyspark.__version__}"
+
+
+def _java() -> str:
+    info = find_java()
+    return f"Java {info.version} at {info.executable}"
+
+
+def _data_dir(path: Path) -> Callable[[], str]:
+    def check() -> str:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=path) as probe:
+                probe.write(b"ok")
+                probe.flush()
+                os.fsync(probe.fileno())
+        except OSError as exc:
+            raise RuntimeError(f"data directory {path} is not writable ({exc.strerror}): choose "
+                               "another with --data-dir or fix its permissions") from exc
+        return f"{path} writable"
+
+    return check
+
+
+def _port(listen: str) -> Callable[[], str]:
+    def check() -> str:
+        host, _, port = listen.rpartition(":")
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, int(port)))
+            except OSError as exc:
+                raise RuntimeError(f"cannot listen on {listen} ({exc.strerror}): another peer "
+                                   "may run there; stop it or pick --listen HOST:PORT") from exc
+        return f"{listen} free"
+
+    return check
+
+
+def _spark() -> str:
+    from peer.engine.session import build_session
+
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        spark = build_session("local[1]", app_name="fedstream-doctor", warehouse_dir=tmp)
+        try:
+            value = spark.range(10).selectExpr("sum(id)").collect()[0][0]
+            if value != 45:
+                raise RuntimeError(f"Spark computed sum(0..9) = {value}")
+            version = spark.version
+        finally:
+            spark.stop()
+    return f"Spark {version} started and ran a job in {time.monotonic() - started:.1f} s"
+
+
+def run_doctor(*, data_dir: Path, listen: str, spark: bool = True) -> int:
+    checks: list[tuple[str, Callable[[], str]]] = [
+        ("python", _python),
+        ("packages", _packages),
+        ("java", _java),
+        ("data dir", _data_dir(data_dir)),
+        ("port", _port(listen)),
+    ]
+    if spark:
+        checks.append(("spark", _spark))
+    failed = 0
+    for name, check in checks:
+        try:
+            detail = check()
+            print(f"ok    {name:9} {detail}")
+        except FedstreamError as exc:
+            failed += 1
+            print(f"FAIL  {name:9} {exc.message}")
+        except Exception as exc:
+            failed += 1
+            hint = f" {HOW_TO_FIX}" if name == "spark" else ""
+            print(f"FAIL  {name:9} {exc}{hint}")
+    print("all good" if not failed else f"{failed} problem(s) found")
+    return 0 if not failed else 1

@@ -1,0 +1,300 @@
+"""Compiling a checked query into Spark DataFrame operations.
+
+Theory of operation
+-------------------
+A query's boxes are realised in topological order on streaming DataFrames, one DataFrame per
+stream name: filter is ``where``, map is ``select``, union is ``unionByName``, a VALUES
+aggregate is an event-time ``window()`` under a watermark, a join is a stream-stream join with a
+time-range condition, and the count-based boxes (TUPLES aggregate, bsort) keep their state per
+group in Spark's state store through ``applyInPandasWithState`` (see ``peer.engine.stateful``).
+
+Every input stream carries a hidden ``__seq`` column (the spool's arrival order) through the
+per-tuple boxes, so that order-dependent functions (firstval, lastval) and count windows are
+deterministic. Order fields of any numeric type are mapped to timestamps (one unit = one second)
+in a hidden ``__ts`` column, because Spark's windows and watermarks need timestamps; window bounds
+are mapped back to the order field's type. Windows are aligned to multiples of ``advance``
+counted from zero, as Spark's ``window()`` is aligned to the epoch.
+
+The query's result streams are folded into one DataFrame: a column ``__out`` says which result
+a row belongs to and one struct column per result holds its fields. A single streaming query
+(one micro-batch loop, one job per batch) thus serves a query with any number of results; the
+sink splits the batch again (``split_outputs``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from peer.errors import QueryError
+from peer.model.plan import (
+    AggregateSpec,
+    BSortSpec,
+    CheckedBox,
+    CheckedQuery,
+    FilterSpec,
+    JoinSpec,
+    MapSpec,
+    UnionSpec,
+)
+from peer.model.schema import Schema, spark_ddl
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import Column, DataFrame
+
+SEQ = "__seq"
+TS = "__ts"
+OUT = "__out"
+
+SPARK_TYPES = {
+    "int": "int",
+    "long": "bigint",
+    "double": "double",
+    "bool": "boolean",
+    "string": "string",
+    "timestamp": "timestamp",
+}
+
+# Reads one input stream: (stream name, schema) -> streaming DataFrame with a trailing __seq.
+SourceFactory = Callable[[str, Schema], "DataFrame"]
+
+
+@dataclass(frozen=True)
+class CompiledQuery:
+    """The single DataFrame a query's streaming query writes, and how to split its batches."""
+
+    frame: DataFrame
+    outputs: tuple[tuple[str, Schema], ...]  # result stream name and schema, by __out index
+
+
+def _micros(seconds: float) -> str:
+    return f"{round(seconds * 1_000_000)} microseconds"
+
+
+def to_event_time(df: DataFrame, field: str, type_: str) -> Column:
+    """The timestamp Spark windows and watermarks on, for an order field of any type."""
+    from pyspark.sql import functions as F
+
+    col = F.col(field)
+    if type_ == "timestamp":
+        return col
+    return F.timestamp_micros(F.round(col.cast("double") * 1_000_000).cast("bigint"))
+
+
+def from_event_time(col: Column, type_: str) -> Column:
+    """Inverse of to_event_time for window bounds."""
+    from pyspark.sql import functions as F
+
+    if type_ == "timestamp":
+        return col
+    seconds = F.unix_micros(col).cast("double") / 1_000_000
+    return seconds.cast(SPARK_TYPES[type_])
+
+
+def _data_columns(schema: Schema) -> list[str]:
+    return list(schema.names)
+
+
+def _with_seq(df: DataFrame, columns: list[str]) -> list[str]:
+    return [*columns, SEQ] if SEQ in df.columns else columns
+
+
+class _Compiler:
+    def __init__(self, checked: CheckedQuery, source: SourceFactory) -> None:
+        self.checked = checked
+        self.frames: dict[str, DataFrame] = {}
+        for name in checked.inputs:
+            self.frames[name] = source(name, checked.stream_schemas[name])
+
+    def where(self, box: CheckedBox, param: str = "") -> str:
+        text = f"query {self.checked.query.name}, box {box.box.name}"
+        return f"{text}, parameter {param}" if param else text
+
+    def run(self) -> CompiledQuery:
+        for box in self.checked.boxes:
+            inputs = [self.frames[s] for s in box.box.inputs]
+            outputs = self.box(box, inputs)
+            for stream, frame in zip(box.box.outputs, outputs, strict=True):
+                self.frames[stream] = frame
+        return self.fold()
+
+    def box(self, box: CheckedBox, inputs: list[DataFrame]) -> list[DataFrame]:
+        spec = box.spec
+        if isinstance(spec, FilterSpec):
+            return self.filter(spec, box, inputs[0])
+        if isinstance(spec, MapSpec):
+            return [self.map(spec, box, inputs[0])]
+        if isinstance(spec, UnionSpec):
+            return [self.union(box, inputs)]
+        if isinstance(spec, AggregateSpec):
+            if spec.window_by == "TUPLES":
+                from peer.engine.stateful import tuple_window_aggregate
+
+                return [tuple_window_aggregate(inputs[0], spec, box.output_schemas[0])]
+            return [self.aggregate(spec, box, inputs[0])]
+        if isinstance(spec, JoinSpec):
+            return [self.join(spec, box, inputs[0], inputs[1])]
+        if isinstance(spec, BSortSpec):
+            from peer.engine.stateful import bounded_sort
+
+            return [bounded_sort(inputs[0], spec, box.output_schemas[0])]
+        raise QueryError(f"{self.where(box)}: box type {box.box.type!r} cannot run on Spark")
+
+    def filter(self, spec: FilterSpec, box: CheckedBox, df: DataFrame) -> list[DataFrame]:
+        from pyspark.sql import functions as F
+
+        # A case statement: a tuple leaves through the first predicate it satisfies. NULL is
+        # "not satisfied", so every predicate is wrapped in coalesce(..., false).
+        conds = [F.coalesce(F.expr(p.sql), F.lit(False)) for p in spec.predicates]
+        outs: list[DataFrame] = []
+        none_before: Column = F.lit(True)
+        for cond in conds:
+            outs.append(df.where(none_before & cond))
+            none_before = none_before & ~cond
+        if spec.pass_on_false:
+            outs.append(df.where(none_before))
+        return outs
+
+    def map(self, spec: MapSpec, box: CheckedBox, df: DataFrame) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        schema = box.output_schemas[0]
+        cols = [
+            F.expr(expr.sql).cast(SPARK_TYPES[schema.field(name).type]).alias(name)
+            for name, expr in spec.outputs
+        ]
+        if SEQ in df.columns:
+            cols.append(F.col(SEQ))
+        return df.select(*cols)
+
+    def union(self, box: CheckedBox, inputs: list[DataFrame]) -> DataFrame:
+        columns = _data_columns(box.output_schemas[0])
+        keep_seq = all(SEQ in df.columns for df in inputs)
+        wanted = [*columns, SEQ] if keep_seq else columns
+        result = inputs[0].select(*wanted)
+        for other in inputs[1:]:
+            result = result.unionByName(other.select(*wanted))
+        return result
+
+    def aggregate(self, spec: AggregateSpec, box: CheckedBox, df: DataFrame) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        assert spec.order_on is not None  # check_query requires it for VALUES windows
+        schema = box.output_schemas[0]
+        timed = df.withColumn(TS, to_event_time(df, spec.order_on, spec.order_type))
+        timed = timed.withWatermark(TS, _micros(spec.slack))
+        window = F.window(TS, _micros(spec.window_size), _micros(spec.advance)).alias("__w")
+        aggs = [self._agg(call.function, call.argument, SEQ in df.columns).alias(call.output_name)
+                for call in spec.calls]
+        grouped = timed.groupBy(window, *[F.col(g) for g in spec.group_by]).agg(*aggs)
+        out = [
+            from_event_time(F.col("__w.start"), spec.order_type).alias("window_start"),
+            from_event_time(F.col("__w.end"), spec.order_type).alias("window_end"),
+            *[F.col(g) for g in spec.group_by],
+            *[F.col(c.output_name).cast(SPARK_TYPES[schema.field(c.output_name).type])
+              .alias(c.output_name) for c in spec.calls],
+        ]
+        return grouped.select(*out)
+
+    @staticmethod
+    def _agg(function: str, argument: str | None, has_seq: bool) -> Column:
+        from pyspark.sql import functions as F
+
+        if function == "count":
+            return F.count(F.lit(1)) if argument is None else F.count(F.col(argument))
+        assert argument is not None
+        col = F.col(argument)
+        if function == "sum":
+            return F.sum(col)
+        if function == "avg":
+            return F.avg(col)
+        if function == "min":
+            return F.min(col)
+        if function == "max":
+            return F.max(col)
+        if function == "count_distinct":
+            # Spark refuses distinct aggregates on streams; a set in the state store is exact.
+            return F.size(F.collect_set(col))
+        if function in ("firstval", "lastval"):
+            if not has_seq:
+                raise QueryError(f"{function}({argument}) needs arrival order, which is lost "
+                                 "after a join or an aggregate")
+            pick = F.min_by if function == "firstval" else F.max_by
+            return pick(col, F.col(SEQ))
+        raise QueryError(f"aggregate function {function!r} cannot run on Spark")
+
+    def join(self, spec: JoinSpec, box: CheckedBox, left: DataFrame,
+             right: DataFrame) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        lschema, rschema = box.input_schemas
+        delay = _micros(max(spec.left_buffer, spec.right_buffer))
+        lt = left.withColumn(TS, to_event_time(left, spec.left_order_on,
+                                               lschema.field(spec.left_order_on).type))
+        rt = right.withColumn(TS, to_event_time(right, spec.right_order_on,
+                                                rschema.field(spec.right_order_on).type))
+        lt = lt.withWatermark(TS, delay).alias("left")
+        rt = rt.withWatermark(TS, delay).alias("right")
+        # The order fields differ by less than the other side's buffer (DESIGN.md section 5).
+        cond = (F.expr(f"`left`.`{TS}` < `right`.`{TS}` + INTERVAL {_micros(spec.right_buffer)}")
+                & F.expr(f"`right`.`{TS}` < `left`.`{TS}` + INTERVAL {_micros(spec.left_buffer)}"))
+        if spec.predicate is not None:
+            cond = cond & F.expr(spec.predicate.sql)
+        joined = lt.join(rt, cond, "inner")
+        cols = []
+        for source, name in spec.out_fields:
+            side, _, field = source.partition(".")
+            cols.append(F.col(f"`{side}`.`{field}`").alias(name))
+        return joined.select(*cols)
+
+    def fold(self) -> CompiledQuery:
+        from pyspark.sql import functions as F
+
+        outputs = tuple((s, self.checked.stream_schemas[s]) for s in self.checked.outputs)
+        if not outputs:
+            raise QueryError(f"query {self.checked.query.name}: produces no stream")
+        parts = []
+        for index, (stream, schema) in enumerate(outputs):
+            df = self.frames[stream]
+            parts.append(df.select(
+                F.lit(index).alias(OUT),
+                F.struct(*[F.col(c) for c in schema.names]).alias(f"__o{index}"),
+            ))
+        frame = parts[0]
+        for part in parts[1:]:
+            frame = frame.unionByName(part, allowMissingColumns=True)
+        return CompiledQuery(frame, outputs)
+
+
+def compile_query(checked: CheckedQuery, source: SourceFactory) -> CompiledQuery:
+    """Build the streaming DataFrame of ``checked``. Blocking py4j calls: run off the loop."""
+    return _Compiler(checked, source).run()
+
+
+def split_outputs(compiled: CompiledQuery, table: pa.Table) -> dict[str, pa.Table]:
+    """Split one collected micro-batch of the folded frame into per-stream tables."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    result: dict[str, pa.Table] = {}
+    if table.num_rows == 0:
+        return result
+    out = table.column(OUT)
+    for index, (stream, schema) in enumerate(compiled.outputs):
+        rows = table.filter(pc.equal(out, index)) if len(compiled.outputs) > 1 else table
+        if rows.num_rows == 0:
+            continue
+        struct = rows.column(f"__o{index}").combine_chunks()
+        columns = {name: struct.field(name) for name in schema.names}
+        result[stream] = pa.table(columns)
+    return result
+
+
+def output_ddl(schema: Schema) -> str:
+    return spark_ddl(schema)
+
+
+def describe(compiled: CompiledQuery) -> dict[str, Any]:
+    return {"outputs": [s for s, _ in compiled.outputs]}

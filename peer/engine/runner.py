@@ -1,0 +1,241 @@
+"""The peer's Spark engine: one session, one streaming query per running query.
+
+py4j calls block, so every call into Spark runs on one dedicated thread (``_spark_thread``),
+never on the event loop. Each running query becomes one Structured Streaming query whose
+sources are the spools of its input streams and whose ``foreachBatch`` sink appends each
+result micro-batch to the spools of its result streams, tagged (query incarnation, batch id):
+when Spark re-runs a batch after a crash, the spool recognises the tag and keeps nothing twice.
+Offsets, state and the batch ids live in the query's checkpoint directory, so a peer restarted
+on the same data directory resumes each query where its checkpoint says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import hashlib
+import logging
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from peer.engine.compile import CompiledQuery, compile_query, split_outputs
+from peer.errors import EngineError
+from peer.model.plan import CheckedQuery
+from peer.model.schema import Schema, spark_ddl
+from peer.spool import SpoolSet
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def query_key(name: str, incarnation: str) -> str:
+    """A file-system and Spark-safe name for one incarnation of a query."""
+    digest = hashlib.sha256(name.encode()).hexdigest()[:12]
+    tail = "".join(c if c.isalnum() else "_" for c in name)[-40:]
+    return f"{tail}-{digest}-{incarnation}"
+
+
+@dataclass
+class RunningQuery:
+    name: str
+    incarnation: str
+    compiled: CompiledQuery
+    handle: StreamingQuery
+    readers: list[tuple[str, str]]  # (stream, reader id)
+    batches: int = 0
+    rows_out: int = 0
+    last_batch_s: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+
+class Engine:
+    """Runs queries on a local (or remote) Spark session on behalf of one peer."""
+
+    def __init__(
+        self,
+        spools: SpoolSet,
+        checkpoint_root: Path,
+        *,
+        master: str = "local[*]",
+        conf: dict[str, str] | None = None,
+        trigger_s: float = 0.0,
+        max_rows_per_batch: int = 200_000,
+    ) -> None:
+        self.spools = spools
+        self.checkpoint_root = checkpoint_root
+        self.master = master
+        self.conf = dict(conf or {})
+        self.trigger_s = trigger_s
+        self.max_rows_per_batch = max_rows_per_batch
+        self.spark: SparkSession | None = None
+        self.running: dict[str, RunningQuery] = {}
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="spark"
+        )
+        self._lock = threading.Lock()
+
+    async def _call(self, fn: Callable[[], T]) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, fn)
+
+    async def start(self, spark: SparkSession | None = None) -> None:
+        """Start the session (6-16 s on a small machine), or adopt one already started."""
+        if spark is not None:
+            self.spark = spark
+            return
+
+        def build() -> SparkSession:
+            from peer.engine.session import build_session
+            from peer.engine.source import register_sources
+
+            session = build_session(self.master, conf=self.conf,
+                                    warehouse_dir=str(self.checkpoint_root.parent / "warehouse"))
+            register_sources(session)
+            return session
+
+        self.spark = await self._call(build)
+
+    def _source(self, key: str, readers: list[tuple[str, str]]) -> Callable[[str, Schema],
+                                                                             DataFrame]:
+        from peer.engine.source import read_stream
+
+        assert self.spark is not None
+        spark = self.spark
+
+        def make(stream: str, schema: Schema) -> DataFrame:
+            spool = self.spools.get(stream)
+            reader = f"{key}-{len(readers)}"
+            spool.register_reader(reader)
+            readers.append((stream, reader))
+            return read_stream(spark, spool.directory, spark_ddl(schema), reader,
+                               with_seq=True, max_rows=self.max_rows_per_batch)
+
+        return make
+
+    def checkpoint_dir(self, name: str, incarnation: str) -> Path:
+        return self.checkpoint_root / query_key(name, incarnation)
+
+    async def run_query(self, checked: CheckedQuery, incarnation: str) -> None:
+        """Start ``checked`` (resuming from its checkpoint when there is one)."""
+        name = checked.query.name
+        if name in self.running:
+            return
+        key = query_key(name, incarnation)
+        checkpoint = self.checkpoint_dir(name, incarnation)
+        origin = f"query:{name}:{incarnation}"
+
+        def start() -> RunningQuery:
+            readers: list[tuple[str, str]] = []
+            compiled = compile_query(checked, self._source(key, readers))
+            running: RunningQuery | None = None
+
+            def sink(df: DataFrame, batch_id: int) -> None:
+                started = time.monotonic()
+                table = df.toArrow()
+                for stream, part in split_outputs(compiled, table).items():
+                    self.spools.get(stream).append(part, origin=origin, seq=batch_id)
+                if running is not None:
+                    running.batches += 1
+                    running.rows_out += table.num_rows
+                    running.last_batch_s = time.monotonic() - started
+
+            writer = (compiled.frame.writeStream.queryName(key)
+                      .option("checkpointLocation", str(checkpoint))
+                      .outputMode("append")
+                      .trigger(processingTime=f"{self.trigger_s} seconds")
+                      .foreachBatch(sink))
+            handle = writer.start()
+            running = RunningQuery(name, incarnation, compiled, handle, readers)
+            return running
+
+        try:
+            self.running[name] = await self._call(start)
+        except Exception as exc:
+            if isinstance(exc, EngineError):
+                raise
+            raise EngineError(f"query {name}: Spark refused to start it: {_short(exc)}",
+                              query=name) from exc
+        log.info("query %s started (checkpoint %s)", name, checkpoint)
+
+    async def stop_query(self, name: str) -> None:
+        running = self.running.pop(name, None)
+        if running is None:
+            return
+
+        def stop() -> None:
+            # A stop during a batch sometimes logs an InterruptedException from the stream
+            # thread; it is harmless (the batch is re-run from the checkpoint on restart).
+            with contextlib.suppress(Exception):
+                running.handle.stop()
+
+        await self._call(stop)
+        log.info("query %s stopped", name)
+
+    async def drop_query(self, name: str, incarnation: str) -> None:
+        """Stop the query and remove its checkpoint and its spool reader registrations."""
+        running = self.running.get(name)
+        readers = list(running.readers) if running else []
+        await self.stop_query(name)
+        for stream, reader in readers:
+            with contextlib.suppress(KeyError):
+                self.spools.get(stream).unregister_reader(reader)
+        key = query_key(name, incarnation)
+        for stream in self.spools.streams():
+            spool = self.spools.get(stream)
+            for reader in spool.readers():
+                if reader.startswith(key):
+                    spool.unregister_reader(reader)
+        await asyncio.to_thread(shutil.rmtree, self.checkpoint_dir(name, incarnation), True)
+
+    def describe(self, name: str) -> dict[str, Any]:
+        running = self.running.get(name)
+        if running is None:
+            return {"active": False}
+        info: dict[str, Any] = {
+            "active": running.handle.isActive,
+            "batches": running.batches,
+            "rows_out": running.rows_out,
+            "last_batch_s": round(running.last_batch_s, 4),
+        }
+        exc = running.handle.exception()
+        if exc is not None:
+            info["error"] = _short(exc)
+        return info
+
+    async def failed(self) -> dict[str, str]:
+        """Queries whose streaming query died, with the reason."""
+
+        def check() -> dict[str, str]:
+            out = {}
+            for name, running in self.running.items():
+                if not running.handle.isActive:
+                    exc = running.handle.exception()
+                    out[name] = _short(exc) if exc is not None else "stopped"
+            return out
+
+        return await self._call(check)
+
+    async def close(self) -> None:
+        for name in list(self.running):
+            await self.stop_query(name)
+        spark = self.spark
+        self.spark = None
+        if spark is not None:
+            with contextlib.suppress(Exception):
+                await self._call(spark.stop)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:500] if text else type(exc).__name__

@@ -1,0 +1,165 @@
+"""Helpers for testing code that talks to peers (shipped, as trio.testing is).
+
+``PeerThread`` runs a real Peer (real sockets, real spools, the given or a new Spark session) on
+its own event loop in a background thread, so that a synchronous test can drive it with the
+real ``Client`` through ``asyncio.run``. ``collect`` gathers a stream's tuples until a count is
+reached or a deadline passes. ``start_peer_process`` runs ``peer join`` as a separate process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from peer.node import Peer, PeerConfig
+
+
+class PeerThread:
+    def __init__(self, config: PeerConfig, spark: Any = None, *, ready_timeout_s: float = 180):
+        self.config = config
+        self.spark = spark
+        self.ready_timeout_s = ready_timeout_s
+        self.peer = Peer(config)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="peer-loop", daemon=True)
+
+    def _main(self) -> None:
+        async def body() -> None:
+            self._loop = asyncio.get_running_loop()
+            try:
+                await self.peer.start(self.spark)
+            except BaseException as exc:
+                self._error = exc
+                self._ready.set()
+                await self.peer.close()
+                return
+            self._ready.set()
+            await self.peer.run()
+
+        asyncio.run(body())
+
+    @property
+    def port(self) -> int:
+        return self.peer.port
+
+    def __enter__(self) -> PeerThread:
+        self._thread.start()
+        if not self._ready.wait(self.ready_timeout_s):
+            raise TimeoutError(f"peer not ready after {self.ready_timeout_s} s")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self, timeout_s: float = 60) -> None:
+        if self._loop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self.peer.stop)
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            raise TimeoutError(f"peer did not stop within {timeout_s} s")
+
+    def call(self, coro: Any, timeout_s: float = 60) -> Any:
+        """Run a coroutine on the peer's own loop (for reaching into the peer in tests)."""
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
+
+
+async def collect(client: Any, stream: str, count: int, *, timeout_s: float = 60,
+                  settle_s: float = 0.0, start: str = "earliest") -> list[dict[str, Any]]:
+    """Rows of ``stream`` until ``count`` arrived (then ``settle_s`` more, to catch extras)."""
+    rows: list[dict[str, Any]] = []
+
+    async def gather() -> None:
+        async for batch in client.subscribe(stream, start=start):
+            rows.extend(batch.rows())
+            if len(rows) >= count:
+                return
+
+    try:
+        async with asyncio.timeout(timeout_s):
+            await gather()
+    except TimeoutError:
+        return rows
+    if settle_s > 0:
+        try:
+            async with asyncio.timeout(settle_s):
+                rows.clear()
+                await _drain(client, stream, rows)
+        except TimeoutError:
+            pass
+    return rows
+
+
+async def _drain(client: Any, stream: str, rows: list[dict[str, Any]]) -> None:
+    async for batch in client.subscribe(stream, start="earliest"):
+        rows.extend(batch.rows())
+
+
+class PeerProcess:
+    """``peer join`` as a separate process on an ephemeral loopback port."""
+
+    def __init__(self, data_dir: Path, *extra: str, log_path: Path | None = None) -> None:
+        self.data_dir = data_dir
+        self.extra = extra
+        self.log_path = log_path or data_dir.with_suffix(".log")
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    def start(self, timeout_s: float = 180) -> PeerProcess:
+        marker = self.data_dir / "peer.json"
+        if marker.exists():
+            marker.unlink()
+        log = self.log_path.open("ab")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "peer.cli", "join", "--data-dir", str(self.data_dir),
+             "--listen", "127.0.0.1:0", *self.extra],
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"peer exited with {self.proc.returncode}: "
+                                   f"{self.log_path.read_text()[-2000:]}")
+            if marker.exists():
+                self.port = int(json.loads(marker.read_text())["port"])
+                return self
+            time.sleep(0.2)
+        self.kill()
+        raise TimeoutError(f"peer not ready after {timeout_s} s")
+
+    def kill(self) -> None:
+        """SIGKILL the peer and the JVM it started (its process group)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+
+    def stop(self, timeout_s: float = 60) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return -9
+
+    def __enter__(self) -> PeerProcess:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()

@@ -1,0 +1,31 @@
+# Sourced by scripts/demo and scripts/test: make (or reuse) the virtual environment in .venv
+# and install fedstream into it, so that each quickstart command works on a fresh machine.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${FEDSTREAM_VENV:-$ROOT/.venv}"
+PYTHON="${PYTHON:-python3}"
+
+if ! command -v java >/dev/null 2>&1 && [ -z "${JAVA_HOME:-}" ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] no Java found: installing openjdk-17-jre-headless (Spark 4 needs Java 17 or 21)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless
+  else
+    echo "[setup] Spark 4 needs Java 17 or 21: install it (e.g. apt-get install openjdk-17-jre-headless) and retry" >&2
+    exit 3
+  fi
+fi
+
+stamp="$VENV/.fedstream-installed"
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating virtual environment $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+if [ ! -f "$stamp" ] || [ "$ROOT/setup.cfg" -nt "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
+  echo "[setup] installing fedstream and its dependencies (pyspark is large: first time takes a few minutes)"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  "$VENV/bin/python" -m pip install -q -e "$ROOT[test,dev]"
+  touch "$stamp"
+fi
+export PATH="$VENV/bin:$PATH"
+export PYSPARK_PYTHON="$VENV/bin/python"
+cd "$ROOT"

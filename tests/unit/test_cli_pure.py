@@ -1,0 +1,60 @@
+"""Pure parts of the CLI and the Java check: no peer, no JVM."""
+
+from __future__ import annotations
+
+import pytest
+
+from peer.cli import UsageError, build_parser, parse_addr
+from peer.engine.java import parse_java_version
+
+
+@pytest.mark.parametrize(
+    ("output", "major"),
+    [
+        ('openjdk version "17.0.15" 2025-04-15', 17),
+        ('openjdk version "21.0.2" 2024-01-16 LTS', 21),
+        ('java version "1.8.0_381"', 8),
+        ('openjdk version "25-ea" 2025-09-16', 25),
+    ],
+)
+def test_parse_java_version(output, major):
+    parsed = parse_java_version(output)
+    assert parsed is not None and parsed[0] == major
+
+
+def test_parse_java_version_garbage():
+    assert parse_java_version("command not found") is None
+
+
+@pytest.mark.parametrize("text", ["localhost", "127.0.0.1:", ":7700", "h:99999", "h:port"])
+def test_bad_addresses_name_the_option(text):
+    with pytest.raises(UsageError, match="--peer"):
+        parse_addr(text, what="--peer")
+
+
+def test_good_address():
+    assert parse_addr("[::1]:7700") == ("::1", 7700)
+    assert parse_addr("127.0.0.1:0") == ("127.0.0.1", 0)
+
+
+def test_synopsis_commands_parse():
+    parser = build_parser()
+    for argv in (
+        ["keygen", "acme", "--dir", "/tmp/k"],
+        ["join"],
+        ["join", "--data-dir", "d", "--participant", "acme", "--key", "k", "--listen",
+         "127.0.0.1:7701", "--bootstrap", "a:1", "--bootstrap", "b:2", "--http", "127.0.0.1:8080",
+         "--contracts", "c", "--trust", "t", "--spark-master", "local[2]", "--no-engine"],
+        ["schema", "create", "s.xml"],
+        ["stream", "create", "people", "--schema", "person"],
+        ["query", "submit", "q.xml", "--start"],
+        ["query", "start", "q"], ["query", "stop", "q"], ["query", "delete", "q"],
+        ["push", "people", "f.jsonl", "--format", "csv"],
+        ["push", "people"],
+        ["subscribe", "MrX", "--limit", "3", "--idle-timeout", "2"],
+        ["lookup", "people"],
+        ["status", "--json"],
+        ["demo", "--peers", "1", "--duration", "5"],
+        ["doctor"],
+    ):
+        parser.parse_args(argv)
