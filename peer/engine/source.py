@@ -1,0 +1,299 @@
+"""``fedspool``: a PySpark streaming data source that reads a spool directory by offset.
+
+Theory of operation
+-------------------
+The spool (``peer.spool``) is written by the peer process; this module runs in the Python
+processes Spark starts (the source runner that plans micro-batches, and the workers that read
+partitions), so it imports only pyarrow, the standard library, pyspark's data source API and
+``peer.spool`` at the top: never the peer node or the session builder.
+
+An offset is ``{"offset": N}``: every spool file with offset <= N is consumed. Spark asks
+
+* ``initialOffset`` once for a new query (no checkpoint): just before the first file present;
+* ``getDefaultReadLimit`` once: ``ReadMaxRows(maxRowsPerBatch)``, because with a 0 s trigger a
+  backlog otherwise becomes one huge micro-batch (the driver ran out of heap collecting it);
+* ``latestOffset(start, limit)`` before each micro-batch: it walks the files after ``start``
+  by ``stat`` (a walk stops at the first gap, so a file still being renamed into place is
+  never skipped) and stops where the limit says, reading row counts from file footers. A
+  micro-batch always takes at least one whole file: files are the unit of the offset;
+* ``partitions(start, end)``: the files of the range split into up to ``numPartitions``
+  contiguous runs of similar row count, so that two cores read and filter in parallel;
+  Spark concatenates partitions in order, so a collected micro-batch is in offset order;
+* ``read(partition)`` (in a worker): each file's record batches, cast to the exact Arrow
+  schema Spark derives from the declared one (``timestamp[us, tz=UTC]``), plus ``__seq``
+  when ``withSeq`` is on;
+* ``commit(end)`` after the micro-batch is in Spark's commit log: ``readers/<reader>.offset``
+  is rewritten atomically, which is what lets the peer trim the spool.
+
+Options: ``path`` (spool directory), ``schema`` (Spark DDL of the stream), ``reader`` (reader
+id whose commit file this query writes; without it nothing is committed), ``maxRowsPerBatch``
+(default 200000; 0 = unbounded), ``withSeq`` (``true`` adds a trailing ``__seq BIGINT``),
+``numPartitions`` (default 2), ``startingOffset`` (``earliest``, the default, or ``latest``:
+for a query without checkpoint), ``noFsync`` (``true`` skips fsync of commit files: tests).
+
+``__seq`` = offset * 2**24 + row index within the file: a total order of arrival that
+survives restarts and replays (the spool caps files at 2**24 - 1 rows).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxFiles,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
+
+from peer import spool as fmt
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+log = logging.getLogger(__name__)
+
+SOURCE_NAME = "fedspool"
+SEQ_COLUMN = "__seq"
+SEQ_SHIFT = 24  # __seq = offset << SEQ_SHIFT | row index
+DEFAULT_MAX_ROWS = 200_000
+DEFAULT_PARTITIONS = 2
+# Below this many rows per partition a second Python task costs more than it saves.
+MIN_ROWS_PER_PARTITION = 20_000
+
+
+def _flag(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("true", "1", "yes")
+
+
+class SpoolRange(InputPartition):
+    """Files ``first..last`` (inclusive) of one spool: what one Spark task reads (pickled)."""
+
+    def __init__(self, first: int, last: int) -> None:
+        super().__init__((first, last))
+        self.first = first
+        self.last = last
+
+
+class SpoolDataSource(DataSource):
+    """``spark.readStream.format("fedspool")``; see the module docstring for the options."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> str:
+        ddl = self.options.get("schema")
+        if not ddl:
+            raise ValueError("the fedspool source needs the option 'schema' (a Spark DDL string)")
+        if _flag(self.options.get("withSeq")):
+            return f"{ddl}, `{SEQ_COLUMN}` BIGINT"
+        return str(ddl)
+
+    def streamReader(self, schema: StructType) -> SpoolStreamReader:
+        return SpoolStreamReader(self.options, schema)
+
+
+class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        # Spark hands the options over case-insensitively (keys lower-cased): so do we.
+        options = {k.lower(): v for k, v in options.items()}
+        path = options.get("path")
+        if not path:
+            raise ValueError("the fedspool source needs the option 'path' (a spool directory)")
+        self.directory = Path(path)
+        self.reader_id = options.get("reader") or None
+        if self.reader_id is not None:
+            fmt.reader_path(self.directory, self.reader_id)  # validate early
+        self.with_seq = _flag(options.get("withseq"))
+        self.max_rows = int(options.get("maxrowsperbatch", DEFAULT_MAX_ROWS))
+        self.num_partitions = max(1, int(options.get("numpartitions", DEFAULT_PARTITIONS)))
+        self.starting = options.get("startingoffset", "earliest").strip().lower()
+        if self.starting not in ("earliest", "latest"):
+            raise ValueError(
+                f"startingOffset must be 'earliest' or 'latest', not {self.starting!r}"
+            )
+        self.fsync = not _flag(options.get("nofsync"))
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        # Exactly what Spark checks returned batches against (field order, tz, nullability).
+        self.arrow_schema: pa.Schema = to_arrow_schema(schema, timezone="UTC")
+        self._rows: dict[int, int] = {}  # row counts by offset (planner process only)
+        self._target: int | None = None  # Trigger.AvailableNow's end
+
+    # ----------------------------------------------------------------------- planning
+
+    def initialOffset(self) -> dict[str, int]:
+        present = fmt.list_offsets(self.directory)
+        if self.starting == "latest":
+            last = present[-1] if present else fmt.trimmed_through(self.directory)
+            return {"offset": last}
+        if present:
+            return {"offset": present[0] - 1}
+        return {"offset": fmt.trimmed_through(self.directory)}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.max_rows > 0:
+            return ReadMaxRows(self.max_rows)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        present = fmt.list_offsets(self.directory)
+        self._target = present[-1] if present else None
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        begin = int(start["offset"])
+        max_rows = max_files = max_bytes = None
+        if isinstance(limit, ReadMaxRows):
+            max_rows = limit.max_rows
+        elif isinstance(limit, ReadMaxFiles):
+            max_files = limit.max_files
+        elif isinstance(limit, ReadMaxBytes):
+            max_bytes = limit.max_bytes
+        end, rows, size = begin, 0, 0
+        while self._target is None or end < self._target:
+            path = fmt.offset_path(self.directory, end + 1)
+            try:
+                file_size = os.stat(path).st_size
+            except FileNotFoundError:
+                break
+            file_rows = self._file_rows(end + 1)
+            if end > begin and (
+                (max_rows is not None and rows + file_rows > max_rows)
+                or (max_bytes is not None and size + file_size > max_bytes)
+                or (max_files is not None and end - begin >= max_files)
+            ):
+                break
+            end, rows, size = end + 1, rows + file_rows, size + file_size
+        if end == begin:
+            self._check_not_trimmed(begin)
+        if isinstance(limit, ReadMinRows) and rows < limit.min_rows:
+            return {"offset": begin}
+        for offset in [o for o in self._rows if o <= begin]:
+            del self._rows[offset]
+        return {"offset": end}
+
+    def _check_not_trimmed(self, begin: int) -> None:
+        # Nothing after `begin`: normal when idle, but if later files exist, the next one was
+        # trimmed before this reader consumed it (a reader registered too late, or a stale
+        # checkpoint). Stalling silently would hide data loss.
+        present = fmt.list_offsets(self.directory)
+        if present and present[-1] > begin + 1 and present[0] > begin + 1:
+            raise fmt.TrimmedError(
+                f"spool {self.directory}: offsets {begin + 1}..{present[0] - 1} were trimmed "
+                f"before reader {self.reader_id!r} consumed them"
+            )
+
+    def _file_rows(self, offset: int) -> int:
+        rows = self._rows.get(offset)
+        if rows is None:
+            rows = self._rows[offset] = fmt.file_rows(fmt.offset_path(self.directory, offset))
+        return rows
+
+    def reportLatestOffset(self) -> dict[str, int] | None:
+        present = fmt.list_offsets(self.directory)
+        return {"offset": present[-1]} if present else None
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[SpoolRange]:
+        first, last = int(start["offset"]) + 1, int(end["offset"])
+        if last < first:
+            return []
+        offsets = list(range(first, last + 1))
+        rows = [self._file_rows(o) for o in offsets]
+        total = sum(rows)
+        parts = min(self.num_partitions, len(offsets), max(1, total // MIN_ROWS_PER_PARTITION))
+        # Cut before the file whose middle crosses the next 1/parts share of the rows.
+        ranges: list[SpoolRange] = []
+        run_start, acc, share = first, 0, total / parts
+        for offset, n in zip(offsets, rows, strict=True):
+            crossing = acc + n / 2 > share * (len(ranges) + 1)
+            if crossing and len(ranges) < parts - 1 and offset > run_start:
+                ranges.append(SpoolRange(run_start, offset - 1))
+                run_start = offset
+            acc += n
+        ranges.append(SpoolRange(run_start, last))
+        return ranges
+
+    # ----------------------------------------------------------------------- reading
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, SpoolRange)
+        target = self.arrow_schema
+        names = [n for n in target.names if not (self.with_seq and n == SEQ_COLUMN)]
+        for offset in range(partition.first, partition.last + 1):
+            try:
+                table = fmt.read_file(fmt.offset_path(self.directory, offset))
+            except FileNotFoundError:
+                raise fmt.TrimmedError(
+                    f"spool {self.directory}: offset {offset} was trimmed before it was read"
+                ) from None
+            row = 0
+            for batch in table.to_batches():
+                yield _conform(batch, names, target, offset, row if self.with_seq else None)
+                row += batch.num_rows
+
+    def commit(self, end: dict[str, int]) -> None:
+        if self.reader_id is not None:
+            fmt.write_reader_offset(
+                self.directory, self.reader_id, int(end["offset"]), fsync=self.fsync
+            )
+
+    def stop(self) -> None:
+        self._rows.clear()
+
+
+def _conform(
+    batch: pa.RecordBatch, names: list[str], target: pa.Schema, offset: int, seq_row: int | None
+) -> pa.RecordBatch:
+    columns: list[Any] = []
+    for name in names:
+        column = batch.column(name)
+        wanted = target.field(name).type
+        columns.append(column if column.type == wanted else column.cast(wanted))
+    if seq_row is not None:
+        import numpy as np
+
+        base = (offset << SEQ_SHIFT) + seq_row
+        columns.append(pa.array(np.arange(base, base + batch.num_rows, dtype=np.int64)))
+    return pa.RecordBatch.from_arrays(columns, schema=target)
+
+
+# --------------------------------------------------------------------------- driver side
+
+
+def register_sources(spark: SparkSession) -> None:
+    """Make ``format("fedspool")`` known to this session."""
+    spark.dataSource.register(SpoolDataSource)
+
+
+def read_stream(
+    spark: SparkSession,
+    spool_dir: Path | str,
+    ddl: str,
+    reader_id: str,
+    *,
+    with_seq: bool = False,
+    max_rows: int = DEFAULT_MAX_ROWS,
+    num_partitions: int = DEFAULT_PARTITIONS,
+) -> DataFrame:
+    """A streaming DataFrame over a spool; register ``reader_id`` on the spool first."""
+    return (
+        spark.readStream.format(SOURCE_NAME)
+        .option("path", str(spool_dir))
+        .option("schema", ddl)
+        .option("reader", reader_id)
+        .option("withSeq", "true" if with_seq else "false")
+        .option("maxRowsPerBatch", str(max_rows))
+        .option("numPartitions", str(num_partitions))
+        .load()
+    )

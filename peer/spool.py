@@ -1,0 +1,496 @@
+"""The spool: a durable, append-only log of one stream on a peer, read by offset.
+
+Theory of operation
+-------------------
+A spool is a directory. Each appended batch becomes one Arrow IPC *file* named by its offset
+(``00000000000000000042.arrow``); offsets are consecutive integers from 0. An append writes the
+batch to a temporary name in the same directory and fsyncs it, then - under the spool's lock,
+so that files appear in offset order - picks the next offset, renames the file into place and
+fsyncs the directory. A rename is atomic, so whatever instant a process dies at, a reader
+sees either the whole batch or nothing of it; leftover temporary files are removed on open.
+
+Each file's schema metadata carries the batch's origin tag ``(origin, seq)``, its row count
+(so the Spark source can bound micro-batches from the footer alone) and the append wall-clock
+time. Replays are dropped: an append whose ``seq`` is not above the highest seq seen for its
+origin writes nothing. Those highest seqs are rebuilt from file metadata on open; trimming
+deletes files, so before it does, it records the seqs and the trimmed offset in
+``spool-state.json`` (written atomically). Offsets therefore never go backwards, even when
+every file has been trimmed.
+
+Readers are Spark streaming queries in *another* process. Each registered reader owns
+``readers/<id>.offset``; the Spark source rewrites it atomically on every commit. ``trim``
+deletes only what every registered reader has committed.
+
+The module-level helpers (``offset_path``, ``file_rows``, ``read_file``, ``write_reader_offset``
+...) define the on-disk format for the Spark source, which must not open a ``Spool`` itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import pyarrow as pa
+
+log = logging.getLogger(__name__)
+
+SUFFIX = ".arrow"
+TMP_PREFIX = ".tmp-"
+STATE_FILE = "spool-state.json"
+SCHEMA_FILE = "schema.arrow"
+READERS_DIR = "readers"
+STREAM_FILE = "stream.json"
+# __seq = offset * 2**24 + row index (see peer.engine.source): a file must hold fewer rows.
+MAX_ROWS_PER_FILE = (1 << 24) - 1
+
+META_ORIGIN = b"fedstream.origin"
+META_SEQ = b"fedstream.seq"
+META_ROWS = b"fedstream.rows"
+META_APPEND_NS = b"fedstream.append_ns"
+
+_OFFSET_NAME = re.compile(r"^(\d{20})\.arrow$")
+_READER_ID = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
+
+Listener = Callable[[int], None]
+
+
+class TrimmedError(LookupError):
+    """Asked for spool data that trimming has already deleted."""
+
+
+# --------------------------------------------------------------------------- on-disk format
+
+
+def offset_path(directory: Path, offset: int) -> Path:
+    return directory / f"{offset:020d}{SUFFIX}"
+
+
+def list_offsets(directory: Path) -> list[int]:
+    """Offsets of the complete files present, ascending (temporary files are ignored)."""
+    found = []
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            m = _OFFSET_NAME.match(entry.name)
+            if m:
+                found.append(int(m.group(1)))
+    found.sort()
+    return found
+
+
+def file_metadata(path: Path) -> dict[bytes, bytes]:
+    """The schema metadata of one spool file, read from its footer only."""
+    with pa.memory_map(str(path)) as source:
+        return dict(pa.ipc.open_file(source).schema.metadata or {})
+
+
+def file_rows(path: Path) -> int:
+    meta = file_metadata(path)
+    if META_ROWS in meta:
+        return int(meta[META_ROWS])
+    with pa.memory_map(str(path)) as source:  # a file written by hand: count the batches
+        reader = pa.ipc.open_file(source)
+        return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+
+
+def read_file(path: Path) -> pa.Table:
+    # read_all copies nothing: the table keeps the mapping alive, also after an unlink.
+    with pa.memory_map(str(path)) as source:
+        return pa.ipc.open_file(source).read_all()
+
+
+def trimmed_through(directory: Path) -> int:
+    """Highest offset that trimming deleted (-1 if none), from the state file."""
+    return _load_state(directory)[0]
+
+
+def reader_path(directory: Path, reader_id: str) -> Path:
+    if not _READER_ID.match(reader_id):
+        raise ValueError(f"invalid spool reader id {reader_id!r} (letters, digits, _ . - only)")
+    return directory / READERS_DIR / f"{reader_id}.offset"
+
+
+def read_reader_offset(directory: Path, reader_id: str) -> int:
+    path = reader_path(directory, reader_id)
+    try:
+        return int(path.read_text().strip())
+    except FileNotFoundError:
+        raise KeyError(f"reader {reader_id!r} is not registered on spool {directory}") from None
+
+
+def write_reader_offset(
+    directory: Path, reader_id: str, offset: int, *, fsync: bool = True
+) -> None:
+    """Atomically record that ``reader_id`` has durably consumed every file <= ``offset``."""
+    path = reader_path(directory, reader_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write(path, f"{offset}\n".encode(), fsync=fsync)
+
+
+def _atomic_write(path: Path, data: bytes, *, fsync: bool = True) -> None:
+    tmp = path.with_name(f"{TMP_PREFIX}{uuid.uuid4().hex}-{path.name}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+    if fsync:
+        _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _load_state(directory: Path) -> tuple[int, dict[str, int]]:
+    """(trimmed_through, highest seq per origin) as the last trim recorded them."""
+    try:
+        state = json.loads((directory / STATE_FILE).read_text())
+    except FileNotFoundError:
+        return -1, {}
+    seqs = {str(k): int(v) for k, v in state.get("seqs", {}).items()}
+    return int(state.get("trimmed_through", -1)), seqs
+
+
+def _remove_temporaries(directory: Path) -> None:
+    # Only the owning process writes here (readers/ belongs to the Spark source), so any
+    # temporary file present at open time is a leftover of a crash.
+    for path in directory.glob(f"{TMP_PREFIX}*"):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def _conform(table: pa.Table, schema: pa.Schema) -> list[pa.ChunkedArray]:
+    """The table's columns in ``schema``'s order and types; ValueError names the bad field."""
+    names = set(table.column_names)
+    extra = [n for n in table.column_names if n not in schema.names]
+    if extra:
+        raise ValueError(f"field {extra[0]!r} is not in the stream's schema")
+    columns = []
+    for field in schema:
+        if field.name not in names:
+            raise ValueError(f"field {field.name!r} is missing")
+        column = table.column(field.name)
+        if column.type != field.type:
+            try:
+                column = column.cast(field.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+                raise ValueError(
+                    f"field {field.name!r}: cannot convert {column.type} to {field.type}: {e}"
+                ) from e
+        if not field.nullable and column.null_count:
+            raise ValueError(f"field {field.name!r} holds a null but is not nullable")
+        columns.append(column)
+    return columns
+
+
+# --------------------------------------------------------------------------- Spool
+
+
+class Spool:
+    """One stream's durable log. Thread-safe; owned by exactly one process."""
+
+    def __init__(self, directory: Path, schema: pa.Schema, *, fsync: bool = True) -> None:
+        self.directory = Path(directory)
+        self.schema = schema.remove_metadata()
+        self.fsync = fsync
+        self._lock = threading.Lock()
+        self._listeners: list[Listener] = []
+        self.directory.mkdir(parents=True, exist_ok=True)
+        (self.directory / READERS_DIR).mkdir(exist_ok=True)
+        self._check_schema_file()
+        _remove_temporaries(self.directory)
+        _remove_temporaries(self.directory / READERS_DIR)
+        self._trimmed, self._seqs = _load_state(self.directory)
+        self._append_ns: dict[int, int] = {}
+        offsets = list_offsets(self.directory)
+        # A crash between writing the state file and deleting the files: finish that trim.
+        for offset in [o for o in offsets if o <= self._trimmed]:
+            offset_path(self.directory, offset).unlink()
+        offsets = [o for o in offsets if o > self._trimmed]
+        for offset in offsets:
+            meta = file_metadata(offset_path(self.directory, offset))
+            self._append_ns[offset] = int(meta.get(META_APPEND_NS, b"0"))
+            if META_ORIGIN in meta and META_SEQ in meta:
+                origin = meta[META_ORIGIN].decode()
+                self._seqs[origin] = max(self._seqs.get(origin, -1), int(meta[META_SEQ]))
+        self._latest = max(offsets[-1] if offsets else -1, self._trimmed)
+        self._earliest = offsets[0] if offsets else self._latest + 1
+
+    def _check_schema_file(self) -> None:
+        path = self.directory / SCHEMA_FILE
+        if path.exists():
+            stored = load_schema(self.directory)
+            if not stored.equals(self.schema):
+                raise ValueError(
+                    f"spool {self.directory} holds schema {stored}, not the given {self.schema}"
+                )
+            return
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, self.schema):
+            pass
+        _atomic_write(path, sink.getvalue().to_pybytes(), fsync=self.fsync)
+
+    # ----------------------------------------------------------------------- writing
+
+    def append(
+        self, table: pa.Table, *, origin: str | None = None, seq: int | None = None
+    ) -> int | None:
+        """Durably append one batch; its new offset, or None if empty or a replay."""
+        columns = _conform(table, self.schema)  # before anything touches the disk
+        rows = table.num_rows
+        if rows == 0:
+            return None
+        if rows > MAX_ROWS_PER_FILE:
+            raise ValueError(f"a batch holds {rows} rows; at most {MAX_ROWS_PER_FILE} per append")
+        tagged = origin is not None and seq is not None
+        if tagged and self._is_replay(origin, seq):
+            return None
+        append_ns = time.time_ns()
+        meta = {META_ROWS: str(rows).encode(), META_APPEND_NS: str(append_ns).encode()}
+        if tagged:
+            meta[META_ORIGIN] = str(origin).encode()
+            meta[META_SEQ] = str(seq).encode()
+        batch = pa.Table.from_arrays(columns, schema=self.schema.with_metadata(meta))
+        # The expensive part (write + fsync of the data) runs outside the lock, so that
+        # concurrent appenders overlap their I/O; only naming the file is serialised.
+        tmp = self.directory / f"{TMP_PREFIX}{uuid.uuid4().hex}{SUFFIX}"
+        try:
+            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, batch.schema) as out:
+                out.write_table(batch)
+            if self.fsync:
+                fd = os.open(tmp, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            with self._lock:
+                if tagged and self._is_replay(origin, seq):
+                    return None  # a concurrent duplicate won the race; finally removes tmp
+                offset = self._latest + 1
+                os.rename(tmp, offset_path(self.directory, offset))
+                if self.fsync:
+                    _fsync_dir(self.directory)
+                self._latest = offset
+                self._append_ns[offset] = append_ns
+                if tagged:
+                    assert origin is not None and seq is not None
+                    self._seqs[origin] = seq
+                listeners = list(self._listeners)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        for listener in listeners:
+            try:
+                listener(offset)
+            except Exception:  # the batch is durable already; a bad listener must not undo that
+                log.exception("spool listener failed for %s offset %d", self.directory, offset)
+        return offset
+
+    def _is_replay(self, origin: str | None, seq: int | None) -> bool:
+        assert origin is not None and seq is not None
+        return seq <= self._seqs.get(origin, -1)
+
+    def highest_seq(self, origin: str) -> int | None:
+        with self._lock:
+            return self._seqs.get(origin)
+
+    # ----------------------------------------------------------------------- reading
+
+    @property
+    def latest(self) -> int:
+        return self._latest
+
+    @property
+    def earliest(self) -> int:
+        """First offset still present (``latest + 1`` when everything was trimmed)."""
+        return self._earliest
+
+    def read(
+        self, start: int, end: int, *, skip_trimmed: bool = False
+    ) -> Iterator[tuple[int, pa.Table]]:
+        """Batches with offsets ``start < o <= end``, in order."""
+        with self._lock:
+            latest, earliest = self._latest, self._earliest
+        if end > latest:
+            raise ValueError(f"spool {self.directory}: offset {end} is beyond latest {latest}")
+        first = start + 1
+        if first < earliest:
+            if not skip_trimmed:
+                raise TrimmedError(
+                    f"spool {self.directory}: offsets {first}..{min(end, earliest - 1)} "
+                    "were trimmed"
+                )
+            first = earliest
+        for offset in range(first, end + 1):
+            try:
+                table = read_file(offset_path(self.directory, offset))
+            except FileNotFoundError:  # trimmed while we iterated
+                if skip_trimmed:
+                    continue
+                raise TrimmedError(f"spool {self.directory}: offset {offset} was trimmed") from None
+            yield offset, table.replace_schema_metadata(None)
+
+    def append_time_ns(self, offset: int) -> int:
+        with self._lock:
+            try:
+                return self._append_ns[offset]
+            except KeyError:
+                raise TrimmedError(f"spool {self.directory}: no offset {offset}") from None
+
+    # ----------------------------------------------------------------------- readers & trim
+
+    def register_reader(self, reader_id: str) -> None:
+        path = reader_path(self.directory, reader_id)
+        if not path.exists():
+            write_reader_offset(self.directory, reader_id, -1, fsync=self.fsync)
+
+    def unregister_reader(self, reader_id: str) -> None:
+        """Forget a reader. Stop its streaming query first, or its next commit re-registers it."""
+        with contextlib.suppress(FileNotFoundError):
+            reader_path(self.directory, reader_id).unlink()
+
+    def readers(self) -> list[str]:
+        return sorted(p.stem for p in (self.directory / READERS_DIR).glob("*.offset"))
+
+    def committed(self, reader_id: str) -> int:
+        return read_reader_offset(self.directory, reader_id)
+
+    def trim(self, retain: int = 0) -> int:
+        """Delete files every registered reader has committed, but keep the ``retain`` newest.
+
+        Returns the number of files deleted. With no registered reader nothing is deleted.
+        """
+        floors = []
+        for reader_id in self.readers():
+            with contextlib.suppress(KeyError):  # unregistered meanwhile
+                floors.append(self.committed(reader_id))
+        if not floors:
+            return 0
+        with self._lock:
+            floor = min(min(floors), self._latest - max(retain, 0))
+            if floor < self._earliest:
+                return 0
+            # Record the seqs and the floor first: once files go, they are the only memory of
+            # what was appended, and a crash from here on is finished by the next open.
+            self._trimmed = max(self._trimmed, floor)
+            state = {"trimmed_through": self._trimmed, "seqs": self._seqs}
+            _atomic_write(self.directory / STATE_FILE, json.dumps(state).encode(), fsync=self.fsync)
+            doomed = range(self._earliest, floor + 1)
+            self._earliest = floor + 1
+            for offset in doomed:
+                self._append_ns.pop(offset, None)
+        for offset in doomed:
+            with contextlib.suppress(FileNotFoundError):
+                offset_path(self.directory, offset).unlink()
+        return len(doomed)
+
+    # ----------------------------------------------------------------------- listeners
+
+    def add_listener(self, callback: Listener) -> None:
+        """Call ``callback(offset)`` after each append (on the appending thread)."""
+        with self._lock:
+            self._listeners.append(callback)
+
+    def remove_listener(self, callback: Listener) -> None:
+        with self._lock, contextlib.suppress(ValueError):
+            self._listeners.remove(callback)
+
+
+def load_schema(directory: Path) -> pa.Schema:
+    with pa.memory_map(str(Path(directory) / SCHEMA_FILE)) as source:
+        return pa.ipc.open_file(source).schema
+
+
+# --------------------------------------------------------------------------- SpoolSet
+
+
+def stream_dirname(stream: str) -> str:
+    """A filesystem-safe, reversible directory name for a stream name (which may be a URI)."""
+    # quote() leaves '.' alone; escaping it too rules out '.', '..' and hidden names.
+    return quote(stream, safe="").replace(".", "%2E")
+
+
+class SpoolSet:
+    """Every spool of a peer, one directory each under ``root``; reopened on construction."""
+
+    def __init__(self, root: Path, *, fsync: bool = True) -> None:
+        self.root = Path(root)
+        self.fsync = fsync
+        self._lock = threading.Lock()
+        self._spools: dict[str, Spool] = {}
+        self.root.mkdir(parents=True, exist_ok=True)
+        for entry in sorted(self.root.iterdir()):
+            if entry.name.startswith(TMP_PREFIX):  # a crashed create or drop
+                shutil.rmtree(entry, ignore_errors=True)
+                continue
+            if not (entry / STREAM_FILE).exists():
+                continue
+            stream = json.loads((entry / STREAM_FILE).read_text())["stream"]
+            self._spools[stream] = Spool(entry, load_schema(entry), fsync=fsync)
+
+    def create(self, stream: str, schema: pa.Schema) -> Spool:
+        """Create the spool of ``stream``; idempotent for the same schema."""
+        with self._lock:
+            existing = self._spools.get(stream)
+            if existing is not None:
+                if not existing.schema.equals(schema.remove_metadata()):
+                    raise ValueError(f"stream {stream!r} already has a spool with another schema")
+                return existing
+            name = stream_dirname(stream)
+            if len(name) > 240:
+                raise ValueError(f"stream name {stream!r} is too long for a spool directory")
+            # Build the directory under a temporary name and rename it: a crash never leaves
+            # a spool without its schema or name.
+            tmp = self.root / f"{TMP_PREFIX}{uuid.uuid4().hex}"
+            tmp.mkdir()
+            Spool(tmp, schema, fsync=self.fsync)
+            _atomic_write(tmp / STREAM_FILE, json.dumps({"stream": stream}).encode(), fsync=False)
+            final = self.root / name
+            os.rename(tmp, final)
+            if self.fsync:
+                _fsync_dir(self.root)
+            spool = Spool(final, schema, fsync=self.fsync)
+            self._spools[stream] = spool
+            return spool
+
+    def get(self, stream: str) -> Spool:
+        with self._lock:
+            try:
+                return self._spools[stream]
+            except KeyError:
+                raise KeyError(f"no spool for stream {stream!r}") from None
+
+    def __contains__(self, stream: object) -> bool:
+        with self._lock:
+            return stream in self._spools
+
+    def drop(self, stream: str) -> None:
+        with self._lock:
+            spool = self._spools.pop(stream, None)
+            if spool is None:
+                raise KeyError(f"no spool for stream {stream!r}")
+            # Rename first so that a crash mid-delete leaves a temporary, not half a spool.
+            doomed = self.root / f"{TMP_PREFIX}{uuid.uuid4().hex}"
+            os.rename(spool.directory, doomed)
+            if self.fsync:
+                _fsync_dir(self.root)
+        shutil.rmtree(doomed, ignore_errors=True)
+
+    def streams(self) -> list[str]:
+        with self._lock:
+            return sorted(self._spools)

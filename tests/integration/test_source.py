@@ -1,0 +1,183 @@
+"""The fedspool streaming source under a real Spark session: exactly once, in order, bounded."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from peer.engine.source import SEQ_SHIFT, read_stream
+from peer.spool import Spool
+
+pytestmark = pytest.mark.spark
+
+SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.float64()), ("t", pa.timestamp("us", "UTC"))])
+DDL = "`k` BIGINT, `v` DOUBLE, `t` TIMESTAMP"
+TIMEOUT_S = 90.0
+
+
+def rows(first: int, n: int) -> pa.Table:
+    ks = pa.array(range(first, first + n), pa.int64())
+    return pa.table(
+        {
+            "k": ks,
+            "v": pa.array([float(k) / 2 for k in range(first, first + n)]),
+            "t": pa.array([k * 1000 for k in range(first, first + n)], pa.timestamp("us", "UTC")),
+        }
+    )
+
+
+class Collected:
+    """What foreachBatch saw: (batch id, Arrow table) per micro-batch."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.batches: list[tuple[int, pa.Table]] = []
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        table = df.toArrow()
+        with self.lock:
+            self.batches.append((batch_id, table))
+
+    def table(self) -> pa.Table:
+        with self.lock:
+            tables = [t for _, t in self.batches if t.num_rows]
+        return pa.concat_tables(tables) if tables else pa.table({"k": pa.array([], pa.int64())})
+
+    def count(self) -> int:
+        with self.lock:
+            return sum(t.num_rows for _, t in self.batches)
+
+    def keys(self) -> list[int]:
+        return list(self.table().column("k").to_pylist())
+
+
+def wait_for(what: str, predicate: Callable[[], bool], timeout_s: float = TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.1)
+
+
+@contextmanager
+def running(
+    spark: Any, spool: Spool, checkpoint: Path, sink: Collected, **kwargs: Any
+) -> Iterator[Any]:
+    df = read_stream(spark, spool.directory, DDL, "q", **kwargs)
+    query = (
+        df.writeStream.foreachBatch(sink)
+        .trigger(processingTime="0 seconds")
+        .option("checkpointLocation", str(checkpoint))
+        .start()
+    )
+    try:
+        yield query
+        assert query.exception() is None
+    finally:
+        query.stop()
+
+
+@pytest.fixture
+def spool(tmp_path: Path) -> Spool:
+    s = Spool(tmp_path / "spool", SCHEMA, fsync=False)
+    s.register_reader("q")
+    return s
+
+
+def test_rows_arrive_once_in_order_and_later_appends_are_picked_up(
+    spark: Any, spool: Spool, tmp_path: Path
+) -> None:
+    # 12k-row files: the first micro-batch is split across two source partitions.
+    for i in range(5):
+        spool.append(rows(i * 12_000, 12_000))
+    sink = Collected()
+    with running(spark, spool, tmp_path / "ck", sink):
+        wait_for("the backlog", lambda: sink.count() >= 60_000)
+        for i in range(5, 8):
+            spool.append(rows(i * 12_000, 12_000))
+            wait_for(f"file {i}", lambda i=i: sink.count() >= (i + 1) * 12_000)
+        time.sleep(1.0)  # nothing more may arrive
+    assert sink.keys() == list(range(96_000))
+    table = sink.table()
+    assert table.column("v").to_pylist()[:3] == [0.0, 0.5, 1.0]
+    assert table.schema.field("t").type == pa.timestamp("us", "UTC")
+    assert table.column("t")[1_234].value == 1_234_000
+
+
+def test_max_rows_bounds_each_micro_batch(spark: Any, spool: Spool, tmp_path: Path) -> None:
+    for i in range(20):
+        spool.append(rows(i * 100, 100))
+    spool.append(rows(2_000, 400))  # bigger than the limit: still read, alone
+    sink = Collected()
+    with running(spark, spool, tmp_path / "ck", sink, max_rows=250):
+        wait_for("all rows", lambda: sink.count() >= 2_400)
+    sizes = [t.num_rows for _, t in sink.batches if t.num_rows]
+    assert sizes == [200] * 10 + [400]
+    assert sink.keys() == list(range(2_400))
+
+
+def test_commits_advance_and_trim_deletes_consumed_files(
+    spark: Any, spool: Spool, tmp_path: Path
+) -> None:
+    for i in range(6):
+        spool.append(rows(i * 10, 10))
+    sink = Collected()
+    with running(spark, spool, tmp_path / "ck", sink, max_rows=20):
+        wait_for("all rows", lambda: sink.count() >= 60)
+        # Spark commits batch N to the source when it plans batch N + 1: the last batch's
+        # files stay until more data comes.
+        wait_for("a commit", lambda: spool.committed("q") >= 3)
+        committed = spool.committed("q")
+        assert spool.trim() == committed + 1
+        assert spool.earliest == committed + 1
+        spool.append(rows(60, 10))
+        wait_for("the new rows", lambda: sink.count() >= 70)
+        wait_for("the commit of file 5", lambda: spool.committed("q") >= 5)
+        spool.trim()
+        assert spool.earliest == spool.committed("q") + 1
+    assert sink.keys() == list(range(70))
+
+
+def test_restart_on_same_checkpoint_continues_without_duplicates(
+    spark: Any, spool: Spool, tmp_path: Path
+) -> None:
+    for i in range(4):
+        spool.append(rows(i * 50, 50))
+    first, second = Collected(), Collected()
+    with running(spark, spool, tmp_path / "ck", first, max_rows=100):
+        wait_for("the first run", lambda: first.count() >= 200)
+    for i in range(4, 7):
+        spool.append(rows(i * 50, 50))
+    with running(spark, spool, tmp_path / "ck", second, max_rows=100):
+        wait_for("the second run", lambda: first.count() + second.count() >= 350)
+        spool.append(rows(350, 50))
+        wait_for("a later append", lambda: first.count() + second.count() >= 400)
+        time.sleep(1.0)
+    assert first.keys() + second.keys() == list(range(400))
+    assert min(bid for bid, _ in second.batches) > max(bid for bid, _ in first.batches)
+
+
+def test_with_seq_gives_strictly_increasing_arrival_order(
+    spark: Any, spool: Spool, tmp_path: Path
+) -> None:
+    sizes = [3, 1, 500, 7, 40]
+    first = 0
+    for n in sizes:
+        spool.append(rows(first, n))
+        first += n
+    sink = Collected()
+    with running(spark, spool, tmp_path / "ck", sink, with_seq=True, max_rows=100):
+        wait_for("all rows", lambda: sink.count() >= first)
+    table = sink.table()
+    assert table.column_names == ["k", "v", "t", "__seq"]
+    assert table.schema.field("__seq").type == pa.int64()
+    expected = [(offset << SEQ_SHIFT) + row for offset, n in enumerate(sizes) for row in range(n)]
+    assert table.column("__seq").to_pylist() == expected
+    assert table.column("k").to_pylist() == list(range(first))
