@@ -1,0 +1,229 @@
+"""The one transport module: frames over asyncio byte streams.
+
+:class:`FrameStream` joins the pure codec of :mod:`overlay.wire` to a byte stream with the
+shape of asyncio's ``StreamReader``/``StreamWriter``. Everything else in fedstream that talks
+over a socket does so through a ``FrameStream``, so swapping in :func:`memory_stream_pair`
+makes that code testable without sockets (httpcore's mock backend, trio's memory streams).
+
+Backpressure is the writer's: :meth:`FrameStream.send` writes, then awaits ``drain()``, which
+blocks while the transport's buffer is above its high-water mark, i.e. while the other side is
+not reading. A sender that awaits ``send`` therefore cannot outrun its receiver by more than
+one buffer. Reads are bounded too: at most one chunk beyond one frame is ever buffered.
+
+Connection loss surfaces as ``OSError`` (usually ``ConnectionError``) from ``recv``/``send``;
+an invalid byte stream as :class:`~overlay.errors.RemoteProtocolError` from ``recv``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from overlay.wire import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
+
+__all__ = ["ByteReader", "ByteWriter", "FrameStream", "memory_stream_pair", "open_frame_stream"]
+
+READ_CHUNK_BYTES = 64 * 1024
+CLOSE_TIMEOUT_S = 5.0
+
+
+class ByteReader(Protocol):
+    """The part of ``asyncio.StreamReader`` a FrameStream uses."""
+
+    async def read(self, n: int = -1) -> bytes: ...
+
+
+class ByteWriter(Protocol):
+    """The part of ``asyncio.StreamWriter`` a FrameStream uses."""
+
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    async def wait_closed(self) -> None: ...
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any: ...
+
+
+class FrameStream:
+    """A bidirectional stream of frames.
+
+    One task at a time may ``recv``; ``send`` may be called from several tasks (frames are
+    written whole, one after the other).
+    """
+
+    def __init__(
+        self,
+        reader: ByteReader,
+        writer: ByteWriter,
+        *,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        read_chunk_bytes: int = READ_CHUNK_BYTES,
+    ) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._decoder = FrameDecoder(max_frame_bytes)
+        self._read_chunk_bytes = read_chunk_bytes
+        self._send_lock = asyncio.Lock()
+        self._closed = False
+        peername = writer.get_extra_info("peername")
+        if isinstance(peername, tuple) and len(peername) >= 2:
+            self.peer = f"{peername[0]}:{peername[1]}"
+        else:
+            self.peer = str(peername or "?")
+
+    @property
+    def max_frame_bytes(self) -> int:
+        return self._decoder.max_frame_bytes
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def recv(self) -> dict[str, Any] | None:
+        """The next frame, or ``None`` once the other side has closed cleanly."""
+        while True:
+            frame = self._decoder.next_frame()
+            if frame is not None:
+                return frame
+            if self._decoder.at_eof:
+                return None
+            self._decoder.receive_data(await self._reader.read(self._read_chunk_bytes))
+
+    async def send(self, frame: Mapping[str, Any]) -> None:
+        """Encode and send one frame; returns once the transport has room again.
+
+        Raises :class:`~overlay.errors.LocalProtocolError` (nothing sent) if the frame is
+        invalid or larger than ``max_frame_bytes``.
+        """
+        await self.send_encoded(encode_frame(frame, max_frame_bytes=self.max_frame_bytes))
+
+    async def send_encoded(self, data: bytes) -> None:
+        """Send bytes made by :func:`~overlay.wire.encode_frame` (lets callers encode early)."""
+        async with self._send_lock:
+            if self._closed:
+                raise ConnectionResetError("frame stream is closed")
+            self._writer.write(data)
+            await self._writer.drain()
+
+    async def aclose(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Close both directions, flushing what was sent for up to ``timeout_s``; a peer that
+        does not read by then is cut off (the transport is aborted)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._writer.close()
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._writer.wait_closed()
+        except TimeoutError:
+            transport = getattr(self._writer, "transport", None)
+            if transport is not None:
+                transport.abort()
+        except OSError:
+            pass  # the connection is going away either way; nothing left to tell anyone
+
+
+async def open_frame_stream(
+    host: str,
+    port: int,
+    *,
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+) -> FrameStream:
+    """Connect over TCP (callers bound the wait with ``asyncio.timeout``)."""
+    reader, writer = await asyncio.open_connection(host, port)
+    return FrameStream(reader, writer, max_frame_bytes=max_frame_bytes)
+
+
+class _Pipe:
+    """One direction of an in-memory byte stream, bounded by a high-water mark."""
+
+    def __init__(self, high_water_bytes: int) -> None:
+        self._buffer = bytearray()
+        self._high_water = high_water_bytes
+        self._writer_closed = False
+        self._reader_closed = False
+        self._readable = asyncio.Event()
+        self._writable = asyncio.Event()
+        self._writable.set()
+
+    async def read(self, n: int = -1) -> bytes:
+        while not self._buffer and not self._writer_closed and not self._reader_closed:
+            self._readable.clear()
+            await self._readable.wait()
+        if self._reader_closed:
+            raise ConnectionResetError("memory stream closed")
+        n = len(self._buffer) if n < 0 else n
+        chunk = bytes(self._buffer[:n])
+        del self._buffer[:n]
+        if len(self._buffer) <= self._high_water:
+            self._writable.set()
+        return chunk
+
+    def write(self, data: bytes) -> None:
+        if self._writer_closed or self._reader_closed:
+            raise ConnectionResetError("memory stream closed")
+        self._buffer += data
+        self._readable.set()
+
+    async def drain(self) -> None:
+        while len(self._buffer) > self._high_water and not self._reader_closed:
+            self._writable.clear()
+            await self._writable.wait()
+        if self._reader_closed:
+            raise ConnectionResetError("the other end closed the memory stream")
+
+    def close_writer(self) -> None:
+        self._writer_closed = True
+        self._readable.set()
+
+    def close_reader(self) -> None:
+        self._reader_closed = True
+        self._buffer.clear()
+        self._readable.set()
+        self._writable.set()
+
+
+class _MemoryWriter:
+    def __init__(self, outgoing: _Pipe, incoming: _Pipe, name: str) -> None:
+        self._outgoing = outgoing
+        self._incoming = incoming
+        self._name = name
+
+    def write(self, data: bytes) -> None:
+        self._outgoing.write(data)
+
+    async def drain(self) -> None:
+        await self._outgoing.drain()
+
+    def close(self) -> None:
+        # Like closing a socket: the other side reads EOF, and can no longer write to us.
+        self._outgoing.close_writer()
+        self._incoming.close_reader()
+
+    async def wait_closed(self) -> None:
+        return None
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._name if name == "peername" else default
+
+
+def memory_stream_pair(
+    *,
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    high_water_bytes: int = READ_CHUNK_BYTES,
+) -> tuple[FrameStream, FrameStream]:
+    """Two FrameStreams joined in memory, each direction buffering at most about
+    ``high_water_bytes`` before ``send`` blocks: a socket-free link for tests."""
+    a_to_b = _Pipe(high_water_bytes)
+    b_to_a = _Pipe(high_water_bytes)
+    a = FrameStream(
+        b_to_a, _MemoryWriter(a_to_b, b_to_a, "memory:b"), max_frame_bytes=max_frame_bytes
+    )
+    b = FrameStream(
+        a_to_b, _MemoryWriter(b_to_a, a_to_b, "memory:a"), max_frame_bytes=max_frame_bytes
+    )
+    return a, b
