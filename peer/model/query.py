@@ -1,0 +1,348 @@
+"""Queries: loop-free graphs of boxes over named streams (Aurora boxes and arrows).
+
+A query arrives in one of three spellings that all yield equal :class:`Query` objects:
+
+- Medusa XML: ``<query name><box name type [node]><input port stream/>
+  <output port stream/><param name value/></box></query>`` (ports order the arrows);
+- Borealis XML: the same with ``<in stream/>``, ``<out stream/>`` and ``<parameter name
+  value/>``, optionally inside a ``<borealis>`` or ``<network>`` element holding one query
+  (its other children, such as schema and stream declarations, are ignored here);
+- JSON text or a mapping: ``{"name", "boxes": [{"name", "type", "inputs", "outputs",
+  "params": {...}, "node"?}]}``.
+
+Parsing checks the structure only: names, box types and their number of arrows, unique box
+names, one producer per stream, no cycle. Parameters are kept as text, sorted by name, with
+the Medusa appendix's ``nexpression.N`` spelling read as ``expression.N``; their meaning is
+checked against stream schemas by :mod:`peer.model.plan`.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from peer.errors import QueryError
+from peer.model.schema import check_name, parse_json, parse_xml, source_text
+
+BOX_TYPES = ("filter", "map", "union", "aggregate", "join", "bsort")
+MAX_BOXES = 1000
+
+# (min inputs, max inputs, min outputs, max outputs); None means unbounded.
+_ARITY: dict[str, tuple[int, int | None, int, int | None]] = {
+    "filter": (1, 1, 1, None),
+    "map": (1, 1, 1, 1),
+    "union": (1, None, 1, 1),
+    "aggregate": (1, 1, 1, 1),
+    "join": (2, 2, 1, 1),
+    "bsort": (1, 1, 1, 1),
+}
+_PARAM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+
+
+@dataclass(frozen=True)
+class Box:
+    name: str
+    type: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    params: tuple[tuple[str, str], ...]
+    node: str | None = None
+
+    def param(self, name: str, default: str | None = None) -> str | None:
+        for key, value in self.params:
+            if key == name:
+                return value
+        return default
+
+
+@dataclass(frozen=True)
+class Query:
+    name: str
+    boxes: tuple[Box, ...]
+
+
+def parse_query(source: str | bytes | Mapping[str, Any]) -> Query:
+    """Parse a query from Medusa or Borealis XML, JSON text or a mapping."""
+    if isinstance(source, Mapping):
+        return _query_from_mapping(source)
+    text = source_text(source, QueryError, "query")
+    if text.lstrip().startswith("<"):
+        return _query_from_xml(parse_xml(text, QueryError, "query"))
+    return _query_from_mapping(parse_json(text, QueryError, "query"))
+
+
+def query_to_dict(query: Query) -> dict[str, Any]:
+    boxes = []
+    for box in query.boxes:
+        d: dict[str, Any] = {
+            "name": box.name,
+            "type": box.type,
+            "inputs": list(box.inputs),
+            "outputs": list(box.outputs),
+            "params": dict(box.params),
+        }
+        if box.node is not None:
+            d["node"] = box.node
+        boxes.append(d)
+    return {"name": query.name, "boxes": boxes}
+
+
+def make_query(name: object, boxes: list[Box]) -> Query:
+    """Check a query's structure and return it."""
+    qname = check_name(name, "query", QueryError)
+    where = f"query {qname}"
+    if not boxes:
+        raise QueryError(f"{where}: has no boxes", query=qname)
+    if len(boxes) > MAX_BOXES:
+        raise QueryError(f"{where}: has more than {MAX_BOXES} boxes", query=qname)
+    producers: dict[str, str] = {}
+    seen: set[str] = set()
+    for box in boxes:
+        if box.name in seen:
+            raise QueryError(f"{where}: two boxes are named {box.name}", query=qname, box=box.name)
+        seen.add(box.name)
+        _check_arity(where, box)
+        for stream in box.outputs:
+            other = producers.get(stream)
+            if other is not None:
+                raise QueryError(
+                    f"{where}: stream {stream} is produced by both box {other} and box {box.name}",
+                    query=qname,
+                    box=box.name,
+                    stream=stream,
+                )
+            producers[stream] = box.name
+    query = Query(qname, tuple(boxes))
+    topological_order(query)
+    return query
+
+
+def _check_arity(where: str, box: Box) -> None:
+    if box.type not in _ARITY:
+        raise QueryError(
+            f"{where}, box {box.name}: unknown box type {box.type!r} "
+            f"(types: {', '.join(BOX_TYPES)})",
+            box=box.name,
+        )
+    low_in, high_in, low_out, high_out = _ARITY[box.type]
+    for what, count, low, high in (
+        ("inputs", len(box.inputs), low_in, high_in),
+        ("outputs", len(box.outputs), low_out, high_out),
+    ):
+        if count < low or (high is not None and count > high):
+            wanted = (
+                f"{low}" if low == high else f"at least {low}" if high is None else f"{low}-{high}"
+            )
+            raise QueryError(
+                f"{where}, box {box.name}: a {box.type} box takes {wanted} {what}, got {count}",
+                box=box.name,
+            )
+
+
+def topological_order(query: Query) -> tuple[Box, ...]:
+    """The boxes, each after the boxes feeding it (declaration order among equals)."""
+    producer = {stream: box.name for box in query.boxes for stream in box.outputs}
+    feeds = {
+        box.name: sorted({producer[s] for s in box.inputs if s in producer}) for box in query.boxes
+    }
+    done: list[Box] = []
+    placed: set[str] = set()
+    pending = list(query.boxes)
+    while pending:
+        ready = [b for b in pending if all(f in placed for f in feeds[b.name])]
+        if not ready:
+            raise QueryError(
+                f"query {query.name}: boxes form a cycle: {_cycle(feeds, pending)}",
+                query=query.name,
+            )
+        for box in ready:
+            done.append(box)
+            placed.add(box.name)
+        pending = [b for b in pending if b.name not in placed]
+    return tuple(done)
+
+
+def _cycle(feeds: dict[str, list[str]], pending: list[Box]) -> str:
+    # Every unplaced box waits on an unplaced box, so walking upstream must revisit one.
+    unplaced = {b.name for b in pending}
+    path = [pending[0].name]
+    while True:
+        nxt = next(f for f in feeds[path[-1]] if f in unplaced)
+        if nxt in path:
+            loop = path[path.index(nxt) :]
+            loop.reverse()
+            return " -> ".join([*loop, loop[0]])
+        path.append(nxt)
+
+
+# -- building boxes -----------------------------------------------------------------------------
+
+
+def _make_box(
+    query: str,
+    name: object,
+    type_: object,
+    inputs: list[object],
+    outputs: list[object],
+    params: list[tuple[object, object]],
+    node: object,
+) -> Box:
+    where = f"query {query}, "
+    bname = check_name(name, "box", QueryError, prefix=where)
+    where = f"query {query}, box {bname}: "
+    if not isinstance(type_, str) or type_.strip().lower() not in BOX_TYPES:
+        raise QueryError(
+            f"{where}unknown box type {type_!r} (types: {', '.join(BOX_TYPES)})",
+            query=query,
+            box=bname,
+        )
+    streams_in = tuple(check_name(s, "stream", QueryError, prefix=where) for s in inputs)
+    streams_out = tuple(check_name(s, "stream", QueryError, prefix=where) for s in outputs)
+    if len(set(streams_out)) != len(streams_out):
+        raise QueryError(f"{where}names the same output stream twice", query=query, box=bname)
+    checked: dict[str, str] = {}
+    for key, value in params:
+        pname = _param_name(where, key)
+        if pname in checked:
+            raise QueryError(f"{where}parameter {pname} is given twice", query=query, box=bname)
+        checked[pname] = _param_value(where, pname, value)
+    return Box(
+        name=bname,
+        type=type_.strip().lower(),
+        inputs=streams_in,
+        outputs=streams_out,
+        params=tuple(sorted(checked.items(), key=lambda kv: _natural(kv[0]))),
+        node=None if node is None else check_name(node, "node", QueryError, prefix=where),
+    )
+
+
+def _param_name(where: str, key: object) -> str:
+    if not isinstance(key, str) or not _PARAM_NAME.fullmatch(key):
+        raise QueryError(f"{where}bad parameter name {key!r}")
+    # The Medusa paper's sample query spells the filter parameter "nexpression.0".
+    return key[1:] if key.startswith("nexpression.") else key
+
+
+def _param_value(where: str, name: str, value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    if not isinstance(value, str):
+        raise QueryError(f"{where}parameter {name} must be text or a number, got {value!r}")
+    return value
+
+
+def _natural(name: str) -> tuple[str, int]:
+    base, _, index = name.rpartition(".")
+    return (base, int(index)) if base and index.isdigit() else (name, -1)
+
+
+# -- JSON ---------------------------------------------------------------------------------------
+
+
+def _query_from_mapping(data: Mapping[str, Any]) -> Query:
+    unknown = set(data) - {"name", "boxes"}
+    if unknown:
+        raise QueryError(f"query: unknown keys {sorted(map(str, unknown))} (known: name, boxes)")
+    qname = check_name(data.get("name"), "query", QueryError)
+    raw_boxes = data.get("boxes")
+    if not isinstance(raw_boxes, list | tuple):
+        raise QueryError(f"query {qname}: 'boxes' must be a list", query=qname)
+    boxes = []
+    for i, raw in enumerate(raw_boxes[: MAX_BOXES + 1]):
+        if not isinstance(raw, Mapping):
+            raise QueryError(f"query {qname}: box #{i} must be an object", query=qname)
+        extra = set(raw) - {"name", "type", "inputs", "outputs", "params", "node"}
+        if extra:
+            raise QueryError(
+                f"query {qname}: box #{i} has unknown keys {sorted(map(str, extra))}", query=qname
+            )
+        params = raw.get("params", {})
+        inputs, outputs = raw.get("inputs", []), raw.get("outputs", [])
+        if not isinstance(params, Mapping):
+            raise QueryError(f"query {qname}: box #{i}: 'params' must be an object", query=qname)
+        if not isinstance(inputs, list | tuple) or not isinstance(outputs, list | tuple):
+            raise QueryError(f"query {qname}: box #{i}: inputs/outputs must be lists", query=qname)
+        boxes.append(
+            _make_box(
+                qname,
+                raw.get("name"),
+                raw.get("type"),
+                list(inputs),
+                list(outputs),
+                list(params.items()),
+                raw.get("node"),
+            )
+        )
+    return make_query(qname, boxes)
+
+
+# -- XML ----------------------------------------------------------------------------------------
+
+
+def _query_from_xml(root: ET.Element) -> Query:
+    if root.tag in ("borealis", "network"):
+        queries = [child for child in root if child.tag == "query"]
+        if len(queries) != 1:
+            raise QueryError(f"<{root.tag}> must hold exactly one <query>, found {len(queries)}")
+        root = queries[0]
+    if root.tag != "query":
+        raise QueryError(f"query XML must have a <query> root element, got <{root.tag}>")
+    qname = check_name(root.get("name"), "query", QueryError)
+    boxes = []
+    for child in root:
+        if child.tag != "box":
+            raise QueryError(f"query {qname}: unexpected element <{child.tag}>", query=qname)
+        boxes.append(_box_from_xml(qname, child))
+        if len(boxes) > MAX_BOXES:
+            break
+    return make_query(qname, boxes)
+
+
+def _box_from_xml(qname: str, element: ET.Element) -> Box:
+    where = f"query {qname}, box {element.get('name')}"
+    arrows: dict[str, list[tuple[str | None, object]]] = {"in": [], "out": []}
+    params: list[tuple[object, object]] = []
+    for child in element:
+        if child.tag in ("input", "in", "output", "out"):
+            kind = "in" if child.tag in ("input", "in") else "out"
+            arrows[kind].append((child.get("port"), child.get("stream")))
+        elif child.tag in ("param", "parameter"):
+            value = child.get("value")
+            if value is None:
+                value = (child.text or "").strip() or None
+            if value is None:
+                raise QueryError(f"{where}: parameter {child.get('name')} has no value")
+            params.append((child.get("name"), value))
+        else:
+            raise QueryError(f"{where}: unexpected element <{child.tag}>", query=qname)
+    return _make_box(
+        qname,
+        element.get("name"),
+        element.get("type"),
+        _by_port(where, arrows["in"]),
+        _by_port(where, arrows["out"]),
+        params,
+        element.get("node"),
+    )
+
+
+def _by_port(where: str, arrows: list[tuple[str | None, object]]) -> list[object]:
+    ports = [port for port, _ in arrows]
+    if all(port is None for port in ports):
+        return [stream for _, stream in arrows]
+    numbers = []
+    for port in ports:
+        if port is None or not port.strip().isdigit():
+            raise QueryError(f"{where}: every arrow needs a numeric port when one has it")
+        numbers.append(int(port))
+    if len(set(numbers)) != len(numbers):
+        raise QueryError(f"{where}: two arrows use the same port")
+    ordered = sorted(
+        zip(numbers, (stream for _, stream in arrows), strict=True), key=lambda a: a[0]
+    )
+    return [stream for _, stream in ordered]
