@@ -26,7 +26,7 @@ from peer.catalog import QUERY_STATUSES, LocalCatalog
 from peer.errors import Conflict, EngineError, InvalidInput, NotFound
 from peer.model.plan import CheckedQuery, check_query
 from peer.model.query import parse_query, query_to_dict
-from peer.model.schema import parse_schema, to_arrow_schema
+from peer.model.schema import check_name, parse_schema, to_arrow_schema
 from peer.model.tuples import batch_from_wire, batch_to_wire
 from peer.spool import SpoolSet
 
@@ -166,7 +166,7 @@ class Peer:
     async def create_stream(self, name: str, schema: str) -> dict[str, Any]:
         catalog = self._catalog()
         found = catalog.schema(schema)
-        parse_schema({"name": name, "fields": []})  # the same name rules as schemas
+        check_name(name, "stream", InvalidInput)
         await asyncio.to_thread(catalog.add_stream, name, found)
         if name not in self._spools().streams():
             await asyncio.to_thread(self._spools().create, name, to_arrow_schema(found))
@@ -248,7 +248,8 @@ class Peer:
                     continue
                 end = min(latest, position + SUBSCRIBE_CHUNK)
                 position = max(position, spool.earliest - 1)  # skip what was trimmed meanwhile
-                batches = await asyncio.to_thread(lambda: list(spool.read(position, end)))
+                batches = await asyncio.to_thread(
+                    lambda: list(spool.read(position, end, skip_trimmed=True)))
                 for offset, table in batches:
                     yield {"offset": offset, **batch_to_wire(table)}
                 position = end

@@ -73,14 +73,21 @@ def _micros(seconds: float) -> str:
     return f"{round(seconds * 1_000_000)} microseconds"
 
 
-def to_event_time(df: DataFrame, field: str, type_: str) -> Column:
+# Spark treats an event time at or before its initial watermark (the epoch) as late in a
+# stream-stream join, which drops tuples whose order value is 0. A join depends only on
+# differences of order values, so its numeric order fields are mapped from this base instead.
+JOIN_BASE_S = 946_684_800  # 2000-01-01T00:00:00Z
+
+
+def to_event_time(df: DataFrame, field: str, type_: str, *, base_s: int = 0) -> Column:
     """The timestamp Spark windows and watermarks on, for an order field of any type."""
     from pyspark.sql import functions as F
 
     col = F.col(field)
     if type_ == "timestamp":
         return col
-    return F.timestamp_micros(F.round(col.cast("double") * 1_000_000).cast("bigint"))
+    micros = F.round((col.cast("double") + base_s) * 1_000_000).cast("bigint")
+    return F.timestamp_micros(micros)
 
 
 def from_event_time(col: Column, type_: str) -> Column:
@@ -232,9 +239,11 @@ class _Compiler:
         lschema, rschema = box.input_schemas
         delay = _micros(max(spec.left_buffer, spec.right_buffer))
         lt = left.withColumn(TS, to_event_time(left, spec.left_order_on,
-                                               lschema.field(spec.left_order_on).type))
+                                               lschema.field(spec.left_order_on).type,
+                                               base_s=JOIN_BASE_S))
         rt = right.withColumn(TS, to_event_time(right, spec.right_order_on,
-                                                rschema.field(spec.right_order_on).type))
+                                                rschema.field(spec.right_order_on).type,
+                                                base_s=JOIN_BASE_S))
         lt = lt.withWatermark(TS, delay).alias("left")
         rt = rt.withWatermark(TS, delay).alias("right")
         # The order fields differ by less than the other side's buffer (DESIGN.md section 5).

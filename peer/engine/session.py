@@ -36,6 +36,9 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.driver.host": "127.0.0.1",
     "spark.sql.adaptive.enabled": "false",
+    # A runtime error (division by zero, overflow) must not kill a long-running streaming
+    # query: outside ANSI mode Spark yields NULL, as Aurora's expressions did.
+    "spark.sql.ansi.enabled": "false",
 }
 
 

@@ -131,10 +131,14 @@ def _frame(rows: list[list[Any]], schema: Schema) -> pd.DataFrame:
     return frame
 
 
-def _group_columns(df: DataFrame, group_by: tuple[str, ...]) -> list[Any]:
+def _grouped(df: DataFrame, group_by: tuple[str, ...]) -> Any:
+    """Group by the box's fields; with none, every tuple is in one group (a real column, as
+    applyInPandasWithState cannot group by a bare literal)."""
     from pyspark.sql import functions as F
 
-    return [F.col(g) for g in group_by] if group_by else [F.lit(0).alias("__group")]
+    if group_by:
+        return df.groupBy(*[F.col(g) for g in group_by])
+    return df.withColumn("__group", F.lit(0)).groupBy("__group")
 
 
 def tuple_window_aggregate(df: DataFrame, spec: AggregateSpec, out: Schema) -> DataFrame:
@@ -161,7 +165,7 @@ def tuple_window_aggregate(df: DataFrame, spec: AggregateSpec, out: Schema) -> D
         state.update((windows.dump(),))
         yield _frame(rows, out)
 
-    return df.groupBy(*_group_columns(df, group_by)).applyInPandasWithState(
+    return _grouped(df, group_by).applyInPandasWithState(
         run, spark_ddl(out), STATE_DDL, "append", GroupStateTimeout.NoTimeout
     )
 
@@ -186,6 +190,6 @@ def bounded_sort(df: DataFrame, spec: BSortSpec, out: Schema) -> DataFrame:
         state.update((sorter.dump(),))
         yield _frame(rows, out)
 
-    return df.groupBy(*_group_columns(df, spec.group_by)).applyInPandasWithState(
+    return _grouped(df, spec.group_by).applyInPandasWithState(
         run, spark_ddl(out), STATE_DDL, "append", GroupStateTimeout.NoTimeout
     )
