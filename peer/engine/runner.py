@@ -17,7 +17,6 @@ import contextlib
 import hashlib
 import logging
 import shutil
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -82,7 +81,7 @@ class Engine:
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="spark"
         )
-        self._lock = threading.Lock()
+        self._owns_session = False
 
     async def _call(self, fn: Callable[[], T]) -> T:
         loop = asyncio.get_running_loop()
@@ -91,8 +90,9 @@ class Engine:
     async def start(self, spark: SparkSession | None = None) -> None:
         """Start the session (6-16 s on a small machine), or adopt one already started."""
         if spark is not None:
-            self.spark = spark
+            self.spark = spark  # adopted: whoever started it stops it
             return
+        self._owns_session = True
 
         def build() -> SparkSession:
             from peer.engine.session import build_session
@@ -230,7 +230,7 @@ class Engine:
             await self.stop_query(name)
         spark = self.spark
         self.spark = None
-        if spark is not None:
+        if spark is not None and self._owns_session:
             with contextlib.suppress(Exception):
                 await self._call(spark.stop)
         self._executor.shutdown(wait=False, cancel_futures=True)
