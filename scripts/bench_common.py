@@ -122,26 +122,54 @@ def tree_memory(root: int) -> TreeMemory:
     return TreeMemory(total / 1024, jvm / 1024, len(pids), pythons)
 
 
+def _per_process_cpu(pids: list[int]) -> dict[int, float]:
+    out = {}
+    for pid in pids:
+        fields = _stat_fields(pid)
+        if fields is not None:
+            out[pid] = sum(int(fields[n - 3]) for n in (14, 15, 16, 17)) / CLK_TCK
+    return out
+
+
+def process_kind(pid: int, root: int) -> str:
+    """driver (the root: peer or reference process), jvm, or workers (Spark's Python)."""
+    if pid == root:
+        return "driver"
+    first = _cmdline(pid).split(" ", 1)[0]
+    return "jvm" if first.endswith("/java") or first == "java" else "workers"
+
+
 class CpuMeter:
     """CPU cores used by a process tree (and the whole machine) between start() and stop()."""
 
     def __init__(self, root: int, *, with_children: bool = True) -> None:
         self.root = root
         self.with_children = with_children
-        self._t0 = self._c0 = self._s0 = 0.0
+        self._t0 = self._s0 = 0.0
+        self._c0: dict[int, float] = {}
+        self.breakdown: dict[str, float] = {}
+
+    def _pids(self) -> list[int]:
+        return process_tree(self.root) if self.with_children else [self.root]
 
     def start(self) -> CpuMeter:
         self._t0 = time.monotonic()
-        self._c0 = tree_cpu_seconds(self.root, with_children=self.with_children)
+        self._c0 = _per_process_cpu(self._pids())
         self._s0 = system_busy_seconds()
         return self
 
     def stop(self) -> tuple[float, float]:
-        """(cores used by the tree, cores busy machine-wide) over the interval."""
+        """(cores used by the tree, cores busy machine-wide) over the interval; the tree's
+        cores by process kind land in ``breakdown``."""
         wall = max(time.monotonic() - self._t0, 1e-9)
-        tree = tree_cpu_seconds(self.root, with_children=self.with_children) - self._c0
+        now = _per_process_cpu(self._pids())
         system = system_busy_seconds() - self._s0
-        return tree / wall, system / wall
+        kinds: dict[str, float] = {}
+        for pid, cpu in now.items():
+            kind = process_kind(pid, self.root)
+            kinds[kind] = kinds.get(kind, 0.0) + (cpu - self._c0.get(pid, 0.0)) / wall
+        self.breakdown = kinds
+        return sum(kinds.values()), system / wall
 
 
 # --------------------------------------------------------------------------- machine

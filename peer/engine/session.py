@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from peer.engine.java import find_java
@@ -51,6 +52,8 @@ def build_session(
     """Start (or return) this process's Spark session. Blocking: call off the event loop."""
     find_java()  # fail with the actionable message, not a py4j trace
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # Without it Spark warns on every start that the host name resolves to loopback.
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
@@ -58,6 +61,8 @@ def build_session(
     settings = dict(DEFAULT_CONF)
     if warehouse_dir:
         settings["spark.sql.warehouse.dir"] = warehouse_dir
+    log4j = Path(__file__).with_name("log4j2.properties")
+    settings["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={log4j.as_uri()}"
     settings.update(conf or {})
     for key, value in settings.items():
         builder = builder.config(key, value)
