@@ -18,8 +18,10 @@ class KeyError_(ValueError):
 
 def check_name(name: str) -> str:
     if not NAME.match(name):
-        raise KeyError_(f"participant name {name!r} must be 1-128 characters of letters, digits, "
-                        "'.', '_' or '-', starting with a letter or digit")
+        raise KeyError_(
+            f"participant name {name!r} must be 1-128 characters of letters, digits, "
+            "'.', '_' or '-', starting with a letter or digit"
+        )
     return name
 
 
@@ -31,10 +33,12 @@ def generate(name: str, directory: Path, *, overwrite: bool = False) -> tuple[Pa
     if not overwrite and (key_path.exists() or pub_path.exists()):
         raise KeyError_(f"{key_path} or {pub_path} already exists; refusing to overwrite a key")
     key = Ed25519PrivateKey.generate()
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
-    public = key.public_key().public_bytes(serialization.Encoding.PEM,
-                                           serialization.PublicFormat.SubjectPublicKeyInfo)
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    public = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
     fd = os.open(key_path, flags, 0o600)
     with os.fdopen(fd, "wb") as out:

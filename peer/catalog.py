@@ -70,10 +70,12 @@ class LocalCatalog:
         if existing is not None:
             if existing == schema:
                 return  # idempotent re-creation of the same schema
-            raise AlreadyExists(f"schema {schema.name} already exists with other fields",
-                                schema=schema.name)
-        self._write("INSERT INTO schemas VALUES (?, ?)",
-                    (schema.name, json.dumps(schema.to_dict())))
+            raise AlreadyExists(
+                f"schema {schema.name} already exists with other fields", schema=schema.name
+            )
+        self._write(
+            "INSERT INTO schemas VALUES (?, ?)", (schema.name, json.dumps(schema.to_dict()))
+        )
 
     def find_schema(self, name: str) -> Schema | None:
         rows = self._rows("SELECT body FROM schemas WHERE name = ?", (name,))
@@ -95,8 +97,9 @@ class LocalCatalog:
         if existing is not None:
             if existing.schema.fields == schema.fields:
                 return
-            raise AlreadyExists(f"stream {name} already exists with schema "
-                                f"{existing.schema.name}", stream=name)
+            raise AlreadyExists(
+                f"stream {name} already exists with schema {existing.schema.name}", stream=name
+            )
         if self.find_schema(schema.name) is None:
             self.add_schema(schema)
         self._write("INSERT INTO streams VALUES (?, ?, ?)", (name, schema.name, derived_from))
@@ -123,10 +126,13 @@ class LocalCatalog:
     # queries
     def add_query(self, query: Query, incarnation: str) -> None:
         if self.find_query(query.name) is not None:
-            raise AlreadyExists(f"query {query.name} already exists; delete it first",
-                                query=query.name)
-        self._write("INSERT INTO queries VALUES (?, ?, 'SETUP', ?)",
-                    (query.name, json.dumps(query_to_dict(query)), incarnation))
+            raise AlreadyExists(
+                f"query {query.name} already exists; delete it first", query=query.name
+            )
+        self._write(
+            "INSERT INTO queries VALUES (?, ?, 'SETUP', ?)",
+            (query.name, json.dumps(query_to_dict(query)), incarnation),
+        )
 
     def find_query(self, name: str) -> QueryEntry | None:
         rows = self._rows("SELECT body, status, incarnation FROM queries WHERE name = ?", (name,))

@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +40,12 @@ def _peer_addr(args: argparse.Namespace) -> tuple[str, int]:
     return parse_addr(args.peer or os.environ.get("PEER_ADDR") or DEFAULT_PEER, what="--peer")
 
 
-def _run(coro: Awaitable[int]) -> int:
+def _run(coro: Coroutine[Any, Any, int]) -> int:
     try:
         import uvloop
-
-        return uvloop.run(coro)  # type: ignore[no-any-return]
     except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
-        return asyncio.run(coro)  # type: ignore[arg-type]
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 async def _with_client(args: argparse.Namespace, fn: Callable[[Any], Awaitable[int]]) -> int:
@@ -57,8 +56,10 @@ async def _with_client(args: argparse.Namespace, fn: Callable[[Any], Awaitable[i
         client = Client(host, port, timeout_s=args.timeout)
         await client.connect()
     except (OSError, Unavailable, TimeoutError) as exc:
-        raise Unavailable(f"cannot reach a peer at {host}:{port} ({exc}); is `peer join` "
-                          "running there? Point --peer or PEER_ADDR at it.") from exc
+        raise Unavailable(
+            f"cannot reach a peer at {host}:{port} ({exc}); is `peer join` "
+            "running there? Point --peer or PEER_ADDR at it."
+        ) from exc
     try:
         return await fn(client)
     finally:
@@ -101,7 +102,7 @@ async def cmd_query_submit(args: argparse.Namespace) -> int:
     return await _with_client(args, go)
 
 
-def _status_cmd(status: str) -> Callable[[argparse.Namespace], Awaitable[int]]:
+def _status_cmd(status: str) -> Callable[[argparse.Namespace], Coroutine[Any, Any, int]]:
     async def cmd(args: argparse.Namespace) -> int:
         async def go(client: Any) -> int:
             _print_json(await client.set_query_status(args.name, status))
@@ -180,12 +181,19 @@ async def cmd_status(args: argparse.Namespace) -> int:
         from rich.table import Table
 
         console = Console()
-        console.print(f"peer {status['peer']}  engine={status['engine']}  "
-                      f"uptime={status['uptime_s']}s  data={status['data_dir']}")
+        console.print(
+            f"peer {status['peer']}  engine={status['engine']}  "
+            f"uptime={status['uptime_s']}s  data={status['data_dir']}"
+        )
         table = Table("query", "status", "batches", "rows out", "error")
         for q in status["queries"]:
-            table.add_row(q["name"], q["status"], str(q.get("batches", "")),
-                          str(q.get("rows_out", "")), q.get("error", ""))
+            table.add_row(
+                q["name"],
+                q["status"],
+                str(q.get("batches", "")),
+                str(q.get("rows_out", "")),
+                q.get("error", ""),
+            )
         console.print(table)
         streams = Table("stream", "latest offset")
         for s in status["streams"]:
@@ -205,8 +213,13 @@ async def cmd_join(args: argparse.Namespace) -> int:
         from peer.engine.java import find_java
 
         find_java()
-    config = PeerConfig(data_dir=Path(args.data_dir), host=host, port=port,
-                        engine=not args.no_engine, spark_master=args.spark_master)
+    config = PeerConfig(
+        data_dir=Path(args.data_dir),
+        host=host,
+        port=port,
+        engine=not args.no_engine,
+        spark_master=args.spark_master,
+    )
     node = Peer(config)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -218,8 +231,7 @@ async def cmd_join(args: argparse.Namespace) -> int:
         raise
     address = {"host": host, "port": node.port, "pid": os.getpid()}
     (config.data_dir / "peer.json").write_text(json.dumps(address))
-    print(f"peer ready on {host}:{node.port} (data {config.data_dir}); Ctrl-C to leave",
-          flush=True)
+    print(f"peer ready on {host}:{node.port} (data {config.data_dir}); Ctrl-C to leave", flush=True)
     await node.run()
     with contextlib.suppress(OSError):
         (config.data_dir / "peer.json").unlink()
@@ -252,8 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def client_cmd(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--peer", help="HOST:PORT of a peer (default $PEER_ADDR or "
-                                      f"{DEFAULT_PEER})")
+        p.add_argument("--peer", help=f"HOST:PORT of a peer (default $PEER_ADDR or {DEFAULT_PEER})")
         p.add_argument("--timeout", type=float, default=60.0, help="request timeout, seconds")
         return p
 
@@ -335,8 +346,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     try:
         if hasattr(args, "sync"):
             return int(args.sync(args))

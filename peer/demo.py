@@ -61,9 +61,14 @@ def generate(tuples: int, seed: int = 7) -> list[dict[str, Any]]:
     rows = []
     for i in range(tuples):
         moving = rng.random() > 0.2
-        rows.append({"car_id": rng.randrange(500), "seg": rng.randrange(10),
-                     "speed": round(rng.uniform(5, 120), 1) if moving else 0.0,
-                     "ts": i // 50})  # 50 positions a second, in event-time order
+        rows.append(
+            {
+                "car_id": rng.randrange(500),
+                "seg": rng.randrange(10),
+                "speed": round(rng.uniform(5, 120), 1) if moving else 0.0,
+                "ts": i // 50,
+            }
+        )  # 50 positions a second, in event-time order
     return rows
 
 
@@ -75,13 +80,24 @@ def expected(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
         if r["speed"] > 0:
             start = r["ts"] // 60 * 60
             groups[(start, r["seg"])].append(r["speed"])
-    return sorted((start, start + 60, seg, round(sum(v) / len(v), 6), len(v))
-                  for (start, seg), v in groups.items() if start + 60 <= watermark)
+    return sorted(
+        (start, start + 60, seg, round(sum(v) / len(v), 6), len(v))
+        for (start, seg), v in groups.items()
+        if start + 60 <= watermark
+    )
 
 
 def _start_peer(data_dir: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "peer.cli", "join", "--data-dir", str(data_dir),
-           "--listen", "127.0.0.1:0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "peer.cli",
+        "join",
+        "--data-dir",
+        str(data_dir),
+        "--listen",
+        "127.0.0.1:0",
+    ]
     log = (data_dir.parent / "peer.log").open("wb")
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -91,8 +107,9 @@ async def _wait_ready(data_dir: Path, proc: subprocess.Popen[bytes], timeout_s: 
     marker = data_dir / "peer.json"
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the peer exited with code {proc.returncode}; see "
-                               f"{data_dir.parent / 'peer.log'}")
+            raise RuntimeError(
+                f"the peer exited with code {proc.returncode}; see {data_dir.parent / 'peer.log'}"
+            )
         if marker.exists():
             return int(json.loads(marker.read_text())["port"])
         await asyncio.sleep(0.2)
@@ -115,24 +132,34 @@ async def _demo(workdir: Path, tuples: int, console: Any) -> int:
             await client.create_stream("positions", "car_position")
             await client.create_query(QUERY)
             await client.start_query("segment_stats")
-            console.print("query [bold]segment_stats[/] running: moving cars -> per segment "
-                          "and minute: avg speed, car count")
+            console.print(
+                "query [bold]segment_stats[/] running: moving cars -> per segment "
+                "and minute: avg speed, car count"
+            )
             got: list[tuple[Any, ...]] = []
 
             async def collect() -> None:
                 async for batch in client.subscribe("segment_stats", start="earliest"):
                     for r in batch.rows():
-                        got.append((r["window_start"], r["window_end"], r["seg"],
-                                    round(r["avg_speed"], 6), r["cars"]))
+                        got.append(
+                            (
+                                r["window_start"],
+                                r["window_end"],
+                                r["seg"],
+                                round(r["avg_speed"], 6),
+                                r["cars"],
+                            )
+                        )
                     if len(got) >= len(want):
                         return
 
             collector = asyncio.create_task(collect())
             started = time.monotonic()
             for i in range(0, len(rows), 5_000):
-                part = rows[i:i + 5_000]
-                await client.push("positions", {"columns": {k: [r[k] for r in part]
-                                                            for k in part[0]}})
+                part = rows[i : i + 5_000]
+                await client.push(
+                    "positions", {"columns": {k: [r[k] for r in part] for k in part[0]}}
+                )
             console.print(f"pushed {len(rows)} positions in {time.monotonic() - started:.2f} s")
             try:
                 async with asyncio.timeout(120):
@@ -142,9 +169,11 @@ async def _demo(workdir: Path, tuples: int, console: Any) -> int:
             console.print(f"{len(got)} result tuples after {time.monotonic() - started:.1f} s")
         _show(console, sorted(got))
         ok = sorted(got) == want
-        console.print(f"[bold {'green' if ok else 'red'}]"
-                      f"{'MATCH' if ok else 'MISMATCH'}[/]: {len(got)} results vs {len(want)} "
-                      "computed independently in plain Python")
+        console.print(
+            f"[bold {'green' if ok else 'red'}]"
+            f"{'MATCH' if ok else 'MISMATCH'}[/]: {len(got)} results vs {len(want)} "
+            "computed independently in plain Python"
+        )
         return 0 if ok else 1
     finally:
         proc.send_signal(signal.SIGTERM)

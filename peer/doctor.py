@@ -16,17 +16,21 @@ from peer.errors import FedstreamError
 
 
 def _python() -> str:
-    if sys.version_info < (3, 11):
-        raise RuntimeError(f"Python {sys.version.split()[0]} is too old: install Python 3.11+")
-    return sys.version.split()[0]
+    # setup.cfg requires 3.11, so an older interpreter never gets here: report which one runs.
+    return f"{sys.version.split()[0]} at {sys.executable}"
 
 
 def _packages() -> str:
-    missing = [m for m in ("pyspark", "pyarrow", "pandas", "msgpack", "kademlia", "sqlglot")
-               if importlib.util.find_spec(m) is None]
+    missing = [
+        m
+        for m in ("pyspark", "pyarrow", "pandas", "msgpack", "kademlia", "sqlglot")
+        if importlib.util.find_spec(m) is None
+    ]
     if missing:
-        raise RuntimeError(f"missing Python packages {', '.join(missing)}: run "
-                           "`pip install fedstream` (or `pip install -e .` in a checkout)")
+        raise RuntimeError(
+            f"missing Python packages {', '.join(missing)}: run "
+            "`pip install fedstream` (or `pip install -e .` in a checkout)"
+        )
     import pyspark
 
     return f"pyspark {pyspark.__version__}"
@@ -46,8 +50,10 @@ def _data_dir(path: Path) -> Callable[[], str]:
                 probe.flush()
                 os.fsync(probe.fileno())
         except OSError as exc:
-            raise RuntimeError(f"data directory {path} is not writable ({exc.strerror}): choose "
-                               "another with --data-dir or fix its permissions") from exc
+            raise RuntimeError(
+                f"data directory {path} is not writable ({exc.strerror}): choose "
+                "another with --data-dir or fix its permissions"
+            ) from exc
         return f"{path} writable"
 
     return check
@@ -60,8 +66,10 @@ def _port(listen: str) -> Callable[[], str]:
             try:
                 sock.bind((host, int(port)))
             except OSError as exc:
-                raise RuntimeError(f"cannot listen on {listen} ({exc.strerror}): another peer "
-                                   "may run there; stop it or pick --listen HOST:PORT") from exc
+                raise RuntimeError(
+                    f"cannot listen on {listen} ({exc.strerror}): another peer "
+                    "may run there; stop it or pick --listen HOST:PORT"
+                ) from exc
         return f"{listen} free"
 
     return check

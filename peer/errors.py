@@ -105,5 +105,6 @@ def from_wire(payload: dict[str, Any]) -> FedstreamError:
     """Rebuild an error sent by a peer (unknown codes become the base class)."""
     cls = ERRORS_BY_CODE.get(str(payload.get("code")), FedstreamError)
     details = payload.get("details") or {}
-    err = cls(str(payload.get("message", "error")), **(details if isinstance(details, dict) else {}))
-    return err
+    if not isinstance(details, dict):
+        details = {}
+    return cls(str(payload.get("message", "error")), **details)

@@ -107,8 +107,9 @@ def _records(text: Iterable[str], fmt: str, schema: Schema) -> Iterator[tuple[in
                 continue
             number = reader.line_num
             if len(row) != len(header):
-                raise TupleError(f"line {number}: {len(row)} values for {len(header)} columns",
-                                 line=number)
+                raise TupleError(
+                    f"line {number}: {len(row)} values for {len(header)} columns", line=number
+                )
             yield number, dict(zip(header, row, strict=True))
     else:
         raise TupleError(f"unknown format {fmt!r} (jsonl or csv)")
@@ -121,25 +122,30 @@ def read_columns(text: Iterable[str], fmt: str, schema: Schema) -> dict[str, lis
     for number, record in _records(text, fmt, schema):
         extra = set(record) - known
         if extra:
-            raise TupleError(f"line {number}: unknown field {sorted(extra)[0]!r} for stream "
-                             f"schema {schema.name} (fields: {', '.join(schema.names)})",
-                             line=number, field=sorted(extra)[0])
+            raise TupleError(
+                f"line {number}: unknown field {sorted(extra)[0]!r} for stream "
+                f"schema {schema.name} (fields: {', '.join(schema.names)})",
+                line=number,
+                field=sorted(extra)[0],
+            )
         for f in schema.fields:
             if f.name not in record:
-                raise TupleError(f"line {number}: missing field {f.name!r}", line=number,
-                                 field=f.name)
+                raise TupleError(
+                    f"line {number}: missing field {f.name!r}", line=number, field=f.name
+                )
             try:
                 columns[f.name].append(convert(record[f.name], f.type, from_text=fmt == "csv"))
             except ValueError as exc:
-                raise TupleError(f"line {number}, field {f.name!r} ({f.type}): {exc}",
-                                 line=number, field=f.name) from exc
+                raise TupleError(
+                    f"line {number}, field {f.name!r} ({f.type}): {exc}", line=number, field=f.name
+                ) from exc
     return columns
 
 
 def chunks(columns: dict[str, list[Any]], size: int) -> Iterator[dict[str, list[Any]]]:
     total = len(next(iter(columns.values()), []))
     for start in range(0, total, size):
-        yield {name: values[start:start + size] for name, values in columns.items()}
+        yield {name: values[start : start + size] for name, values in columns.items()}
 
 
 def to_jsonl(rows: Iterable[dict[str, Any]], schema: Schema) -> str:

@@ -77,17 +77,25 @@ class Peer:
             from peer.engine.runner import Engine
 
             self.engine = Engine(
-                self.spools, self.data_dir / "checkpoints", master=self.config.spark_master,
-                conf=self.config.spark_conf, trigger_s=self.config.trigger_s,
+                self.spools,
+                self.data_dir / "checkpoints",
+                master=self.config.spark_master,
+                conf=self.config.spark_conf,
+                trigger_s=self.config.trigger_s,
                 max_rows_per_batch=self.config.max_rows_per_batch,
             )
             await self.engine.start(spark)
             await self._resume_queries()
-        self.api = ApiServer(self, host=self.config.host, port=self.config.port,
-                             max_frame_bytes=self.config.max_frame_bytes)
+        self.api = ApiServer(
+            self,
+            host=self.config.host,
+            port=self.config.port,
+            max_frame_bytes=self.config.max_frame_bytes,
+        )
         await self.api.start()
-        log.info("peer listening on %s:%d (data %s)", self.config.host, self.api.port,
-                 self.data_dir)
+        log.info(
+            "peer listening on %s:%d (data %s)", self.config.host, self.api.port, self.data_dir
+        )
 
     @property
     def port(self) -> int:
@@ -176,8 +184,9 @@ class Peer:
         parsed = parse_query(query)
         catalog = self._catalog()
         if catalog.find_query(parsed.name) is not None:
-            raise Conflict(f"query {parsed.name} already exists; delete it first",
-                           query=parsed.name)
+            raise Conflict(
+                f"query {parsed.name} already exists; delete it first", query=parsed.name
+            )
         checked = self._check(parsed)
         for stream in checked.outputs:
             schema = checked.stream_schemas[stream]
@@ -185,20 +194,27 @@ class Peer:
             if stream not in self._spools().streams():
                 await asyncio.to_thread(self._spools().create, stream, to_arrow_schema(schema))
         await asyncio.to_thread(catalog.add_query, parsed, uuid.uuid4().hex[:8])
-        return {"query": parsed.name, "status": "SETUP", "inputs": list(checked.inputs),
-                "outputs": list(checked.outputs)}
+        return {
+            "query": parsed.name,
+            "status": "SETUP",
+            "inputs": list(checked.inputs),
+            "outputs": list(checked.outputs),
+        }
 
     async def set_query_status(self, name: str, status: str) -> dict[str, Any]:
         status = status.upper()
         if status not in QUERY_STATUSES:
-            raise InvalidInput(f"unknown query status {status!r} (one of "
-                               f"{', '.join(QUERY_STATUSES)})", status=status)
+            raise InvalidInput(
+                f"unknown query status {status!r} (one of {', '.join(QUERY_STATUSES)})",
+                status=status,
+            )
         catalog = self._catalog()
         entry = catalog.query(name)
         if status == "RUNNING" and entry.status != "RUNNING":
             if self.engine is None:
-                raise Conflict(f"query {name}: this peer runs without an engine (--no-engine)",
-                               query=name)
+                raise Conflict(
+                    f"query {name}: this peer runs without an engine (--no-engine)", query=name
+                )
             self.query_errors.pop(name, None)
             await self.engine.run_query(self._check(entry.query), entry.incarnation)
         elif status in ("STOPPED", "SETUP") and entry.status == "RUNNING":
@@ -211,8 +227,9 @@ class Peer:
         await asyncio.to_thread(catalog.set_status, name, status)
         return {"query": name, "status": status}
 
-    async def push(self, stream: str, payload: dict[str, Any], producer: str | None,
-                   seq: int | None) -> dict[str, Any]:
+    async def push(
+        self, stream: str, payload: dict[str, Any], producer: str | None, seq: int | None
+    ) -> dict[str, Any]:
         entry = self._catalog().stream(stream)
         spool = self._spools().get(stream)
         if (producer is None) != (seq is None):
@@ -223,8 +240,12 @@ class Peer:
             return table.num_rows, spool.append(table, origin=producer, seq=seq)
 
         count, offset = await asyncio.to_thread(land)
-        return {"stream": stream, "count": count, "offset": offset,
-                "duplicate": offset is None and count > 0}
+        return {
+            "stream": stream,
+            "count": count,
+            "offset": offset,
+            "duplicate": offset is None and count > 0,
+        }
 
     async def subscribe(self, stream: str, start: str) -> AsyncIterator[dict[str, Any]]:
         self._catalog().stream(stream)
@@ -248,8 +269,7 @@ class Peer:
                     continue
                 end = min(latest, position + SUBSCRIBE_CHUNK)
                 position = max(position, spool.earliest - 1)  # skip what was trimmed meanwhile
-                batches = await asyncio.to_thread(
-                    lambda: list(spool.read(position, end, skip_trimmed=True)))
+                batches = await asyncio.to_thread(_read_range, spool, position, end)
                 for offset, table in batches:
                     yield {"offset": offset, **batch_to_wire(table)}
                 position = end
@@ -262,13 +282,23 @@ class Peer:
         stream = catalog.find_stream(name)
         if stream is not None:
             spool = self._spools().get(name)
-            return {"kind": "stream", "name": name, "schema": stream.schema.to_dict(),
-                    "derived_from": stream.derived_from, "responsible": me,
-                    "latest_offset": spool.latest}
+            return {
+                "kind": "stream",
+                "name": name,
+                "schema": stream.schema.to_dict(),
+                "derived_from": stream.derived_from,
+                "responsible": me,
+                "latest_offset": spool.latest,
+            }
         query = catalog.find_query(name)
         if query is not None:
-            return {"kind": "query", "name": name, "status": query.status,
-                    "definition": query_to_dict(query.query), "peer": me}
+            return {
+                "kind": "query",
+                "name": name,
+                "status": query.status,
+                "definition": query_to_dict(query.query),
+                "peer": me,
+            }
         schema = catalog.find_schema(name)
         if schema is not None:
             return {"kind": "schema", "name": name, "schema": schema.to_dict()}
@@ -286,8 +316,9 @@ class Peer:
             if name in self.query_errors:
                 info["error"] = self.query_errors[name]
             queries.append(info)
-        streams = [{"name": n, "latest_offset": spools.get(n).latest}
-                   for n in catalog.stream_names()]
+        streams = [
+            {"name": n, "latest_offset": spools.get(n).latest} for n in catalog.stream_names()
+        ]
         return {
             "peer": f"{self.config.host}:{self.port}",
             "pid": os.getpid(),
@@ -297,6 +328,10 @@ class Peer:
             "streams": streams,
             "queries": queries,
         }
+
+
+def _read_range(spool: Any, start: int, end: int) -> list[tuple[int, Any]]:
+    return list(spool.read(start, end, skip_trimmed=True))
 
 
 class _Stop(Exception):

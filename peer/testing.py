@@ -77,8 +77,15 @@ class PeerThread:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
 
 
-async def collect(client: Any, stream: str, count: int, *, timeout_s: float = 60,
-                  settle_s: float = 0.0, start: str = "earliest") -> list[dict[str, Any]]:
+async def collect(
+    client: Any,
+    stream: str,
+    count: int,
+    *,
+    timeout_s: float = 60,
+    settle_s: float = 0.0,
+    start: str = "earliest",
+) -> list[dict[str, Any]]:
     """Rows of ``stream`` until ``count`` arrived (then ``settle_s`` more, to catch extras)."""
     rows: list[dict[str, Any]] = []
 
@@ -125,15 +132,28 @@ class PeerProcess:
         log = self.log_path.open("ab")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "peer.cli", "join", "--data-dir", str(self.data_dir),
-             "--listen", "127.0.0.1:0", *self.extra],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "peer.cli",
+                "join",
+                "--data-dir",
+                str(self.data_dir),
+                "--listen",
+                "127.0.0.1:0",
+                *self.extra,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"peer exited with {self.proc.returncode}: "
-                                   f"{self.log_path.read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"peer exited with {self.proc.returncode}: {self.log_path.read_text()[-2000:]}"
+                )
             if marker.exists():
                 self.port = int(json.loads(marker.read_text())["port"])
                 return self
@@ -160,6 +180,10 @@ class PeerProcess:
     def __enter__(self) -> PeerProcess:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.stop()

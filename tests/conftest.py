@@ -16,8 +16,9 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from peer.engine.session import build_session
 
     warehouse = tmp_path_factory.mktemp("spark-warehouse")
-    session = build_session(master="local[2]", app_name="fedstream-tests",
-                            warehouse_dir=str(warehouse))
+    session = build_session(
+        master="local[2]", app_name="fedstream-tests", warehouse_dir=str(warehouse)
+    )
     from peer.engine.source import register_sources
 
     register_sources(session)

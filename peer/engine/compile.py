@@ -193,15 +193,21 @@ class _Compiler:
         timed = df.withColumn(TS, to_event_time(df, spec.order_on, spec.order_type))
         timed = timed.withWatermark(TS, _micros(spec.slack))
         window = F.window(TS, _micros(spec.window_size), _micros(spec.advance)).alias("__w")
-        aggs = [self._agg(call.function, call.argument, SEQ in df.columns).alias(call.output_name)
-                for call in spec.calls]
+        aggs = [
+            self._agg(call.function, call.argument, SEQ in df.columns).alias(call.output_name)
+            for call in spec.calls
+        ]
         grouped = timed.groupBy(window, *[F.col(g) for g in spec.group_by]).agg(*aggs)
         out = [
             from_event_time(F.col("__w.start"), spec.order_type).alias("window_start"),
             from_event_time(F.col("__w.end"), spec.order_type).alias("window_end"),
             *[F.col(g) for g in spec.group_by],
-            *[F.col(c.output_name).cast(SPARK_TYPES[schema.field(c.output_name).type])
-              .alias(c.output_name) for c in spec.calls],
+            *[
+                F.col(c.output_name)
+                .cast(SPARK_TYPES[schema.field(c.output_name).type])
+                .alias(c.output_name)
+                for c in spec.calls
+            ],
         ]
         return grouped.select(*out)
 
@@ -226,29 +232,40 @@ class _Compiler:
             return F.size(F.collect_set(col))
         if function in ("firstval", "lastval"):
             if not has_seq:
-                raise QueryError(f"{function}({argument}) needs arrival order, which is lost "
-                                 "after a join or an aggregate")
+                raise QueryError(
+                    f"{function}({argument}) needs arrival order, which is lost "
+                    "after a join or an aggregate"
+                )
             pick = F.min_by if function == "firstval" else F.max_by
             return pick(col, F.col(SEQ))
         raise QueryError(f"aggregate function {function!r} cannot run on Spark")
 
-    def join(self, spec: JoinSpec, box: CheckedBox, left: DataFrame,
-             right: DataFrame) -> DataFrame:
+    def join(self, spec: JoinSpec, box: CheckedBox, left: DataFrame, right: DataFrame) -> DataFrame:
         from pyspark.sql import functions as F
 
         lschema, rschema = box.input_schemas
         delay = _micros(max(spec.left_buffer, spec.right_buffer))
-        lt = left.withColumn(TS, to_event_time(left, spec.left_order_on,
-                                               lschema.field(spec.left_order_on).type,
-                                               base_s=JOIN_BASE_S))
-        rt = right.withColumn(TS, to_event_time(right, spec.right_order_on,
-                                                rschema.field(spec.right_order_on).type,
-                                                base_s=JOIN_BASE_S))
+        lt = left.withColumn(
+            TS,
+            to_event_time(
+                left, spec.left_order_on, lschema.field(spec.left_order_on).type, base_s=JOIN_BASE_S
+            ),
+        )
+        rt = right.withColumn(
+            TS,
+            to_event_time(
+                right,
+                spec.right_order_on,
+                rschema.field(spec.right_order_on).type,
+                base_s=JOIN_BASE_S,
+            ),
+        )
         lt = lt.withWatermark(TS, delay).alias("left")
         rt = rt.withWatermark(TS, delay).alias("right")
         # The order fields differ by less than the other side's buffer (DESIGN.md section 5).
-        cond = (F.expr(f"`left`.`{TS}` < `right`.`{TS}` + INTERVAL {_micros(spec.right_buffer)}")
-                & F.expr(f"`right`.`{TS}` < `left`.`{TS}` + INTERVAL {_micros(spec.left_buffer)}"))
+        cond = F.expr(
+            f"`left`.`{TS}` < `right`.`{TS}` + INTERVAL {_micros(spec.right_buffer)}"
+        ) & F.expr(f"`right`.`{TS}` < `left`.`{TS}` + INTERVAL {_micros(spec.left_buffer)}")
         if spec.predicate is not None:
             cond = cond & F.expr(spec.predicate.sql)
         joined = lt.join(rt, cond, "inner")
@@ -267,10 +284,12 @@ class _Compiler:
         parts = []
         for index, (stream, schema) in enumerate(outputs):
             df = self.frames[stream]
-            parts.append(df.select(
-                F.lit(index).alias(OUT),
-                F.struct(*[F.col(c) for c in schema.names]).alias(f"__o{index}"),
-            ))
+            parts.append(
+                df.select(
+                    F.lit(index).alias(OUT),
+                    F.struct(*[F.col(c) for c in schema.names]).alias(f"__o{index}"),
+                )
+            )
         frame = parts[0]
         for part in parts[1:]:
             frame = frame.unionByName(part, allowMissingColumns=True)

@@ -31,7 +31,7 @@ from peer.spool import SpoolSet
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.streaming import StreamingQuery
+    from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -98,15 +98,19 @@ class Engine:
             from peer.engine.session import build_session
             from peer.engine.source import register_sources
 
-            session = build_session(self.master, conf=self.conf,
-                                    warehouse_dir=str(self.checkpoint_root.parent / "warehouse"))
+            session = build_session(
+                self.master,
+                conf=self.conf,
+                warehouse_dir=str(self.checkpoint_root.parent / "warehouse"),
+            )
             register_sources(session)
             return session
 
         self.spark = await self._call(build)
 
-    def _source(self, key: str, readers: list[tuple[str, str]]) -> Callable[[str, Schema],
-                                                                             DataFrame]:
+    def _source(
+        self, key: str, readers: list[tuple[str, str]]
+    ) -> Callable[[str, Schema], DataFrame]:
         from peer.engine.source import read_stream
 
         assert self.spark is not None
@@ -117,8 +121,14 @@ class Engine:
             reader = f"{key}-{len(readers)}"
             spool.register_reader(reader)
             readers.append((stream, reader))
-            return read_stream(spark, spool.directory, spark_ddl(schema), reader,
-                               with_seq=True, max_rows=self.max_rows_per_batch)
+            return read_stream(
+                spark,
+                spool.directory,
+                spark_ddl(schema),
+                reader,
+                with_seq=True,
+                max_rows=self.max_rows_per_batch,
+            )
 
         return make
 
@@ -149,11 +159,13 @@ class Engine:
                     running.rows_out += table.num_rows
                     running.last_batch_s = time.monotonic() - started
 
-            writer = (compiled.frame.writeStream.queryName(key)
-                      .option("checkpointLocation", str(checkpoint))
-                      .outputMode("append")
-                      .trigger(processingTime=f"{self.trigger_s} seconds")
-                      .foreachBatch(sink))
+            writer = (
+                compiled.frame.writeStream.queryName(key)
+                .option("checkpointLocation", str(checkpoint))
+                .outputMode("append")
+                .trigger(processingTime=f"{self.trigger_s} seconds")
+                .foreachBatch(sink)
+            )
             handle = writer.start()
             running = RunningQuery(name, incarnation, compiled, handle, readers)
             return running
@@ -163,8 +175,9 @@ class Engine:
         except Exception as exc:
             if isinstance(exc, EngineError):
                 raise
-            raise EngineError(f"query {name}: Spark refused to start it: {_short(exc)}",
-                              query=name) from exc
+            raise EngineError(
+                f"query {name}: Spark refused to start it: {_short(exc)}", query=name
+            ) from exc
         log.info("query %s started (checkpoint %s)", name, checkpoint)
 
     async def stop_query(self, name: str) -> None:

@@ -96,8 +96,9 @@ class BoundedSorter:
         self.buffer.append([order, seq, *row])
         out = []
         while len(self.buffer) > self.slack:
-            smallest = min(range(len(self.buffer)), key=lambda i: (self.buffer[i][0],
-                                                                    self.buffer[i][1]))
+            smallest = min(
+                range(len(self.buffer)), key=lambda i: (self.buffer[i][0], self.buffer[i][1])
+            )
             out.append(self.buffer.pop(smallest)[2:])
         return out
 
@@ -144,12 +145,17 @@ def _grouped(df: DataFrame, group_by: tuple[str, ...]) -> Any:
 def tuple_window_aggregate(df: DataFrame, spec: AggregateSpec, out: Schema) -> DataFrame:
     from pyspark.sql.streaming.state import GroupStateTimeout
 
-    size, advance, calls, group_by = int(spec.window_size), int(spec.advance), spec.calls, \
-        spec.group_by
+    size, advance, calls, group_by = (
+        int(spec.window_size),
+        int(spec.advance),
+        spec.calls,
+        spec.group_by,
+    )
     args = [c.argument for c in calls]
 
-    def run(key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: Any
-            ) -> Iterator[pd.DataFrame]:
+    def run(
+        key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: Any
+    ) -> Iterator[pd.DataFrame]:
         import pandas as pd
 
         windows = TupleWindows(size, advance, calls)
@@ -165,9 +171,10 @@ def tuple_window_aggregate(df: DataFrame, spec: AggregateSpec, out: Schema) -> D
         state.update((windows.dump(),))
         yield _frame(rows, out)
 
-    return _grouped(df, group_by).applyInPandasWithState(
+    frame: DataFrame = _grouped(df, group_by).applyInPandasWithState(
         run, spark_ddl(out), STATE_DDL, "append", GroupStateTimeout.NoTimeout
     )
+    return frame
 
 
 def bounded_sort(df: DataFrame, spec: BSortSpec, out: Schema) -> DataFrame:
@@ -175,8 +182,9 @@ def bounded_sort(df: DataFrame, spec: BSortSpec, out: Schema) -> DataFrame:
 
     slack, order_on, names = spec.slack, spec.order_on, list(out.names)
 
-    def run(key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: Any
-            ) -> Iterator[pd.DataFrame]:
+    def run(
+        key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: Any
+    ) -> Iterator[pd.DataFrame]:
         import pandas as pd
 
         sorter = BoundedSorter(slack)
@@ -190,6 +198,7 @@ def bounded_sort(df: DataFrame, spec: BSortSpec, out: Schema) -> DataFrame:
         state.update((sorter.dump(),))
         yield _frame(rows, out)
 
-    return _grouped(df, spec.group_by).applyInPandasWithState(
+    frame: DataFrame = _grouped(df, spec.group_by).applyInPandasWithState(
         run, spark_ddl(out), STATE_DDL, "append", GroupStateTimeout.NoTimeout
     )
+    return frame

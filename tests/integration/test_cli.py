@@ -32,38 +32,59 @@ def peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PeerProcess]:
         yield running
 
 
-def cli(peer: PeerProcess | None, *args: str, stdin: str | None = None,
-        timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def cli(
+    peer: PeerProcess | None, *args: str, stdin: str | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     if peer is not None:
         env["PEER_ADDR"] = f"127.0.0.1:{peer.port}"
-    return subprocess.run([sys.executable, "-m", "peer.cli", *args], input=stdin,
-                          capture_output=True, text=True, timeout=timeout, env=env, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "peer.cli", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+    )
 
 
 def test_create_push_subscribe_lookup_status(peer: PeerProcess, tmp_path: Path) -> None:
     schema = tmp_path / "person.xml"
     schema.write_text(SCHEMA_XML)
     assert cli(peer, "schema", "create", str(schema)).returncode == 0
-    made = cli(peer, "stream", "create", "medusa://nms.lcs.mit.edu/locator/people",
-               "--schema", "medusa://nms.lcs.mit.edu/locator/person")
+    made = cli(
+        peer,
+        "stream",
+        "create",
+        "medusa://nms.lcs.mit.edu/locator/people",
+        "--schema",
+        "medusa://nms.lcs.mit.edu/locator/person",
+    )
     assert made.returncode == 0, made.stderr
     stream = "medusa://nms.lcs.mit.edu/locator/people"
 
     jsonl = tmp_path / "people.jsonl"
-    jsonl.write_text("\n".join(json.dumps({"person_name": f"p{i}", "person_id": i,
-                                           "seen": f"2024-05-01T10:00:{i:02d}Z"})
-                               for i in range(40)))
+    jsonl.write_text(
+        "\n".join(
+            json.dumps(
+                {"person_name": f"p{i}", "person_id": i, "seen": f"2024-05-01T10:00:{i:02d}Z"}
+            )
+            for i in range(40)
+        )
+    )
     pushed = cli(peer, "push", stream, str(jsonl))
     assert pushed.returncode == 0, pushed.stderr
     assert json.loads(pushed.stdout) == {"stream": stream, "pushed": 40}
 
     csv_text = "person_id,person_name,seen\n" + "\n".join(
-        f"{i},q{i},1714557600.5" for i in range(40, 50))
+        f"{i},q{i},1714557600.5" for i in range(40, 50)
+    )
     assert cli(peer, "push", stream, "-", "--format", "csv", stdin=csv_text).returncode == 0
 
-    sub = cli(peer, "subscribe", stream, "--start", "earliest", "--limit", "50",
-              "--idle-timeout", "10")
+    sub = cli(
+        peer, "subscribe", stream, "--start", "earliest", "--limit", "50", "--idle-timeout", "10"
+    )
     assert sub.returncode == 0, sub.stderr
     rows = [json.loads(line) for line in sub.stdout.splitlines()]
     assert [r["person_id"] for r in rows] == list(range(50))
@@ -77,8 +98,9 @@ def test_create_push_subscribe_lookup_status(peer: PeerProcess, tmp_path: Path) 
     assert status["engine"] == "none"
 
 
-def test_bad_file_pushes_nothing_and_names_line_and_field(peer: PeerProcess,
-                                                          tmp_path: Path) -> None:
+def test_bad_file_pushes_nothing_and_names_line_and_field(
+    peer: PeerProcess, tmp_path: Path
+) -> None:
     schema = tmp_path / "s.json"
     schema.write_text(json.dumps({"name": "pt", "fields": [{"name": "x", "type": "int"}]}))
     assert cli(peer, "schema", "create", str(schema)).returncode == 0
@@ -94,15 +116,43 @@ def test_errors_are_actionable(peer: PeerProcess, tmp_path: Path) -> None:
     unknown = cli(peer, "push", "nope", "-", stdin='{"x": 1}\n')
     assert unknown.returncode == 1 and "nope" in unknown.stderr
     query = tmp_path / "q.json"
-    query.write_text(json.dumps({"name": "q", "boxes": [{
-        "name": "f", "type": "filter", "inputs": ["pts_missing"], "outputs": ["o"],
-        "params": {"expression.0": "x > 1"}}]}))
+    query.write_text(
+        json.dumps(
+            {
+                "name": "q",
+                "boxes": [
+                    {
+                        "name": "f",
+                        "type": "filter",
+                        "inputs": ["pts_missing"],
+                        "outputs": ["o"],
+                        "params": {"expression.0": "x > 1"},
+                    }
+                ],
+            }
+        )
+    )
     refused = cli(peer, "query", "submit", str(query))
     assert refused.returncode == 1 and "pts_missing" in refused.stderr
     hostile = tmp_path / "h.json"
-    hostile.write_text(json.dumps({"name": "h", "boxes": [{
-        "name": "f", "type": "filter", "inputs": ["pts"], "outputs": ["o"],
-        "params": {"expression.0": "reflect('java.lang.Runtime', 'getRuntime') IS NULL"}}]}))
+    hostile.write_text(
+        json.dumps(
+            {
+                "name": "h",
+                "boxes": [
+                    {
+                        "name": "f",
+                        "type": "filter",
+                        "inputs": ["pts"],
+                        "outputs": ["o"],
+                        "params": {
+                            "expression.0": "reflect('java.lang.Runtime', 'getRuntime') IS NULL"
+                        },
+                    }
+                ],
+            }
+        )
+    )
     refused = cli(peer, "query", "submit", str(hostile))
     assert refused.returncode == 1 and "reflect" in refused.stderr
     unreachable = cli(None, "status", "--peer", "127.0.0.1:1")
@@ -110,12 +160,26 @@ def test_errors_are_actionable(peer: PeerProcess, tmp_path: Path) -> None:
     assert cli(None, "status", "--peer", "nonsense").returncode == 2
 
 
-def test_query_on_a_peer_without_engine_is_refused_at_start(peer: PeerProcess,
-                                                            tmp_path: Path) -> None:
+def test_query_on_a_peer_without_engine_is_refused_at_start(
+    peer: PeerProcess, tmp_path: Path
+) -> None:
     query = tmp_path / "q.json"
-    query.write_text(json.dumps({"name": "keep", "boxes": [{
-        "name": "f", "type": "filter", "inputs": ["pts"], "outputs": ["kept"],
-        "params": {"expression.0": "x > 1"}}]}))
+    query.write_text(
+        json.dumps(
+            {
+                "name": "keep",
+                "boxes": [
+                    {
+                        "name": "f",
+                        "type": "filter",
+                        "inputs": ["pts"],
+                        "outputs": ["kept"],
+                        "params": {"expression.0": "x > 1"},
+                    }
+                ],
+            }
+        )
+    )
     submitted = cli(peer, "query", "submit", str(query))
     assert submitted.returncode == 0, submitted.stderr
     assert json.loads(submitted.stdout)["status"] == "SETUP"

@@ -22,17 +22,42 @@ from peer.testing import PeerProcess, collect
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-SCHEMA = {"name": "tick", "fields": [{"name": "k", "type": "int"}, {"name": "v", "type": "long"},
-                                     {"name": "t", "type": "long"}]}
-QUERY = {"name": "rec", "boxes": [
-    {"name": "pos", "type": "filter", "inputs": ["ticks"], "outputs": ["pos_ticks"],
-     "params": {"expression.0": "v >= 0"}},
-    {"name": "agg", "type": "aggregate", "inputs": ["pos_ticks"], "outputs": ["rec_out"],
-     "params": {"aggregate-function.0": "sum(v)", "aggregate-function-output-name.0": "s",
-                "aggregate-function.1": "count()", "aggregate-function-output-name.1": "n",
-                "window-size": "10", "advance": "10", "order-on-field": "t",
-                "group-by": "k"}},
-]}
+SCHEMA = {
+    "name": "tick",
+    "fields": [
+        {"name": "k", "type": "int"},
+        {"name": "v", "type": "long"},
+        {"name": "t", "type": "long"},
+    ],
+}
+QUERY = {
+    "name": "rec",
+    "boxes": [
+        {
+            "name": "pos",
+            "type": "filter",
+            "inputs": ["ticks"],
+            "outputs": ["pos_ticks"],
+            "params": {"expression.0": "v >= 0"},
+        },
+        {
+            "name": "agg",
+            "type": "aggregate",
+            "inputs": ["pos_ticks"],
+            "outputs": ["rec_out"],
+            "params": {
+                "aggregate-function.0": "sum(v)",
+                "aggregate-function-output-name.0": "s",
+                "aggregate-function.1": "count()",
+                "aggregate-function-output-name.1": "n",
+                "window-size": "10",
+                "advance": "10",
+                "order-on-field": "t",
+                "group-by": "k",
+            },
+        },
+    ],
+}
 BATCHES, PER_BATCH = 60, 200
 
 
@@ -41,8 +66,13 @@ def make_batches() -> list[dict[str, list[Any]]]:
     batches = []
     for b in range(BATCHES):
         ts = [(b * PER_BATCH + i) // 40 for i in range(PER_BATCH)]
-        batches.append({"k": [rng.randrange(5) for _ in ts],
-                        "v": [rng.randrange(-10, 50) for _ in ts], "t": ts})
+        batches.append(
+            {
+                "k": [rng.randrange(5) for _ in ts],
+                "v": [rng.randrange(-10, 50) for _ in ts],
+                "t": ts,
+            }
+        )
     return batches
 
 
@@ -55,12 +85,14 @@ def reference(batches: list[dict[str, list[Any]]]) -> Counter[tuple[int, ...]]:
                 cell = acc[(t // 10 * 10, k)]
                 cell[0] += v
                 cell[1] += 1
-    return Counter((s, s + 10, k, total, n) for (s, k), (total, n) in acc.items()
-                   if s + 10 <= watermark)
+    return Counter(
+        (s, s + 10, k, total, n) for (s, k), (total, n) in acc.items() if s + 10 <= watermark
+    )
 
 
-async def push_from(port: int, batches: list[dict[str, list[Any]]], first: int,
-                    stop_after: int | None = None) -> int:
+async def push_from(
+    port: int, batches: list[dict[str, list[Any]]], first: int, stop_after: int | None = None
+) -> int:
     """Push batches[first:] with seq = index; return the first index not acknowledged."""
     async with Client("127.0.0.1", port, timeout_s=60) as c:
         for i in range(first, len(batches)):
@@ -80,6 +112,7 @@ def test_kill_9_mid_stream_then_restart_gives_exact_output(tmp_path: Path) -> No
     data = tmp_path / "peer-data"
     peer = PeerProcess(data, log_path=tmp_path / "peer.log").start()
     try:
+
         async def phase_one() -> int:
             async with Client("127.0.0.1", peer.port, timeout_s=120) as c:
                 await c.create_schema(SCHEMA)
@@ -108,8 +141,7 @@ def test_kill_9_mid_stream_then_restart_gives_exact_output(tmp_path: Path) -> No
             async with Client("127.0.0.1", peer.port, timeout_s=120) as c:
                 status = await c.status()
                 assert [q["status"] for q in status["queries"]] == ["RUNNING"]
-                return await collect(c, "rec_out", sum(want.values()), timeout_s=180,
-                                     settle_s=5)
+                return await collect(c, "rec_out", sum(want.values()), timeout_s=180, settle_s=5)
 
         rows = asyncio.run(phase_two())
     finally:

@@ -8,11 +8,18 @@ from peer.errors import TupleError
 from peer.ingest import chunks, read_columns, to_jsonl
 from peer.model.schema import parse_schema
 
-SCHEMA = parse_schema({"name": "s", "fields": [
-    {"name": "id", "type": "int"}, {"name": "v", "type": "double"},
-    {"name": "ok", "type": "bool"}, {"name": "name", "type": "string"},
-    {"name": "t", "type": "timestamp"},
-]})
+SCHEMA = parse_schema(
+    {
+        "name": "s",
+        "fields": [
+            {"name": "id", "type": "int"},
+            {"name": "v", "type": "double"},
+            {"name": "ok", "type": "bool"},
+            {"name": "name", "type": "string"},
+            {"name": "t", "type": "timestamp"},
+        ],
+    }
+)
 
 
 def test_jsonl_and_csv_give_the_same_columns():

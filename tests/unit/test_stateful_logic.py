@@ -23,15 +23,20 @@ def reference_windows(values: list[int], size: int, advance: int) -> list[tuple]
     out = []
     start = 0
     while start + size <= len(values):
-        w = values[start:start + size]
-        out.append((start, start + size, [len(w), sum(w), min(w), max(w), w[0], w[-1],
-                                          len(set(w))]))
+        w = values[start : start + size]
+        out.append(
+            (start, start + size, [len(w), sum(w), min(w), max(w), w[0], w[-1], len(set(w))])
+        )
         start += advance
     return out
 
 
-@given(st.lists(st.integers(-50, 50), max_size=60), st.integers(1, 7), st.integers(1, 7),
-       st.integers(1, 10))
+@given(
+    st.lists(st.integers(-50, 50), max_size=60),
+    st.integers(1, 7),
+    st.integers(1, 7),
+    st.integers(1, 10),
+)
 def test_tuple_windows_match_reference_across_state_round_trips(values, size, advance, every):
     advance = min(advance, size)
     windows = TupleWindows(size, advance, CALLS)
