@@ -45,6 +45,8 @@ class PeerConfig:
     spark_conf: dict[str, str] = field(default_factory=dict)
     trigger_s: float = 0.0
     max_rows_per_batch: int = 200_000
+    # Run filter/map/union-only queries together in one streaming query (peer.engine.lane).
+    fuse_stateless: bool = True
     max_frame_bytes: int = 64 * 1024 * 1024
     maintenance_interval_s: float = 2.0
     fsync: bool = True
@@ -83,6 +85,7 @@ class Peer:
                 conf=self.config.spark_conf,
                 trigger_s=self.config.trigger_s,
                 max_rows_per_batch=self.config.max_rows_per_batch,
+                fuse_stateless=self.config.fuse_stateless,
             )
             await self.engine.start(spark)
             await self._resume_queries()

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from peer.engine.compile import CompiledQuery, compile_query, split_outputs
+from peer.engine.lane import Lane, is_stateless
+from peer.engine.lane_source import register_lane_source
 from peer.errors import EngineError
 from peer.model.plan import CheckedQuery
 from peer.model.schema import Schema, spark_ddl
@@ -69,6 +71,7 @@ class Engine:
         conf: dict[str, str] | None = None,
         trigger_s: float = 0.0,
         max_rows_per_batch: int = 200_000,
+        fuse_stateless: bool = True,
     ) -> None:
         self.spools = spools
         self.checkpoint_root = checkpoint_root
@@ -82,6 +85,10 @@ class Engine:
             max_workers=1, thread_name_prefix="spark"
         )
         self._owns_session = False
+        self.fuse_stateless = fuse_stateless
+        self.lane = Lane(
+            spools, checkpoint_root / "lane", trigger_s=trigger_s, max_rows=max_rows_per_batch
+        )
 
     async def _call(self, fn: Callable[[], T]) -> T:
         loop = asyncio.get_running_loop()
@@ -91,6 +98,7 @@ class Engine:
         """Start the session (6-16 s on a small machine), or adopt one already started."""
         if spark is not None:
             self.spark = spark  # adopted: whoever started it stops it
+            await self._call(lambda: register_lane_source(spark))
             return
         self._owns_session = True
 
@@ -104,6 +112,7 @@ class Engine:
                 warehouse_dir=str(self.checkpoint_root.parent / "warehouse"),
             )
             register_sources(session)
+            register_lane_source(session)
             return session
 
         self.spark = await self._call(build)
@@ -138,7 +147,19 @@ class Engine:
     async def run_query(self, checked: CheckedQuery, incarnation: str) -> None:
         """Start ``checked`` (resuming from its checkpoint when there is one)."""
         name = checked.query.name
-        if name in self.running:
+        if name in self.running or name in self.lane.members:
+            return
+        if self.fuse_stateless and is_stateless(checked):
+            spark = self.spark
+            assert spark is not None
+            try:
+                await self._call(lambda: self.lane.add(spark, checked, incarnation))
+            except Exception as exc:
+                self.lane.members.pop(name, None)
+                raise EngineError(
+                    f"query {name}: Spark refused to start it: {_short(exc)}", query=name
+                ) from exc
+            log.info("query %s runs in the stateless lane", name)
             return
         key = query_key(name, incarnation)
         checkpoint = self.checkpoint_dir(name, incarnation)
@@ -181,6 +202,9 @@ class Engine:
         log.info("query %s started (checkpoint %s)", name, checkpoint)
 
     async def stop_query(self, name: str) -> None:
+        if name in self.lane.members:
+            await self._call(lambda: self.lane.remove(name))
+            return
         running = self.running.pop(name, None)
         if running is None:
             return
@@ -211,6 +235,9 @@ class Engine:
         await asyncio.to_thread(shutil.rmtree, self.checkpoint_dir(name, incarnation), True)
 
     def describe(self, name: str) -> dict[str, Any]:
+        in_lane = self.lane.describe(name)
+        if in_lane is not None:
+            return in_lane
         running = self.running.get(name)
         if running is None:
             return {"active": False}
@@ -229,6 +256,13 @@ class Engine:
         """Queries whose streaming query died, with the reason."""
 
         def check() -> dict[str, str]:
+            lane_failure = self.lane.failure()
+            if lane_failure is not None:
+                failed = {name: f"lane: {lane_failure}" for name in self.lane.members}
+                return failed | _standalone_failures()
+            return _standalone_failures()
+
+        def _standalone_failures() -> dict[str, str]:
             out = {}
             for name, running in self.running.items():
                 if not running.handle.isActive:
@@ -241,6 +275,7 @@ class Engine:
     async def close(self) -> None:
         for name in list(self.running):
             await self.stop_query(name)
+        await self._call(self.lane.stop)
         spark = self.spark
         self.spark = None
         if spark is not None and self._owns_session:

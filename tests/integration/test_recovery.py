@@ -58,6 +58,19 @@ QUERY = {
         },
     ],
 }
+# A per-tuple query: it runs in the peer's stateless lane, the aggregate runs on its own.
+LANE_QUERY = {
+    "name": "neg",
+    "boxes": [
+        {
+            "name": "neg",
+            "type": "filter",
+            "inputs": ["ticks"],
+            "outputs": ["rec_neg"],
+            "params": {"expression.0": "v < 0"},
+        },
+    ],
+}
 BATCHES, PER_BATCH = 60, 200
 
 
@@ -109,6 +122,9 @@ async def push_from(
 def test_kill_9_mid_stream_then_restart_gives_exact_output(tmp_path: Path) -> None:
     batches = make_batches()
     want = reference(batches)
+    want_neg = Counter(
+        (k, v, t) for b in batches for k, v, t in zip(b["k"], b["v"], b["t"], strict=True) if v < 0
+    )
     data = tmp_path / "peer-data"
     peer = PeerProcess(data, log_path=tmp_path / "peer.log").start()
     try:
@@ -119,6 +135,8 @@ def test_kill_9_mid_stream_then_restart_gives_exact_output(tmp_path: Path) -> No
                 await c.create_stream("ticks", "tick")
                 await c.create_query(QUERY)
                 await c.start_query("rec")
+                await c.create_query(LANE_QUERY)
+                await c.start_query("neg")
             acked = await push_from(peer.port, batches, 0, stop_after=BATCHES // 3)
             async with Client("127.0.0.1", peer.port, timeout_s=120) as c:
                 first = await collect(c, "rec_out", 1, timeout_s=120)
@@ -134,17 +152,20 @@ def test_kill_9_mid_stream_then_restart_gives_exact_output(tmp_path: Path) -> No
 
         peer.start()
 
-        async def phase_two() -> list[dict[str, Any]]:
+        async def phase_two() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
             # Re-send the batch that may have landed without its ack reaching us.
             done = await push_from(peer.port, batches, max(0, resume_at - 1))
             assert done == BATCHES
             async with Client("127.0.0.1", peer.port, timeout_s=120) as c:
                 status = await c.status()
-                assert [q["status"] for q in status["queries"]] == ["RUNNING"]
-                return await collect(c, "rec_out", sum(want.values()), timeout_s=180, settle_s=5)
+                assert [q["status"] for q in status["queries"]] == ["RUNNING", "RUNNING"]
+                out = await collect(c, "rec_out", sum(want.values()), timeout_s=180, settle_s=5)
+                neg = await collect(c, "rec_neg", sum(want_neg.values()), timeout_s=60, settle_s=3)
+                return out, neg
 
-        rows = asyncio.run(phase_two())
+        rows, neg_rows = asyncio.run(phase_two())
     finally:
         peer.stop()
     got = Counter((r["window_start"], r["window_end"], r["k"], r["s"], r["n"]) for r in rows)
     assert got == want
+    assert Counter((r["k"], r["v"], r["t"]) for r in neg_rows) == want_neg

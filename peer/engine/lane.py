@@ -1,0 +1,235 @@
+"""The stateless lane: every per-tuple query of a peer in one Spark streaming query.
+
+Theory of operation
+-------------------
+Each Spark streaming query runs its own micro-batch loop on the driver (planning, offset and
+commit logs: ~0.3 s of driver time per batch, shared/notes/spark.md), so a peer that ran one
+streaming query per hosted query would fall behind as soon as it hosted a dozen. Queries made
+only of filter, map and union boxes need no state, so they can share one loop: the lane.
+
+The lane's streaming plan is just ``fedlane source -> foreachBatch``. The source reads the
+spools of every stream some member query reads (one wide row per tuple, tagged with its
+stream). The sink caches the micro-batch, builds each member's boxes on it with the same
+compiler the standalone queries use (``compile_query``: batch DataFrame operations on the
+cached batch), unions every member's results into one DataFrame and collects it in a single
+Spark job. So a micro-batch costs one job whatever the number of members.
+
+Adding a member whose streams the lane already reads changes nothing in Spark: the sink reads
+the member set at every batch, and the new member sees the tuples from the lane's current
+position on. A member that needs a new stream restarts the lane on the same checkpoint with a
+wider source. That is safe because the lane holds no state. A batch re-run after a restart or
+a crash has the same offsets and the same batch id, and every member's output is appended
+tagged (member incarnation, lane batch id), so the spool keeps it once. A member that is
+stopped misses the tuples that arrive while it is stopped, as a consumer detached from a live
+stream would; a restarted peer resumes the lane, with all its members, from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from peer.engine.compile import OUT, SEQ, compile_query
+from peer.engine.lane_source import SOURCE_NAME, STREAM, column_name
+from peer.model.plan import CheckedQuery, FilterSpec, MapSpec, UnionSpec
+from peer.model.schema import Schema
+from peer.spool import SpoolSet
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
+log = logging.getLogger(__name__)
+
+READER = "lane"
+MEMBER = "__member"
+
+
+def is_stateless(checked: CheckedQuery) -> bool:
+    return all(isinstance(b.spec, FilterSpec | MapSpec | UnionSpec) for b in checked.boxes)
+
+
+@dataclass
+class LaneMember:
+    checked: CheckedQuery
+    origin: str
+    rows_out: int = 0
+
+
+class Lane:
+    """Owned by the engine; every method runs on the engine's Spark thread."""
+
+    def __init__(self, spools: SpoolSet, root: Path, *, trigger_s: float, max_rows: int) -> None:
+        self.spools = spools
+        self.root = root
+        self.trigger_s = trigger_s
+        self.max_rows = max_rows
+        self.members: dict[str, LaneMember] = {}
+        self.streams: list[str] = []
+        self.handle: StreamingQuery | None = None
+        self.batches = 0
+        self.last_batch_s = 0.0
+        self._lock = threading.Lock()  # members are read by the sink on a py4j thread
+
+    def add(self, spark: SparkSession, checked: CheckedQuery, incarnation: str) -> None:
+        name = checked.query.name
+        with self._lock:
+            self.members[name] = LaneMember(checked, f"query:{name}:{incarnation}")
+        needed = self._needed()
+        if self.handle is None or not set(needed) <= set(self.streams):
+            self._restart(spark, needed)
+
+    def remove(self, name: str) -> bool:
+        with self._lock:
+            member = self.members.pop(name, None)
+        if member is not None and not self.members:
+            self.stop(release=True)
+        return member is not None
+
+    def stop(self, *, release: bool = False) -> None:
+        if self.handle is not None:
+            try:
+                self.handle.stop()
+            except Exception as exc:  # a stop during a batch may log an interrupt: harmless
+                log.debug("lane stop: %s", exc)
+            self.handle = None
+        if release:  # nobody reads through the lane: stop holding its streams' spools back
+            for stream in self.streams:
+                if stream in self.spools.streams():
+                    self.spools.get(stream).unregister_reader(READER)
+            self.streams = []
+
+    def _needed(self) -> list[str]:
+        with self._lock:
+            return sorted({s for m in self.members.values() for s in m.checked.inputs})
+
+    def _restart(self, spark: SparkSession, streams: list[str]) -> None:
+        self.stop()
+        for stream in set(self.streams) - set(streams):
+            self.spools.get(stream).unregister_reader(READER)
+        self.streams = streams
+        spec = {"streams": []}
+        for stream in streams:
+            spool = self.spools.get(stream)
+            spool.register_reader(READER)
+            schema = self._schema_of(stream)
+            spec["streams"].append(
+                {
+                    "name": stream,
+                    "dir": str(spool.directory),
+                    "reader": READER,
+                    "fields": [[f.name, f.type] for f in schema.fields],
+                }
+            )
+        self.root.mkdir(parents=True, exist_ok=True)
+        spec_path = self.root / "spec.json"
+        spec_path.write_text(json.dumps(spec))
+        frame = (
+            spark.readStream.format(SOURCE_NAME)
+            .option("spec", str(spec_path))
+            .option("maxRowsPerBatch", str(self.max_rows))
+            .load()
+        )
+        self.handle = (
+            frame.writeStream.queryName("fedstream-lane")
+            .option("checkpointLocation", str(self.root / "checkpoint"))
+            .trigger(processingTime=f"{self.trigger_s} seconds")
+            .foreachBatch(self._sink)
+            .start()
+        )
+        log.info(
+            "lane (re)started over %d stream(s) for %d query(ies)", len(streams), len(self.members)
+        )
+
+    def _schema_of(self, stream: str) -> Schema:
+        with self._lock:
+            for member in self.members.values():
+                if stream in member.checked.stream_schemas:
+                    return member.checked.stream_schemas[stream]
+        raise KeyError(stream)
+
+    def _sink(self, df: DataFrame, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        started = time.monotonic()
+        index = {s: i for i, s in enumerate(self.streams)}
+        with self._lock:
+            members = [m for m in self.members.values() if set(m.checked.inputs) <= set(index)]
+        if not members:
+            return
+        cached = df.persist()
+        try:
+            frames, compiled = [], []
+            for j, member in enumerate(members):
+
+                def source(stream: str, schema: Schema) -> DataFrame:
+                    i = index[stream]
+                    cols = [F.col(column_name(i, f.name)).alias(f.name) for f in schema.fields]
+                    return cached.where(F.col(STREAM) == i).select(*cols, F.col(SEQ))
+
+                query = compile_query(member.checked, source)
+                compiled.append(query)
+                frames.append(
+                    query.frame.select(
+                        F.lit(j).alias(MEMBER),
+                        F.col(OUT),
+                        *[
+                            F.col(f"__o{k}").alias(f"__m{j}_o{k}")
+                            for k in range(len(query.outputs))
+                        ],
+                    )
+                )
+            union = functools.reduce(
+                lambda a, b: a.unionByName(b, allowMissingColumns=True), frames
+            )
+            table = union.toArrow()
+        finally:
+            cached.unpersist()
+        for j, (member, query) in enumerate(zip(members, compiled, strict=True)):
+            for k, (stream, schema) in enumerate(query.outputs):
+                part = _member_output(table, j, k, schema)
+                if part is not None:
+                    self.spools.get(stream).append(part, origin=member.origin, seq=batch_id)
+                    member.rows_out += part.num_rows
+        self.batches += 1
+        self.last_batch_s = time.monotonic() - started
+
+    def describe(self, name: str) -> dict[str, Any] | None:
+        member = self.members.get(name)
+        if member is None:
+            return None
+        active = self.handle is not None and self.handle.isActive
+        return {
+            "active": active,
+            "lane": True,
+            "batches": self.batches,
+            "rows_out": member.rows_out,
+            "last_batch_s": round(self.last_batch_s, 4),
+        }
+
+    def failure(self) -> str | None:
+        if self.handle is None or self.handle.isActive:
+            return None
+        exc = self.handle.exception()
+        return str(exc).strip().splitlines()[0][:500] if exc is not None else "stopped"
+
+
+def _member_output(table: pa.Table, member: int, output: int, schema: Schema) -> pa.Table | None:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if table.num_rows == 0:
+        return None
+    mask = pc.and_(pc.equal(table.column(MEMBER), member), pc.equal(table.column(OUT), output))
+    rows = table.filter(mask)
+    if rows.num_rows == 0:
+        return None
+    struct = rows.column(f"__m{member}_o{output}").combine_chunks()
+    return pa.table({name: struct.field(name) for name in schema.names})

@@ -1,0 +1,197 @@
+"""``fedlane``: one streaming source over the spools of several streams, for the shared lane.
+
+Theory of operation
+-------------------
+The stateless lane (``peer.engine.lane``) runs every per-tuple query of a peer in ONE Spark
+streaming query, so that its driver cost does not grow with the number of queries. This
+source feeds it: a spec file (JSON, written by the peer before the lane starts) lists the
+streams, their spool directories, reader ids and fields. The source's schema is "wide":
+``__stream INT`` (index into the spec), ``__seq BIGINT`` (arrival order, as in ``fedspool``),
+then one nullable column ``c<i>_<field>`` per field of stream ``i``; a row fills only its own
+stream's columns.
+
+An offset is ``{"o": {stream: N}}``: every file <= N of each stream is consumed. A stream that
+an offset does not name (the lane was restarted with a new stream) starts where its reader
+committed last, or before its first file. Each micro-batch shares the row limit among the
+streams (each gets at least one file when it has one), partitions are runs of files of one
+stream, and ``commit`` writes every stream's reader offset so the peer can trim.
+
+Like ``fedspool`` it runs in Spark's Python processes, so it imports only light modules.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+
+from peer import spool as fmt
+from peer.engine.source import SEQ_SHIFT
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
+SOURCE_NAME = "fedlane"
+STREAM = "__stream"
+SEQ = "__seq"
+SPARK_DDL = {
+    "int": "INT",
+    "long": "BIGINT",
+    "double": "DOUBLE",
+    "bool": "BOOLEAN",
+    "string": "STRING",
+    "timestamp": "TIMESTAMP",
+}
+
+
+def column_name(index: int, field: str) -> str:
+    return f"c{index}_{field}"
+
+
+def wide_ddl(spec: Mapping[str, Any]) -> str:
+    parts = [f"`{STREAM}` INT", f"`{SEQ}` BIGINT"]
+    for i, stream in enumerate(spec["streams"]):
+        parts += [
+            f"`{column_name(i, name)}` {SPARK_DDL[type_]}" for name, type_ in stream["fields"]
+        ]
+    return ", ".join(parts)
+
+
+class LaneRange(InputPartition):
+    """Files ``first..last`` of stream number ``index``."""
+
+    def __init__(self, index: int, first: int, last: int) -> None:
+        super().__init__((index, first, last))
+        self.index, self.first, self.last = index, first, last
+
+
+class LaneDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> str:
+        return wide_ddl(_load_spec(self.options))
+
+    def streamReader(self, schema: StructType) -> LaneStreamReader:
+        return LaneStreamReader(self.options, schema)
+
+
+def _load_spec(options: Mapping[str, str]) -> dict[str, Any]:
+    options = {k.lower(): v for k, v in options.items()}
+    path = options.get("spec")
+    if not path:
+        raise ValueError("the fedlane source needs the option 'spec' (a lane spec file)")
+    spec: dict[str, Any] = json.loads(Path(path).read_text())
+    return spec
+
+
+class LaneStreamReader(DataSourceStreamReader):
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        spec = _load_spec(options)
+        lowered = {k.lower(): v for k, v in options.items()}
+        self.streams: list[dict[str, Any]] = spec["streams"]
+        self.names = [s["name"] for s in self.streams]
+        self.dirs = [Path(s["dir"]) for s in self.streams]
+        self.max_rows = int(lowered.get("maxrowsperbatch", 200_000))
+        self.arrow_schema: pa.Schema = to_arrow_schema(schema, timezone="UTC")
+        self._rows: dict[tuple[int, int], int] = {}
+
+    def _start_of(self, index: int, start: Mapping[str, Any]) -> int:
+        offsets = start.get("o", {})
+        name = self.names[index]
+        if name in offsets:
+            return int(offsets[name])
+        directory, reader = self.dirs[index], self.streams[index]["reader"]
+        floor = fmt.trimmed_through(directory)  # never start inside what was trimmed
+        try:
+            return max(fmt.read_reader_offset(directory, reader), floor)
+        except (KeyError, FileNotFoundError, ValueError):
+            present = fmt.list_offsets(directory)
+            return max(present[0] - 1 if present else floor, floor)
+
+    def initialOffset(self) -> dict[str, Any]:
+        return {"o": {name: self._start_of(i, {}) for i, name in enumerate(self.names)}}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.max_rows) if self.max_rows > 0 else ReadAllAvailable()
+
+    def _file_rows(self, index: int, offset: int) -> int:
+        key = (index, offset)
+        if key not in self._rows:
+            self._rows[key] = fmt.file_rows(fmt.offset_path(self.dirs[index], offset))
+        return self._rows[key]
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        share = None if budget is None else max(1, budget // max(1, len(self.names)))
+        end: dict[str, int] = {}
+        for i, name in enumerate(self.names):
+            begin = self._start_of(i, start)
+            last, rows = begin, 0
+            while os.path.exists(fmt.offset_path(self.dirs[i], last + 1)):
+                n = self._file_rows(i, last + 1)
+                if share is not None and last > begin and rows + n > share:
+                    break
+                last, rows = last + 1, rows + n
+            end[name] = last
+        for key in [k for k in self._rows if k[1] <= end.get(self.names[k[0]], -1)]:
+            del self._rows[key]
+        return {"o": end}
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[LaneRange]:
+        ranges = []
+        for i, name in enumerate(self.names):
+            first = self._start_of(i, start) + 1
+            last = int(end.get("o", {}).get(name, first - 1))
+            if last >= first:
+                ranges.append(LaneRange(i, first, last))
+        return ranges
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, LaneRange)
+        i = partition.index
+        fields = self.streams[i]["fields"]
+        own = {column_name(i, name): name for name, _ in fields}
+        target = self.arrow_schema
+        for offset in range(partition.first, partition.last + 1):
+            table = fmt.read_file(fmt.offset_path(self.dirs[i], offset))
+            row = 0
+            for batch in table.to_batches():
+                n = batch.num_rows
+                base = (offset << SEQ_SHIFT) + row
+                columns: list[Any] = [
+                    pa.array(np.full(n, i, dtype=np.int32)),
+                    pa.array(np.arange(base, base + n, dtype=np.int64)),
+                ]
+                for f in target:
+                    if f.name in (STREAM, SEQ):
+                        continue
+                    source = own.get(f.name)
+                    if source is None:
+                        columns.append(pa.nulls(n, type=f.type))
+                    else:
+                        column = batch.column(source)
+                        columns.append(column if column.type == f.type else column.cast(f.type))
+                yield pa.RecordBatch.from_arrays(columns, schema=target)
+                row += n
+
+    def commit(self, end: dict[str, Any]) -> None:
+        for i, name in enumerate(self.names):
+            if name in end.get("o", {}):
+                fmt.write_reader_offset(
+                    self.dirs[i], self.streams[i]["reader"], int(end["o"][name])
+                )
+
+
+def register_lane_source(spark: Any) -> None:
+    spark.dataSource.register(LaneDataSource)
