@@ -115,7 +115,7 @@ class Lane:
         for stream in set(self.streams) - set(streams):
             self.spools.get(stream).unregister_reader(READER)
         self.streams = streams
-        spec = {"streams": []}
+        spec: dict[str, list[dict[str, Any]]] = {"streams": []}
         for stream in streams:
             spool = self.spools.get(stream)
             spool.register_reader(READER)
