@@ -197,6 +197,9 @@ def run_demo(*, peers: int = 1, duration_s: float = 0.0, tuples: int = 20_000) -
     from rich.console import Console
 
     console = Console()
+    from peer.engine.java import find_java
+
+    find_java()  # the same actionable message as `peer join`, before any process starts
     if peers != 1:
         console.print("error: this build runs the single-peer demo only (--peers 1)")
         return 2
