@@ -150,7 +150,9 @@ class Peer:
             entry = catalog.query(name)
             if entry.status == "RUNNING":
                 try:
-                    await self.engine.run_query(self._check(entry.query), entry.incarnation)
+                    await self.engine.run_query(
+                        self._check(entry.query), entry.incarnation, resume=True
+                    )
                 except EngineError as exc:
                     self.query_errors[name] = exc.message
                     log.error("query %s could not resume: %s", name, exc.message)

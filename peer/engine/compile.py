@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from peer.errors import QueryError
 from peer.model.plan import (
@@ -38,7 +38,7 @@ from peer.model.plan import (
     MapSpec,
     UnionSpec,
 )
-from peer.model.schema import Schema, spark_ddl
+from peer.model.schema import Schema, spark_type
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -47,15 +47,6 @@ if TYPE_CHECKING:
 SEQ = "__seq"
 TS = "__ts"
 OUT = "__out"
-
-SPARK_TYPES = {
-    "int": "int",
-    "long": "bigint",
-    "double": "double",
-    "bool": "boolean",
-    "string": "string",
-    "timestamp": "timestamp",
-}
 
 # Reads one input stream: (stream name, schema) -> streaming DataFrame with a trailing __seq.
 SourceFactory = Callable[[str, Schema], "DataFrame"]
@@ -97,7 +88,7 @@ def from_event_time(col: Column, type_: str) -> Column:
     if type_ == "timestamp":
         return col
     seconds = F.unix_micros(col).cast("double") / 1_000_000
-    return seconds.cast(SPARK_TYPES[type_])
+    return seconds.cast(spark_type(type_))
 
 
 def _data_columns(schema: Schema) -> list[str]:
@@ -169,7 +160,7 @@ class _Compiler:
 
         schema = box.output_schemas[0]
         cols = [
-            F.expr(expr.sql).cast(SPARK_TYPES[schema.field(name).type]).alias(name)
+            F.expr(expr.sql).cast(spark_type(schema.field(name).type)).alias(name)
             for name, expr in spec.outputs
         ]
         if SEQ in df.columns:
@@ -204,7 +195,7 @@ class _Compiler:
             *[F.col(g) for g in spec.group_by],
             *[
                 F.col(c.output_name)
-                .cast(SPARK_TYPES[schema.field(c.output_name).type])
+                .cast(spark_type(schema.field(c.output_name).type))
                 .alias(c.output_name)
                 for c in spec.calls
             ],
@@ -318,11 +309,3 @@ def split_outputs(compiled: CompiledQuery, table: pa.Table) -> dict[str, pa.Tabl
         columns = {name: struct.field(name) for name in schema.names}
         result[stream] = pa.table(columns)
     return result
-
-
-def output_ddl(schema: Schema) -> str:
-    return spark_ddl(schema)
-
-
-def describe(compiled: CompiledQuery) -> dict[str, Any]:
-    return {"outputs": [s for s, _ in compiled.outputs]}

@@ -16,8 +16,9 @@ Spark job. So a micro-batch costs one job whatever the number of members.
 
 Adding a member whose streams the lane already reads changes nothing in Spark: the sink reads
 the member set at every batch, and the new member sees the tuples from the lane's current
-position on. A member that needs a new stream restarts the lane on the same checkpoint with a
-wider source. That is safe because the lane holds no state. A batch re-run after a restart or
+position on: it takes the batches Spark plans after it joined (``first_batch``), never a
+re-run of an older one. A member that needs a new stream restarts the lane on the same
+checkpoint with a wider source. That is safe because the lane holds no state. A batch re-run after a restart or
 a crash has the same offsets and the same batch id, and every member's output is appended
 tagged (member incarnation, lane batch id), so the spool keeps it once. A member that is
 stopped misses the tuples that arrive while it is stopped, as a consumer detached from a live
@@ -60,6 +61,7 @@ def is_stateless(checked: CheckedQuery) -> bool:
 class LaneMember:
     checked: CheckedQuery
     origin: str
+    first_batch: int  # lane batches before this one were planned before the member joined
     rows_out: int = 0
 
 
@@ -78,10 +80,15 @@ class Lane:
         self.last_batch_s = 0.0
         self._lock = threading.Lock()  # members are read by the sink on a py4j thread
 
-    def add(self, spark: SparkSession, checked: CheckedQuery, incarnation: str) -> None:
+    def add(
+        self, spark: SparkSession, checked: CheckedQuery, incarnation: str, *, resume: bool = False
+    ) -> None:
+        """Add a member. A new one takes the batches planned from now on; one resumed after a
+        restart takes every batch, since a re-run batch may hold its unsaved output."""
         name = checked.query.name
+        first = 0 if resume else self._planned() + 1
         with self._lock:
-            self.members[name] = LaneMember(checked, f"query:{name}:{incarnation}")
+            self.members[name] = LaneMember(checked, f"query:{name}:{incarnation}", first)
         needed = self._needed()
         if self.handle is None or not set(needed) <= set(self.streams):
             self._restart(spark, needed)
@@ -105,6 +112,14 @@ class Lane:
                 if stream in self.spools.streams():
                     self.spools.get(stream).unregister_reader(READER)
             self.streams = []
+
+    def _planned(self) -> int:
+        """The last batch id Spark planned (it writes offsets/N before running batch N)."""
+        offsets = self.root / "checkpoint" / "offsets"
+        ids = (
+            [int(p.name) for p in offsets.iterdir() if p.name.isdigit()] if offsets.is_dir() else []
+        )
+        return max(ids, default=-1)
 
     def _needed(self) -> list[str]:
         with self._lock:
@@ -161,7 +176,11 @@ class Lane:
         started = time.monotonic()
         index = {s: i for i, s in enumerate(self.streams)}
         with self._lock:
-            members = [m for m in self.members.values() if set(m.checked.inputs) <= set(index)]
+            members = [
+                m
+                for m in self.members.values()
+                if set(m.checked.inputs) <= set(index) and batch_id >= m.first_batch
+            ]
         if not members:
             return
         cached = df.persist()

@@ -34,6 +34,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 
 from peer import spool as fmt
 from peer.engine.source import SEQ_SHIFT
+from peer.model.schema import spark_type
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -41,14 +42,6 @@ if TYPE_CHECKING:
 SOURCE_NAME = "fedlane"
 STREAM = "__stream"
 SEQ = "__seq"
-SPARK_DDL = {
-    "int": "INT",
-    "long": "BIGINT",
-    "double": "DOUBLE",
-    "bool": "BOOLEAN",
-    "string": "STRING",
-    "timestamp": "TIMESTAMP",
-}
 
 
 def column_name(index: int, field: str) -> str:
@@ -59,7 +52,7 @@ def wide_ddl(spec: Mapping[str, Any]) -> str:
     parts = [f"`{STREAM}` INT", f"`{SEQ}` BIGINT"]
     for i, stream in enumerate(spec["streams"]):
         parts += [
-            f"`{column_name(i, name)}` {SPARK_DDL[type_]}" for name, type_ in stream["fields"]
+            f"`{column_name(i, name)}` {spark_type(type_)}" for name, type_ in stream["fields"]
         ]
     return ", ".join(parts)
 

@@ -144,7 +144,9 @@ class Engine:
     def checkpoint_dir(self, name: str, incarnation: str) -> Path:
         return self.checkpoint_root / query_key(name, incarnation)
 
-    async def run_query(self, checked: CheckedQuery, incarnation: str) -> None:
+    async def run_query(
+        self, checked: CheckedQuery, incarnation: str, *, resume: bool = False
+    ) -> None:
         """Start ``checked`` (resuming from its checkpoint when there is one)."""
         name = checked.query.name
         if name in self.running or name in self.lane.members:
@@ -153,7 +155,7 @@ class Engine:
             spark = self.spark
             assert spark is not None
             try:
-                await self._call(lambda: self.lane.add(spark, checked, incarnation))
+                await self._call(lambda: self.lane.add(spark, checked, incarnation, resume=resume))
             except Exception as exc:
                 self.lane.members.pop(name, None)
                 raise EngineError(
