@@ -426,18 +426,21 @@ class PeerSystem:
     def __init__(self, work: Path) -> None:
         from peer.testing import PeerProcess
 
+        work.mkdir(parents=True, exist_ok=True)
         self.proc = PeerProcess(work / "peer-data", log_path=work / "peer.log")
         self.ctl: Any = None
         self.pusher: Any = None
         self.subs: Any = None
         self.consumers: dict[str, tuple[Any, asyncio.Task[None]]] = {}
+        self.lanes: dict[str, Lane] = {}
+        self.crashes: list[str] = []
 
     @property
     def pid(self) -> int:
         assert self.proc.proc is not None
         return self.proc.proc.pid
 
-    async def start(self) -> None:
+    async def start(self, *, restart: bool = False) -> None:
         from peer.client import Client
 
         started = time.monotonic()
@@ -450,15 +453,53 @@ class PeerSystem:
         self.subs = Client("127.0.0.1", self.proc.port, timeout_s=60, client_name="bench-sub")
         for client in (self.ctl, self.pusher, self.subs):
             await client.connect()
-        await self.ctl.create_schema(SCHEMA_DEF)
+        if not restart:
+            await self.ctl.create_schema(SCHEMA_DEF)
+
+    async def _restart(self, why: BaseException) -> None:
+        """The peer process died: start it again on its data directory (it resumes its
+        RUNNING queries from their checkpoints) and subscribe again."""
+        assert self.proc.proc is not None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.proc.wait(30)
+        log = self.proc.log_path.read_text(errors="replace")
+        last = [line.strip() for line in log.splitlines() if line.strip()][-1:]
+        self.crashes.append(f"{type(why).__name__}: {why} / peer exit "
+                            f"{self.proc.proc.returncode}, log: {' '.join(last)[:300]}")
+        print(f"  PEER DIED ({self.crashes[-1]}); restarting it", flush=True)
+        for client in (self.ctl, self.pusher, self.subs):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.close(), 10)
+        for _sub, task in self.consumers.values():
+            task.cancel()
+        await self.start(restart=True)
+        for name, lane in self.lanes.items():
+            sub = await self.subs.subscribe(f"{name}_out", start="latest")
+            self.consumers[name] = (sub, asyncio.create_task(self._consume(sub, lane)))
 
     async def add_query(self, kind: str, name: str, load: Load) -> Lane:
-        await self.ctl.create_stream(f"{name}_in", SCHEMA_DEF["name"])
-        await self.ctl.create_query(peer_query(kind, name))
-        await self.ctl.start_query(name)
+        from peer.errors import Conflict, Unavailable
+
+        for attempt in range(3):
+            try:
+                with contextlib.suppress(Conflict):
+                    await self.ctl.create_stream(f"{name}_in", SCHEMA_DEF["name"])
+                with contextlib.suppress(Conflict):
+                    await self.ctl.create_query(peer_query(kind, name))
+                await self.ctl.start_query(name)
+                break
+            except Unavailable as exc:
+                assert self.proc.proc is not None
+                # A dying peer first stops its Spark queries: give it time to exit.
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    await asyncio.to_thread(self.proc.proc.wait, 90)
+                if attempt == 2 or self.proc.proc.poll() is None:
+                    raise
+                await self._restart(exc)
         sub = await self.subs.subscribe(f"{name}_out", start="latest")
         stream = f"{name}_in"
         lane = Lane(name, kind, lambda table: self.pusher.push(stream, table), load)
+        self.lanes[name] = lane
         self.consumers[name] = (sub, asyncio.create_task(self._consume(sub, lane)))
         return lane
 
@@ -473,6 +514,7 @@ class PeerSystem:
                 lane.add_agg(recv, cols["window_end"], cols["k"], cols["n"], cols["max_sent"])
 
     async def drop_query(self, name: str) -> None:
+        self.lanes.pop(name, None)
         sub, task = self.consumers.pop(name)
         task.cancel()
         with contextlib.suppress(BaseException):
@@ -532,7 +574,8 @@ class PeerSystem:
                     await asyncio.wait_for(client.close(), 10)
         code = await asyncio.to_thread(self.proc.stop, 60)
         if code not in (0, None):
-            print(f"  peer exited with {code}", flush=True)
+            tail = self.proc.log_path.read_text(errors="replace")[-3000:]
+            print(f"  peer exited with {code}; end of {self.proc.log_path}:\n{tail}", flush=True)
 
 
 # --------------------------------------------------------------------------- the reference
@@ -816,8 +859,8 @@ async def idle_cpu(pid: int, seconds: float) -> tuple[float, float]:
     return meter.stop()
 
 
-async def many_queries(peer: PeerSystem, args: argparse.Namespace) -> list[dict[str, Any]]:
-    results = []
+async def many_queries(peer: PeerSystem, args: argparse.Namespace,
+                       results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     lanes: list[Lane] = []
     for count in args.queries:
         print(f"  {count} aggregate queries at {bc.fmt_rate(args.per_query_rate)}/s each",
@@ -972,6 +1015,10 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
                    f"median p50 ratio at rates both kept up with: "
                    f"{summary['p50_ratio_median']:.2f}x")
     results["summary"] = summaries
+    for error in results.get("errors", []):
+        out.append(f"\n**Failed**: {error}")
+    for crash in results.get("peer_crashes", []):
+        out.append(f"\n**Peer process died and was restarted** (many-queries phase): {crash}")
     if results.get("multi"):
         table = multi_table(results["multi"], results.get("idle0"), args.idle)
         out.append(f"\n### One peer, many queries (all tumbling-window aggregates, "
@@ -1016,6 +1063,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip-reference", action="store_true")
     p.add_argument("--skip-peer", action="store_true")
     p.add_argument("--skip-multi", action="store_true")
+    p.add_argument("--skip-single", action="store_true", help="only the many-queries phase")
     p.add_argument("--only", choices=("filter", "agg"), help="run one single-query kind only")
     p.add_argument("--json", help="write all measurements to this file")
     p.add_argument("--work-dir", help="where peer data and spools go (default: a temp dir)")
@@ -1049,23 +1097,43 @@ async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
           flush=True)
     kinds = [args.only] if args.only else ["filter", "agg"]
     began = time.monotonic()
-    if not args.skip_peer:
+    results["errors"] = []
+
+    def failed(phase: str, exc: BaseException) -> None:
+        # One phase failing (a peer dying) must not lose the others' measurements.
+        print(f"{phase} FAILED: {type(exc).__name__}: {exc}", flush=True)
+        results["errors"].append(f"{phase}: {type(exc).__name__}: {exc}")
+
+    if not args.skip_peer and not args.skip_single:
         print("peer (peer join process, real client)", flush=True)
-        peer = PeerSystem(work)
+        peer = PeerSystem(work / "single")
+        try:
+            await peer.start()
+            for kind in kinds:
+                rates = args.rates if kind == "filter" else args.agg_rates
+                results["single"] += await rate_steps(peer, kind, rates, args, seed=7)
+        except Exception as exc:
+            failed("peer single-query phase", exc)
+        finally:
+            await peer.close()
+        print(f"peer phase done after {time.monotonic() - began:.0f} s", flush=True)
+    if not args.skip_peer and not args.skip_multi:
+        # A fresh peer: the single-query phase ends by overloading the previous one.
+        print("peer, many queries (fresh peer join process)", flush=True)
+        peer = PeerSystem(work / "multi")
         try:
             await peer.start()
             await asyncio.sleep(3.0)
             cores, _ = await idle_cpu(peer.pid, args.idle)
             results["idle0"] = {"cores": cores, "memory": bc.tree_memory(peer.pid).as_dict()}
-            for kind in kinds:
-                rates = args.rates if kind == "filter" else args.agg_rates
-                results["single"] += await rate_steps(peer, kind, rates, args, seed=7)
-            if not args.skip_multi:
-                results["multi"] = await many_queries(peer, args)
+            await many_queries(peer, args, results["multi"])
+        except Exception as exc:
+            failed("peer many-queries phase", exc)
         finally:
+            results["peer_crashes"] = peer.crashes
             await peer.close()
-        print(f"peer phase done after {time.monotonic() - began:.0f} s", flush=True)
-    if not args.skip_reference:
+        print(f"many-queries phase done after {time.monotonic() - began:.0f} s", flush=True)
+    if not args.skip_reference and not args.skip_single:
         print("reference (plain Spark Structured Streaming, same source, no peer)", flush=True)
         ref = ReferenceSystem(work)
         try:
@@ -1073,6 +1141,8 @@ async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             for kind in kinds:
                 rates = args.rates if kind == "filter" else args.agg_rates
                 results["single"] += await rate_steps(ref, kind, rates, args, seed=7)
+        except Exception as exc:
+            failed("reference phase", exc)
         finally:
             await ref.close()
         print(f"reference phase done after {time.monotonic() - began:.0f} s", flush=True)
@@ -1102,9 +1172,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"work directory {work}", flush=True)
     try:
         results = asyncio.run(main_async(args, work))
-    finally:
-        if not args.keep and not args.work_dir:
-            shutil.rmtree(work, ignore_errors=True)
+    except BaseException:
+        print(f"benchmark failed: logs kept in {work} (peer.log, reference.log)", flush=True)
+        raise
+    if results["errors"]:
+        print(f"errors: {results['errors']}; logs kept in {work}", flush=True)
+    elif not args.keep and not args.work_dir:
+        shutil.rmtree(work, ignore_errors=True)
     text = report(results, args)
     print("\n" + text)
     print(f"\nbusiest processes after: {results['busy_after']}")
