@@ -49,6 +49,8 @@ class PeerConfig:
     fuse_stateless: bool = True
     max_frame_bytes: int = 64 * 1024 * 1024
     maintenance_interval_s: float = 2.0
+    # How long a stream no query reads (a result stream) keeps its tuples for late subscribers.
+    retention_s: float = 600.0
     fsync: bool = True
 
 
@@ -134,15 +136,22 @@ class Peer:
     async def _maintenance(self) -> None:
         while True:
             await asyncio.sleep(self.config.maintenance_interval_s)
-            spools = self._spools()
-            for name in spools.streams():
-                with contextlib.suppress(KeyError, OSError):
-                    await asyncio.to_thread(spools.get(name).trim)
-            if self.engine is not None:
-                for name, reason in (await self.engine.failed()).items():
-                    if self.query_errors.get(name) != reason:
-                        log.error("query %s failed: %s", name, reason)
-                        self.query_errors[name] = reason
+            try:
+                await self._maintain()
+            except Exception:  # housekeeping must never take the peer down
+                log.exception("peer maintenance failed; retrying next round")
+
+    async def _maintain(self) -> None:
+        spools = self._spools()
+        for name in spools.streams():
+            with contextlib.suppress(KeyError, OSError):
+                spool = spools.get(name)
+                await asyncio.to_thread(spool.trim, max_age_s=self.config.retention_s)
+        if self.engine is not None:
+            for name, reason in (await self.engine.failed()).items():
+                if self.query_errors.get(name) != reason:
+                    log.error("query %s failed: %s", name, reason)
+                    self.query_errors[name] = reason
 
     async def _resume_queries(self) -> None:
         catalog = self._catalog()
@@ -313,11 +322,12 @@ class Peer:
         catalog = self._catalog()
         spools = self._spools()
         queries = []
-        for name in catalog.query_names():
+        names = catalog.query_names()
+        engine_info = await self.engine.describe(names) if self.engine is not None else {}
+        for name in names:
             entry = catalog.query(name)
             info: dict[str, Any] = {"name": name, "status": entry.status}
-            if self.engine is not None:
-                info.update(self.engine.describe(name))
+            info.update(engine_info.get(name, {}))
             if name in self.query_errors:
                 info["error"] = self.query_errors[name]
             queries.append(info)

@@ -370,17 +370,22 @@ class Spool:
     def committed(self, reader_id: str) -> int:
         return read_reader_offset(self.directory, reader_id)
 
-    def trim(self, retain: int = 0) -> int:
+    def trim(self, retain: int = 0, *, max_age_s: float | None = None) -> int:
         """Delete files every registered reader has committed, but keep the ``retain`` newest.
 
-        Returns the number of files deleted. With no registered reader nothing is deleted.
+        A spool no reader is registered on (a result stream, the input of a deleted query)
+        keeps everything unless ``max_age_s`` is given: then files appended longer ago than
+        that go. A registered reader always holds back what it has not committed.
+        Returns the number of files deleted.
         """
         floors = []
         for reader_id in self.readers():
             with contextlib.suppress(KeyError):  # unregistered meanwhile
                 floors.append(self.committed(reader_id))
         if not floors:
-            return 0
+            if max_age_s is None:
+                return 0
+            floors.append(self._aged_out(time.time_ns() - int(max_age_s * 1e9)))
         with self._lock:
             floor = min(min(floors), self._latest - max(retain, 0))
             if floor < self._earliest:
@@ -400,6 +405,17 @@ class Spool:
         return len(doomed)
 
     # ----------------------------------------------------------------------- listeners
+
+    def _aged_out(self, cutoff_ns: int) -> int:
+        """The newest offset appended at or before ``cutoff_ns`` (appends are in time order)."""
+        with self._lock:
+            floor = self._earliest - 1
+            for offset in range(self._earliest, self._latest + 1):
+                stamp = self._append_ns.get(offset)
+                if stamp is None or stamp > cutoff_ns:
+                    break
+                floor = offset
+            return floor
 
     def add_listener(self, callback: Listener) -> None:
         """Call ``callback(offset)`` after each append (on the appending thread)."""

@@ -9,25 +9,25 @@ only of filter, map and union boxes need no state, so they can share one loop: t
 
 The lane's streaming plan is just ``fedlane source -> foreachBatch``. The source reads the
 spools of every stream some member query reads (one wide row per tuple, tagged with its
-stream). The sink caches the micro-batch, builds each member's boxes on it with the same
-compiler the standalone queries use (``compile_query``: batch DataFrame operations on the
-cached batch), unions every member's results into one DataFrame and collects it in a single
-Spark job. So a micro-batch costs one job whatever the number of members.
+stream). The sink registers the micro-batch as a temp view (cached when several members read
+it) and runs one SQL statement that holds every member's boxes, translated once when the
+member joined (``peer.engine.lanesql``), and collects it in a single Spark job. So a
+micro-batch costs one job and two py4j calls whatever the number of members.
 
 Adding a member whose streams the lane already reads changes nothing in Spark: the sink reads
 the member set at every batch, and the new member sees the tuples from the lane's current
 position on: it takes the batches Spark plans after it joined (``first_batch``), never a
 re-run of an older one. A member that needs a new stream restarts the lane on the same
-checkpoint with a wider source. That is safe because the lane holds no state. A batch re-run after a restart or
-a crash has the same offsets and the same batch id, and every member's output is appended
-tagged (member incarnation, lane batch id), so the spool keeps it once. A member that is
-stopped misses the tuples that arrive while it is stopped, as a consumer detached from a live
-stream would; a restarted peer resumes the lane, with all its members, from its checkpoint.
+checkpoint with a wider source. That is safe because the lane holds no state. A batch re-run
+after a restart or a crash has the same offsets and the same batch id, and every member's
+output is appended tagged (member incarnation, lane batch id), so the spool keeps it once.
+A member that is stopped misses the tuples that arrive while it is stopped, as a consumer
+detached from a live stream would; a restarted peer resumes the lane, with all its members,
+from its checkpoint.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import threading
@@ -36,8 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from peer.engine.compile import OUT, SEQ, compile_query
-from peer.engine.lane_source import SOURCE_NAME, STREAM, column_name
+from peer.engine.compile import OUT
+from peer.engine.lane_source import SOURCE_NAME
+from peer.engine.lanesql import VIEW, lane_statement, member_sql
 from peer.model.plan import CheckedQuery, FilterSpec, MapSpec, UnionSpec
 from peer.model.schema import Schema
 from peer.spool import SpoolSet
@@ -64,6 +65,10 @@ class LaneMember:
     first_batch: int  # lane batches before this one were planned before the member joined
     rows_out: int = 0
 
+    @property
+    def outputs(self) -> list[tuple[str, Schema]]:
+        return [(s, self.checked.stream_schemas[s]) for s in self.checked.outputs]
+
 
 class Lane:
     """Owned by the engine; every method runs on the engine's Spark thread."""
@@ -78,6 +83,8 @@ class Lane:
         self.handle: StreamingQuery | None = None
         self.batches = 0
         self.last_batch_s = 0.0
+        self._statements: dict[tuple[tuple[str, ...], tuple[str, ...]], str] = {}
+        self.phase_s: dict[str, float] = {}  # the last batch: building, collecting, appending
         self._lock = threading.Lock()  # members are read by the sink on a py4j thread
 
     def add(
@@ -171,8 +178,6 @@ class Lane:
         raise KeyError(stream)
 
     def _sink(self, df: DataFrame, batch_id: int) -> None:
-        from pyspark.sql import functions as F
-
         started = time.monotonic()
         index = {s: i for i, s in enumerate(self.streams)}
         with self._lock:
@@ -183,55 +188,64 @@ class Lane:
             ]
         if not members:
             return
-        cached = df.persist()
+        # Several members scan the batch: cache it once. One member scans it once anyway, and
+        # caching would cost a second pass.
+        cached = df.persist() if len(members) > 1 else df
         try:
-            frames, compiled = [], []
-            for j, member in enumerate(members):
-
-                def source(stream: str, schema: Schema) -> DataFrame:
-                    i = index[stream]
-                    cols = [F.col(column_name(i, f.name)).alias(f.name) for f in schema.fields]
-                    return cached.where(F.col(STREAM) == i).select(*cols, F.col(SEQ))
-
-                query = compile_query(member.checked, source)
-                compiled.append(query)
-                frames.append(
-                    query.frame.select(
-                        F.lit(j).alias(MEMBER),
-                        F.col(OUT),
-                        *[
-                            F.col(f"__o{k}").alias(f"__m{j}_o{k}")
-                            for k in range(len(query.outputs))
-                        ],
-                    )
-                )
-            union = functools.reduce(
-                lambda a, b: a.unionByName(b, allowMissingColumns=True), frames
-            )
-            table = union.toArrow()
+            statement = self._statement(members, index)
+            cached.createOrReplaceTempView(VIEW)
+            planned = time.monotonic()
+            table = cached.sparkSession.sql(statement).toArrow()
         finally:
-            cached.unpersist()
-        for j, (member, query) in enumerate(zip(members, compiled, strict=True)):
-            for k, (stream, schema) in enumerate(query.outputs):
+            if cached is not df:
+                cached.unpersist()
+        collected = time.monotonic()
+        for j, member in enumerate(members):
+            for k, (stream, schema) in enumerate(member.outputs):
                 part = _member_output(table, j, k, schema)
                 if part is not None:
                     self.spools.get(stream).append(part, origin=member.origin, seq=batch_id)
                     member.rows_out += part.num_rows
         self.batches += 1
-        self.last_batch_s = time.monotonic() - started
+        done = time.monotonic()
+        self.last_batch_s = done - started
+        self.phase_s = {
+            "plan": planned - started,
+            "collect": collected - planned,
+            "append": done - collected,
+        }
+
+    def _statement(self, members: list[LaneMember], index: dict[str, int]) -> str:
+        """The SQL of these members over these streams, translated once and then reused."""
+        key = (tuple(m.origin for m in members), tuple(index))
+        statement = self._statements.get(key)
+        if statement is None:
+            translated = [member_sql(m.checked, j, index) for j, m in enumerate(members)]
+            statement = lane_statement(translated)
+            self._statements = {key: statement}  # only the current member set matters
+        return statement
+
+    def member_names(self) -> list[str]:
+        with self._lock:
+            return list(self.members)
 
     def describe(self, name: str) -> dict[str, Any] | None:
-        member = self.members.get(name)
+        """Counters only (no JVM call): safe on any thread."""
+        with self._lock:
+            member = self.members.get(name)
         if member is None:
             return None
-        active = self.handle is not None and self.handle.isActive
         return {
-            "active": active,
             "lane": True,
             "batches": self.batches,
             "rows_out": member.rows_out,
             "last_batch_s": round(self.last_batch_s, 4),
+            "phase_s": {k: round(v, 4) for k, v in self.phase_s.items()},
         }
+
+    def active(self) -> bool:
+        """Asks the JVM: call on the Spark thread."""
+        return self.handle is not None and bool(self.handle.isActive)
 
     def failure(self) -> str | None:
         if self.handle is None or self.handle.isActive:

@@ -236,39 +236,45 @@ class Engine:
                     spool.unregister_reader(reader)
         await asyncio.to_thread(shutil.rmtree, self.checkpoint_dir(name, incarnation), True)
 
-    def describe(self, name: str) -> dict[str, Any]:
-        in_lane = self.lane.describe(name)
-        if in_lane is not None:
-            return in_lane
-        running = self.running.get(name)
-        if running is None:
-            return {"active": False}
-        info: dict[str, Any] = {
-            "active": running.handle.isActive,
-            "batches": running.batches,
-            "rows_out": running.rows_out,
-            "last_batch_s": round(running.last_batch_s, 4),
-        }
-        exc = running.handle.exception()
-        if exc is not None:
-            info["error"] = _short(exc)
-        return info
+    async def describe(self, names: list[str]) -> dict[str, dict[str, Any]]:
+        """What each query is doing. Asking a streaming query blocks on the JVM, so the
+        questions run on the Spark thread, over a snapshot taken here (the loop owns
+        ``running``)."""
+        running = {n: self.running[n] for n in names if n in self.running}
+        in_lane = {n: info for n in names if (info := self.lane.describe(n)) is not None}
+
+        def ask() -> dict[str, dict[str, Any]]:
+            out: dict[str, dict[str, Any]] = {n: {"active": False} for n in names}
+            for name, info in in_lane.items():
+                out[name] = {**info, "active": self.lane.active()}
+            for name, query in running.items():
+                info = {
+                    "active": query.handle.isActive,
+                    "batches": query.batches,
+                    "rows_out": query.rows_out,
+                    "last_batch_s": round(query.last_batch_s, 4),
+                }
+                exc = query.handle.exception()
+                if exc is not None:
+                    info["error"] = _short(exc)
+                out[name] = info
+            return out
+
+        return await self._call(ask)
 
     async def failed(self) -> dict[str, str]:
         """Queries whose streaming query died, with the reason."""
+        running = list(self.running.items())  # snapshot on the loop, which owns the dict
+        lane_members = self.lane.member_names()
 
         def check() -> dict[str, str]:
+            out = {}
             lane_failure = self.lane.failure()
             if lane_failure is not None:
-                failed = {name: f"lane: {lane_failure}" for name in self.lane.members}
-                return failed | _standalone_failures()
-            return _standalone_failures()
-
-        def _standalone_failures() -> dict[str, str]:
-            out = {}
-            for name, running in self.running.items():
-                if not running.handle.isActive:
-                    exc = running.handle.exception()
+                out.update({name: f"lane: {lane_failure}" for name in lane_members})
+            for name, query in running:
+                if not query.handle.isActive:
+                    exc = query.handle.exception()
                     out[name] = _short(exc) if exc is not None else "stopped"
             return out
 
