@@ -863,13 +863,13 @@ async def many_queries(peer: PeerSystem, args: argparse.Namespace,
                        results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     lanes: list[Lane] = []
     for count in args.queries:
-        print(f"  {count} aggregate queries at {bc.fmt_rate(args.per_query_rate)}/s each",
+        print(f"  {count} {args.multi_kind} queries at {bc.fmt_rate(args.per_query_rate)}/s each",
               flush=True)
         started = time.monotonic()
         while len(lanes) < count:
             i = len(lanes)
             load = Load(args.multi_batch_rows, args.keys, 1000 + i)
-            lanes.append(await peer.add_query("agg", f"m{i}", load))
+            lanes.append(await peer.add_query(args.multi_kind, f"m{i}", load))
         start_s = time.monotonic() - started
         point = await run_point(
             lanes, args.per_query_rate, warm_s=args.warmup, measure_s=args.duration,
@@ -1021,7 +1021,9 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
         out.append(f"\n**Peer process died and was restarted** (many-queries phase): {crash}")
     if results.get("multi"):
         table = multi_table(results["multi"], results.get("idle0"), args.idle)
-        out.append(f"\n### One peer, many queries (all tumbling-window aggregates, "
+        kind = ("tumbling-window aggregates" if args.multi_kind == "agg"
+                else "filter queries, run in the stateless lane")
+        out.append(f"\n### One peer, many queries (all {kind}, "
                    f"{bc.fmt_rate(args.per_query_rate)} tuples/s each, batches of "
                    f"{args.multi_batch_rows})\n\n{table}\n")
     return "\n".join(out)
@@ -1059,6 +1061,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-p99", type=float, default=3.0)
     p.add_argument("--queries", help="numbers of concurrent queries (e.g. 1,4,16)")
     p.add_argument("--per-query-rate", type=float, default=5000)
+    p.add_argument("--multi-kind", choices=("agg", "filter"), default="agg",
+                   help="the kind of the many queries: window aggregates (one Spark streaming "
+                        "query each) or filters (all in the peer's stateless lane)")
     p.add_argument("--multi-batch-rows", type=int, default=1000)
     p.add_argument("--skip-reference", action="store_true")
     p.add_argument("--skip-peer", action="store_true")
