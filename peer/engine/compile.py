@@ -8,9 +8,9 @@ aggregate is an event-time ``window()`` under a watermark, a join is a stream-st
 time-range condition, and the count-based boxes (TUPLES aggregate, bsort) keep their state per
 group in Spark's state store through ``applyInPandasWithState`` (see ``peer.engine.stateful``).
 
-Every input stream carries a hidden ``__seq`` column (the spool's arrival order) through the
-per-tuple boxes, so that order-dependent functions (firstval, lastval) and count windows are
-deterministic. Order fields of any numeric type are mapped to timestamps (one unit = one second)
+When some box depends on arrival order (firstval, lastval, count windows, bsort), every
+input stream carries a hidden ``__seq`` column (the spool's arrival order) through the
+per-tuple boxes, which makes those boxes deterministic; other queries do without it. Order fields of any numeric type are mapped to timestamps (one unit = one second)
 in a hidden ``__ts`` column, because Spark's windows and watermarks need timestamps; window bounds
 are mapped back to the order field's type. Windows are aligned to multiples of ``advance``
 counted from zero, as Spark's ``window()`` is aligned to the epoch.
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 SEQ = "__seq"
 TS = "__ts"
 OUT = "__out"
+ORDERED = ("firstval", "lastval")  # aggregate functions that depend on arrival order
 
 # Reads one input stream: (stream name, schema) -> streaming DataFrame with a trailing __seq.
 SourceFactory = Callable[[str, Schema], "DataFrame"]
@@ -285,6 +286,20 @@ class _Compiler:
         for part in parts[1:]:
             frame = frame.unionByName(part, allowMissingColumns=True)
         return CompiledQuery(frame, outputs)
+
+
+def needs_arrival_order(checked: CheckedQuery) -> bool:
+    """Whether some box depends on the order tuples arrived in (then sources add ``__seq``,
+    an extra column on every row that other queries need not pay for)."""
+    for box in checked.boxes:
+        spec = box.spec
+        if isinstance(spec, BSortSpec):
+            return True
+        if isinstance(spec, AggregateSpec) and (
+            spec.window_by == "TUPLES" or any(c.function in ORDERED for c in spec.calls)
+        ):
+            return True
+    return False
 
 
 def compile_query(checked: CheckedQuery, source: SourceFactory) -> CompiledQuery:

@@ -23,7 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from peer.engine.compile import CompiledQuery, compile_query, split_outputs
+from peer.engine.compile import (
+    CompiledQuery,
+    compile_query,
+    needs_arrival_order,
+    split_outputs,
+)
 from peer.engine.lane import Lane, is_stateless
 from peer.engine.lane_source import register_lane_source
 from peer.errors import EngineError
@@ -118,7 +123,7 @@ class Engine:
         self.spark = await self._call(build)
 
     def _source(
-        self, key: str, readers: list[tuple[str, str]]
+        self, key: str, readers: list[tuple[str, str]], *, with_seq: bool
     ) -> Callable[[str, Schema], DataFrame]:
         from peer.engine.source import read_stream
 
@@ -135,7 +140,7 @@ class Engine:
                 spool.directory,
                 spark_ddl(schema),
                 reader,
-                with_seq=True,
+                with_seq=with_seq,
                 max_rows=self.max_rows_per_batch,
             )
 
@@ -169,7 +174,8 @@ class Engine:
 
         def start() -> RunningQuery:
             readers: list[tuple[str, str]] = []
-            compiled = compile_query(checked, self._source(key, readers))
+            source = self._source(key, readers, with_seq=needs_arrival_order(checked))
+            compiled = compile_query(checked, source)
             running: RunningQuery | None = None
 
             def sink(df: DataFrame, batch_id: int) -> None:
