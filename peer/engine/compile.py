@@ -10,7 +10,8 @@ group in Spark's state store through ``applyInPandasWithState`` (see ``peer.engi
 
 When some box depends on arrival order (firstval, lastval, count windows, bsort), every
 input stream carries a hidden ``__seq`` column (the spool's arrival order) through the
-per-tuple boxes, which makes those boxes deterministic; other queries do without it. Order fields of any numeric type are mapped to timestamps (one unit = one second)
+per-tuple boxes, which makes those boxes deterministic; other queries do without it. Order
+fields of any numeric type are mapped to timestamps (one unit = one second)
 in a hidden ``__ts`` column, because Spark's windows and watermarks need timestamps; window bounds
 are mapped back to the order field's type. Windows are aligned to multiples of ``advance``
 counted from zero, as Spark's ``window()`` is aligned to the epoch.

@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from peer.engine.compile import OUT
-from peer.engine.lane_source import SOURCE_NAME
-from peer.engine.lanesql import VIEW, lane_statement, member_sql
+from peer.engine.lane_source import SOURCE_NAME, shapes
+from peer.engine.lanesql import VIEW, lane_statement, member_sql, slot_of
 from peer.model.plan import CheckedQuery, FilterSpec, MapSpec, UnionSpec
 from peer.model.schema import Schema
 from peer.spool import SpoolSet
@@ -83,7 +83,10 @@ class Lane:
         self.handle: StreamingQuery | None = None
         self.batches = 0
         self.last_batch_s = 0.0
-        self._statements: dict[tuple[tuple[str, ...], tuple[str, ...]], str] = {}
+        self._statements: dict[
+            tuple[tuple[str, ...], tuple[str, ...]], tuple[str, dict[str, str]]
+        ] = {}
+        self.layout: dict[str, tuple[int, int]] = {}  # stream -> (index, shape) in the source
         self.phase_s: dict[str, float] = {}  # the last batch: building, collecting, appending
         self._lock = threading.Lock()  # members are read by the sink on a py4j thread
 
@@ -153,6 +156,10 @@ class Lane:
         self.root.mkdir(parents=True, exist_ok=True)
         spec_path = self.root / "spec.json"
         spec_path.write_text(json.dumps(spec))
+        self.layout = {
+            stream: (i, shape)
+            for i, (stream, shape) in enumerate(zip(streams, shapes(spec), strict=True))
+        }
         frame = (
             spark.readStream.format(SOURCE_NAME)
             .option("spec", str(spec_path))
@@ -179,20 +186,25 @@ class Lane:
 
     def _sink(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
-        index = {s: i for i, s in enumerate(self.streams)}
+        layout = self.layout
         with self._lock:
             members = [
                 m
                 for m in self.members.values()
-                if set(m.checked.inputs) <= set(index) and batch_id >= m.first_batch
+                if set(m.checked.inputs) <= set(layout) and batch_id >= m.first_batch
             ]
         if not members:
             return
-        # Several members scan the batch: cache it once. One member scans it once anyway, and
-        # caching would cost a second pass.
-        cached = df.persist() if len(members) > 1 else df
+        # Several members scan the batch: cache it, and fill the cache before the statement
+        # runs (a cache is filled lazily, so the statement's branches would each read the
+        # source again: 16 members made a batch 16 source reads, ~4 s). One member scans it
+        # once anyway, and caching would cost a second pass.
+        cached = df
+        if len(members) > 1:
+            cached = df.persist()
+            cached.count()
         try:
-            statement = self._statement(members, index)
+            statement, slots = self._statement(members, layout)
             cached.createOrReplaceTempView(VIEW)
             planned = time.monotonic()
             table = cached.sparkSession.sql(statement).toArrow()
@@ -202,7 +214,7 @@ class Lane:
         collected = time.monotonic()
         for j, member in enumerate(members):
             for k, (stream, schema) in enumerate(member.outputs):
-                part = _member_output(table, j, k, schema)
+                part = _member_output(table, j, k, schema, slots[slot_of(schema)])
                 if part is not None:
                     self.spools.get(stream).append(part, origin=member.origin, seq=batch_id)
                     member.rows_out += part.num_rows
@@ -215,12 +227,14 @@ class Lane:
             "append": done - collected,
         }
 
-    def _statement(self, members: list[LaneMember], index: dict[str, int]) -> str:
+    def _statement(
+        self, members: list[LaneMember], layout: dict[str, tuple[int, int]]
+    ) -> tuple[str, dict[str, str]]:
         """The SQL of these members over these streams, translated once and then reused."""
-        key = (tuple(m.origin for m in members), tuple(index))
+        key = (tuple(m.origin for m in members), tuple(layout))
         statement = self._statements.get(key)
         if statement is None:
-            translated = [member_sql(m.checked, j, index) for j, m in enumerate(members)]
+            translated = [member_sql(m.checked, j, layout) for j, m in enumerate(members)]
             statement = lane_statement(translated)
             self._statements = {key: statement}  # only the current member set matters
         return statement
@@ -254,7 +268,9 @@ class Lane:
         return str(exc).strip().splitlines()[0][:500] if exc is not None else "stopped"
 
 
-def _member_output(table: pa.Table, member: int, output: int, schema: Schema) -> pa.Table | None:
+def _member_output(
+    table: pa.Table, member: int, output: int, schema: Schema, slot: str
+) -> pa.Table | None:
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -264,5 +280,5 @@ def _member_output(table: pa.Table, member: int, output: int, schema: Schema) ->
     rows = table.filter(mask)
     if rows.num_rows == 0:
         return None
-    struct = rows.column(f"__m{member}_o{output}").combine_chunks()
+    struct = rows.column(slot).combine_chunks()
     return pa.table({name: struct.field(name) for name in schema.names})

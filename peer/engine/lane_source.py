@@ -7,8 +7,8 @@ streaming query, so that its driver cost does not grow with the number of querie
 source feeds it: a spec file (JSON, written by the peer before the lane starts) lists the
 streams, their spool directories, reader ids and fields. The source's schema is "wide":
 ``__stream INT`` (index into the spec), ``__seq BIGINT`` (arrival order, as in ``fedspool``),
-then one nullable column ``c<i>_<field>`` per field of stream ``i``; a row fills only its own
-stream's columns.
+then one nullable column ``c<n>_<field>`` per field of each distinct stream shape ``n``
+(streams with the same fields share columns); a row fills only its own stream's columns.
 
 An offset is ``{"o": {stream: N}}``: every file <= N of each stream is consumed. A stream that
 an offset does not name (the lane was restarted with a new stream) starts where its reader
@@ -44,25 +44,41 @@ STREAM = "__stream"
 SEQ = "__seq"
 
 
-def column_name(index: int, field: str) -> str:
-    return f"c{index}_{field}"
+def column_name(shape: int, field: str) -> str:
+    return f"c{shape}_{field}"
+
+
+def shapes(spec: Mapping[str, Any]) -> list[int]:
+    """For each stream of the spec, the number of its shape: streams with the same fields
+    (names and types, in order) share one set of wide columns, so a lane over many streams of
+    one schema stays as narrow as a lane over one."""
+    seen: dict[str, int] = {}
+    out = []
+    for stream in spec["streams"]:
+        key = json.dumps(stream["fields"])
+        out.append(seen.setdefault(key, len(seen)))
+    return out
 
 
 def wide_ddl(spec: Mapping[str, Any]) -> str:
     parts = [f"`{STREAM}` INT", f"`{SEQ}` BIGINT"]
-    for i, stream in enumerate(spec["streams"]):
-        parts += [
-            f"`{column_name(i, name)}` {spark_type(type_)}" for name, type_ in stream["fields"]
-        ]
+    done: set[int] = set()
+    for stream, shape in zip(spec["streams"], shapes(spec), strict=True):
+        if shape not in done:
+            done.add(shape)
+            parts += [f"`{column_name(shape, n)}` {spark_type(t)}" for n, t in stream["fields"]]
     return ", ".join(parts)
 
 
-class LaneRange(InputPartition):
-    """Files ``first..last`` of stream number ``index``."""
+MAX_PARTITIONS = 2  # one per core here; more only add tasks for every scan of a batch
 
-    def __init__(self, index: int, first: int, last: int) -> None:
-        super().__init__((index, first, last))
-        self.index, self.first, self.last = index, first, last
+
+class LaneRange(InputPartition):
+    """Runs of files, each ``(stream index, first, last)``: what one Spark task reads."""
+
+    def __init__(self, pieces: list[tuple[int, int, int]]) -> None:
+        super().__init__(tuple(pieces))
+        self.pieces = pieces
 
 
 class LaneDataSource(DataSource):
@@ -94,6 +110,7 @@ class LaneStreamReader(DataSourceStreamReader):
         lowered = {k.lower(): v for k, v in options.items()}
         self.streams: list[dict[str, Any]] = spec["streams"]
         self.names = [s["name"] for s in self.streams]
+        self.shapes = shapes(spec)
         self.dirs = [Path(s["dir"]) for s in self.streams]
         self.max_rows = int(lowered.get("maxrowsperbatch", 200_000))
         self.arrow_schema: pa.Schema = to_arrow_schema(schema, timezone="UTC")
@@ -142,21 +159,27 @@ class LaneStreamReader(DataSourceStreamReader):
         return {"o": end}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[LaneRange]:
-        ranges = []
+        pieces = []
         for i, name in enumerate(self.names):
             first = self._start_of(i, start) + 1
             last = int(end.get("o", {}).get(name, first - 1))
             if last >= first:
-                ranges.append(LaneRange(i, first, last))
-        return ranges
+                pieces.append((i, first, last))
+        # Deal the pieces round-robin into a few partitions: a partition per stream would make
+        # every scan of a batch over many streams a task per stream.
+        count = min(MAX_PARTITIONS, len(pieces))
+        return [LaneRange(pieces[p::count]) for p in range(count)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, LaneRange)
-        i = partition.index
+        for i, first, last in partition.pieces:
+            yield from self._read_piece(i, first, last)
+
+    def _read_piece(self, i: int, first: int, last: int) -> Iterator[pa.RecordBatch]:
         fields = self.streams[i]["fields"]
-        own = {column_name(i, name): name for name, _ in fields}
+        own = {column_name(self.shapes[i], name): name for name, _ in fields}
         target = self.arrow_schema
-        for offset in range(partition.first, partition.last + 1):
+        for offset in range(first, last + 1):
             table = fmt.read_file(fmt.offset_path(self.dirs[i], offset))
             row = 0
             for batch in table.to_batches():

@@ -9,8 +9,9 @@ the number of members.
 The translation follows the same box semantics as ``peer.engine.compile`` (filter is a case
 statement with NULL as "not satisfied"; map casts each expression to its declared type; union
 keeps every tuple) and keeps ``__seq`` through every box. Every member's result streams are
-folded into the lane's envelope: ``__member``, ``__out`` and one struct column per
-(member, output), NULL in the rows of the others.
+folded into the lane's envelope: ``__member``, ``__out`` and one struct column per distinct
+result schema (results of the same shape share it), NULL in the rows of the others. The
+statement thus grows with the number of members, not with its square.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ class MemberSql:
     outputs: tuple[tuple[str, str, Schema], ...]  # (result stream, CTE holding it, schema)
 
 
-def member_sql(checked: CheckedQuery, member: int, stream_index: dict[str, int]) -> MemberSql:
-    """Translate a member's boxes; ``stream_index`` numbers the lane's streams."""
+def member_sql(checked: CheckedQuery, member: int, layout: dict[str, tuple[int, int]]) -> MemberSql:
+    """Translate a member's boxes; ``layout`` gives each lane stream's (index, shape)."""
     names: dict[str, str] = {}
     ctes: list[str] = []
 
@@ -47,9 +48,9 @@ def member_sql(checked: CheckedQuery, member: int, stream_index: dict[str, int])
         return names.setdefault(stream, f"m{member}_s{len(names)}")
 
     for stream in checked.inputs:
-        i = stream_index[stream]
+        i, shape = layout[stream]
         schema = checked.stream_schemas[stream]
-        cols = ", ".join(f"{_q(column_name(i, f.name))} AS {_q(f.name)}" for f in schema.fields)
+        cols = ", ".join(f"{_q(column_name(shape, f.name))} AS {_q(f.name)}" for f in schema.fields)
         ctes.append(f"{cte(stream)} AS (SELECT {cols}, {SEQ} FROM {VIEW} WHERE {STREAM} = {i})")
     for box in checked.boxes:
         spec = box.spec
@@ -79,22 +80,29 @@ def member_sql(checked: CheckedQuery, member: int, stream_index: dict[str, int])
     return MemberSql(tuple(ctes), outputs)
 
 
-def lane_statement(members: list[MemberSql]) -> str:
-    """One statement computing every member's results, folded into the envelope."""
-    slots = [
-        (j, k, schema) for j, m in enumerate(members) for k, (_, _, schema) in enumerate(m.outputs)
-    ]
+def slot_of(schema: Schema) -> str:
+    """Results of the same field names and types share one struct column of the envelope."""
+    return struct_type(schema)
+
+
+def lane_statement(members: list[MemberSql]) -> tuple[str, dict[str, str]]:
+    """One statement computing every member's results, folded into the envelope; and the
+    envelope column of each result shape (``slot_of``)."""
+    slots: dict[str, str] = {}
+    for member in members:
+        for _, _, schema in member.outputs:
+            slots.setdefault(slot_of(schema), f"__slot{len(slots)}")
     selects = []
     for j, member in enumerate(members):
         for k, (_, source, schema) in enumerate(member.outputs):
+            mine = slots[slot_of(schema)]
             columns = [f"{j} AS __member", f"{k} AS __out"]
-            for sj, sk, sschema in slots:
-                alias = f"__m{sj}_o{sk}"
-                if (sj, sk) == (j, k):
+            for type_, column in slots.items():
+                if column == mine:
                     fields = ", ".join(f"'{f}', {_q(f)}" for f in schema.names)
-                    columns.append(f"named_struct({fields}) AS {alias}")
+                    columns.append(f"named_struct({fields}) AS {column}")
                 else:
-                    columns.append(f"CAST(NULL AS {struct_type(sschema)}) AS {alias}")
+                    columns.append(f"CAST(NULL AS {type_}) AS {column}")
             selects.append(f"SELECT {', '.join(columns)} FROM {source}")
     ctes = [c for m in members for c in m.ctes]
-    return f"WITH {', '.join(ctes)} {' UNION ALL '.join(selects)}"
+    return f"WITH {', '.join(ctes)} {' UNION ALL '.join(selects)}", slots
