@@ -26,7 +26,8 @@ CREATE TABLE IF NOT EXISTS schemas (name TEXT PRIMARY KEY, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS streams (name TEXT PRIMARY KEY, schema TEXT NOT NULL,
                                     derived_from TEXT);
 CREATE TABLE IF NOT EXISTS queries (name TEXT PRIMARY KEY, body TEXT NOT NULL,
-                                    status TEXT NOT NULL, incarnation TEXT NOT NULL);
+                                    status TEXT NOT NULL, incarnation TEXT NOT NULL,
+                                    placement TEXT);
 """
 
 
@@ -42,6 +43,7 @@ class QueryEntry:
     query: Query
     status: str
     incarnation: str
+    placement: str | None  # where the engine first ran it ("lane" or "own"); kept for resumes
 
 
 class LocalCatalog:
@@ -50,6 +52,9 @@ class LocalCatalog:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_TABLES)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(queries)")}
+        if "placement" not in columns:  # a data directory from before placements were kept
+            self._db.execute("ALTER TABLE queries ADD COLUMN placement TEXT")
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -130,16 +135,18 @@ class LocalCatalog:
                 f"query {query.name} already exists; delete it first", query=query.name
             )
         self._write(
-            "INSERT INTO queries VALUES (?, ?, 'SETUP', ?)",
+            "INSERT INTO queries VALUES (?, ?, 'SETUP', ?, NULL)",
             (query.name, json.dumps(query_to_dict(query)), incarnation),
         )
 
     def find_query(self, name: str) -> QueryEntry | None:
-        rows = self._rows("SELECT body, status, incarnation FROM queries WHERE name = ?", (name,))
+        rows = self._rows(
+            "SELECT body, status, incarnation, placement FROM queries WHERE name = ?", (name,)
+        )
         if not rows:
             return None
-        body, status, incarnation = rows[0]
-        return QueryEntry(parse_query(json.loads(body)), status, incarnation)
+        body, status, incarnation, placement = rows[0]
+        return QueryEntry(parse_query(json.loads(body)), status, incarnation, placement)
 
     def query(self, name: str) -> QueryEntry:
         entry = self.find_query(name)
@@ -150,6 +157,9 @@ class LocalCatalog:
 
     def query_names(self) -> list[str]:
         return [r[0] for r in self._rows("SELECT name FROM queries ORDER BY name")]
+
+    def set_placement(self, name: str, placement: str) -> None:
+        self._write("UPDATE queries SET placement = ? WHERE name = ?", (placement, name))
 
     def set_status(self, name: str, status: str) -> None:
         self._write("UPDATE queries SET status = ? WHERE name = ?", (status, name))

@@ -218,6 +218,7 @@ async def cmd_join(args: argparse.Namespace) -> int:
         host=host,
         port=port,
         engine=not args.no_engine,
+        fuse_stateless=not args.no_lane,
         spark_master=args.spark_master,
     )
     node = Peer(config)
@@ -284,6 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trust")
     p.add_argument("--spark-master", default="local[*]")
     p.add_argument("--no-engine", action="store_true", help="serve without Spark")
+    p.add_argument(
+        "--no-lane",
+        action="store_true",
+        help="run every query as its own Spark streaming query (no shared stateless lane)",
+    )
     p.set_defaults(run=cmd_join)
 
     schema = sub.add_parser("schema", help="schemas").add_subparsers(dest="sub", required=True)

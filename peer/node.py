@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from peer.api import ApiServer
-from peer.catalog import QUERY_STATUSES, LocalCatalog
+from peer.catalog import QUERY_STATUSES, LocalCatalog, QueryEntry
 from peer.errors import Conflict, EngineError, InvalidInput, NotFound
 from peer.model.plan import CheckedQuery, check_query
 from peer.model.query import parse_query, query_to_dict
@@ -47,6 +47,8 @@ class PeerConfig:
     max_rows_per_batch: int = 200_000
     # Run filter/map/union-only queries together in one streaming query (peer.engine.lane).
     fuse_stateless: bool = True
+    # How many per-tuple queries run on their own before the next ones share the lane.
+    lane_after: int = 1
     max_frame_bytes: int = 64 * 1024 * 1024
     maintenance_interval_s: float = 2.0
     # How long a stream no query reads (a result stream) keeps its tuples for late subscribers.
@@ -88,6 +90,7 @@ class Peer:
                 trigger_s=self.config.trigger_s,
                 max_rows_per_batch=self.config.max_rows_per_batch,
                 fuse_stateless=self.config.fuse_stateless,
+                lane_after=self.config.lane_after,
             )
             await self.engine.start(spark)
             await self._resume_queries()
@@ -159,12 +162,22 @@ class Peer:
             entry = catalog.query(name)
             if entry.status == "RUNNING":
                 try:
-                    await self.engine.run_query(
-                        self._check(entry.query), entry.incarnation, resume=True
-                    )
+                    await self._run(entry, resume=True)
                 except EngineError as exc:
                     self.query_errors[name] = exc.message
                     log.error("query %s could not resume: %s", name, exc.message)
+
+    async def _run(self, entry: QueryEntry, *, resume: bool = False) -> None:
+        """Start a query where it ran before (its checkpoint is there), or where the engine
+        places it on its first start, and remember that place."""
+        placement = await self.engine.run_query(
+            self._check(entry.query),
+            entry.incarnation,
+            resume=resume,
+            placement=entry.placement,
+        )
+        if placement != entry.placement:
+            await asyncio.to_thread(self._catalog().set_placement, entry.query.name, placement)
 
     def _catalog(self) -> LocalCatalog:
         if self.catalog is None:
@@ -230,7 +243,7 @@ class Peer:
                     f"query {name}: this peer runs without an engine (--no-engine)", query=name
                 )
             self.query_errors.pop(name, None)
-            await self.engine.run_query(self._check(entry.query), entry.incarnation)
+            await self._run(entry)
         elif status in ("STOPPED", "SETUP") and entry.status == "RUNNING":
             await self.engine.stop_query(name)
         elif status == "DELETED":

@@ -102,6 +102,9 @@ def spark_schema_ddl() -> str:
     return spark_ddl(parse_schema(SCHEMA_DEF))
 
 
+PEER_ARGS: list[str] = []  # extra `peer join` options (--peer-args)
+
+
 def peer_query(kind: str, name: str) -> dict[str, Any]:
     src, out = f"{name}_in", f"{name}_out"
     if kind == "filter":
@@ -427,7 +430,7 @@ class PeerSystem:
         from peer.testing import PeerProcess
 
         work.mkdir(parents=True, exist_ok=True)
-        self.proc = PeerProcess(work / "peer-data", log_path=work / "peer.log")
+        self.proc = PeerProcess(work / "peer-data", *PEER_ARGS, log_path=work / "peer.log")
         self.ctl: Any = None
         self.pusher: Any = None
         self.subs: Any = None
@@ -1071,6 +1074,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip-single", action="store_true", help="only the many-queries phase")
     p.add_argument("--only", choices=("filter", "agg"), help="run one single-query kind only")
     p.add_argument("--json", help="write all measurements to this file")
+    p.add_argument("--peer-args", default="",
+                   help="extra `peer join` options, e.g. --peer-args=--no-lane")
     p.add_argument("--work-dir", help="where peer data and spools go (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     p.add_argument("--reference-worker", action="store_true", help=argparse.SUPPRESS)
@@ -1169,6 +1174,7 @@ def _jsonable(obj: Any) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    PEER_ARGS[:] = args.peer_args.split()
     if args.reference_worker:
         return reference_worker(Path(args.work_dir))
     work = Path(args.work_dir) if args.work_dir else Path(

@@ -58,6 +58,7 @@ class RunningQuery:
     compiled: CompiledQuery
     handle: StreamingQuery
     readers: list[tuple[str, str]]  # (stream, reader id)
+    checked: CheckedQuery
     batches: int = 0
     rows_out: int = 0
     last_batch_s: float = 0.0
@@ -77,6 +78,7 @@ class Engine:
         trigger_s: float = 0.0,
         max_rows_per_batch: int = 200_000,
         fuse_stateless: bool = True,
+        lane_after: int = 1,
     ) -> None:
         self.spools = spools
         self.checkpoint_root = checkpoint_root
@@ -91,6 +93,10 @@ class Engine:
         )
         self._owns_session = False
         self.fuse_stateless = fuse_stateless
+        # Per-tuple queries that get their own streaming query before the lane is used: one
+        # query alone runs at plain Spark's speed on its own, and the lane's per-batch cost
+        # (temp view, SQL, envelope) pays off only once it saves a second streaming query.
+        self.lane_after = lane_after
         self.lane = Lane(
             spools, checkpoint_root / "lane", trigger_s=trigger_s, max_rows=max_rows_per_batch
         )
@@ -149,14 +155,31 @@ class Engine:
     def checkpoint_dir(self, name: str, incarnation: str) -> Path:
         return self.checkpoint_root / query_key(name, incarnation)
 
+    def placement_for(self, checked: CheckedQuery) -> str:
+        """Where a query that never ran goes: ``lane`` or ``own`` (its own streaming query)."""
+        if not (self.fuse_stateless and is_stateless(checked)):
+            return "own"
+        alone = sum(1 for q in self.running.values() if is_stateless(q.checked))
+        return "lane" if alone >= self.lane_after else "own"
+
     async def run_query(
-        self, checked: CheckedQuery, incarnation: str, *, resume: bool = False
-    ) -> None:
-        """Start ``checked`` (resuming from its checkpoint when there is one)."""
+        self,
+        checked: CheckedQuery,
+        incarnation: str,
+        *,
+        resume: bool = False,
+        placement: str | None = None,
+    ) -> str:
+        """Start ``checked`` (resuming from its checkpoint when there is one) and say where it
+        runs. A query resumed after a restart must keep its first ``placement``: that is
+        where its checkpoint and its progress are."""
         name = checked.query.name
-        if name in self.running or name in self.lane.members:
-            return
-        if self.fuse_stateless and is_stateless(checked):
+        if name in self.lane.members:
+            return "lane"
+        if name in self.running:
+            return "own"
+        placement = placement or self.placement_for(checked)
+        if placement == "lane":
             spark = self.spark
             assert spark is not None
             try:
@@ -167,7 +190,7 @@ class Engine:
                     f"query {name}: Spark refused to start it: {_short(exc)}", query=name
                 ) from exc
             log.info("query %s runs in the stateless lane", name)
-            return
+            return "lane"
         key = query_key(name, incarnation)
         checkpoint = self.checkpoint_dir(name, incarnation)
         origin = f"query:{name}:{incarnation}"
@@ -196,7 +219,7 @@ class Engine:
                 .foreachBatch(sink)
             )
             handle = writer.start()
-            running = RunningQuery(name, incarnation, compiled, handle, readers)
+            running = RunningQuery(name, incarnation, compiled, handle, readers, checked)
             return running
 
         try:
@@ -208,6 +231,7 @@ class Engine:
                 f"query {name}: Spark refused to start it: {_short(exc)}", query=name
             ) from exc
         log.info("query %s started (checkpoint %s)", name, checkpoint)
+        return "own"
 
     async def stop_query(self, name: str) -> None:
         if name in self.lane.members:

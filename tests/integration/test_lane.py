@@ -28,9 +28,9 @@ SCHEMA = {"name": "ev", "fields": [{"name": "k", "type": "int"}, {"name": "v", "
 @pytest.fixture(scope="module")
 def peer(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PeerThread]:
     data = Path(tmp_path_factory.mktemp("lane")) / "peer"
-    with PeerThread(
-        PeerConfig(data_dir=data, port=0, maintenance_interval_s=1.0), spark
-    ) as running:
+    # lane_after=0: every per-tuple query joins the lane (by default the first runs on its own).
+    config = PeerConfig(data_dir=data, port=0, maintenance_interval_s=1.0, lane_after=0)
+    with PeerThread(config, spark) as running:
         yield running
 
 

@@ -58,7 +58,20 @@ QUERY = {
         },
     ],
 }
-# A per-tuple query: it runs in the peer's stateless lane, the aggregate runs on its own.
+# Per-tuple queries: the first runs as its own streaming query, the second in the peer's
+# stateless lane; the aggregate runs on its own. The kill must leave all three exact.
+BIG_QUERY = {
+    "name": "big",
+    "boxes": [
+        {
+            "name": "big",
+            "type": "filter",
+            "inputs": ["ticks"],
+            "outputs": ["rec_big"],
+            "params": {"expression.0": "v >= 40"},
+        },
+    ],
+}
 LANE_QUERY = {
     "name": "neg",
     "boxes": [
@@ -125,6 +138,12 @@ def test_kill_9_mid_stream_then_restart_gives_exact_output(tmp_path: Path) -> No
     want_neg = Counter(
         (k, v, t) for b in batches for k, v, t in zip(b["k"], b["v"], b["t"], strict=True) if v < 0
     )
+    want_big = Counter(
+        (k, v, t)
+        for b in batches
+        for k, v, t in zip(b["k"], b["v"], b["t"], strict=True)
+        if v >= 40
+    )
     data = tmp_path / "peer-data"
     peer = PeerProcess(data, log_path=tmp_path / "peer.log").start()
     try:
@@ -137,6 +156,8 @@ def test_kill_9_mid_stream_then_restart_gives_exact_output(tmp_path: Path) -> No
                 await c.start_query("rec")
                 await c.create_query(LANE_QUERY)
                 await c.start_query("neg")
+                await c.create_query(BIG_QUERY)
+                await c.start_query("big")
             acked = await push_from(peer.port, batches, 0, stop_after=BATCHES // 3)
             async with Client("127.0.0.1", peer.port, timeout_s=120) as c:
                 first = await collect(c, "rec_out", 1, timeout_s=120)
@@ -152,20 +173,25 @@ def test_kill_9_mid_stream_then_restart_gives_exact_output(tmp_path: Path) -> No
 
         peer.start()
 
-        async def phase_two() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        async def phase_two() -> tuple[list[dict[str, Any]], ...]:
             # Re-send the batch that may have landed without its ack reaching us.
             done = await push_from(peer.port, batches, max(0, resume_at - 1))
             assert done == BATCHES
             async with Client("127.0.0.1", peer.port, timeout_s=120) as c:
                 status = await c.status()
-                assert [q["status"] for q in status["queries"]] == ["RUNNING", "RUNNING"]
+                assert [q["status"] for q in status["queries"]] == ["RUNNING"] * 3
+                # Each query came back where its checkpoint is: big in the lane, neg alone.
+                lane = {q["name"]: bool(q.get("lane")) for q in status["queries"]}
+                assert lane == {"big": True, "neg": False, "rec": False}
                 out = await collect(c, "rec_out", sum(want.values()), timeout_s=180, settle_s=5)
                 neg = await collect(c, "rec_neg", sum(want_neg.values()), timeout_s=60, settle_s=3)
-                return out, neg
+                big = await collect(c, "rec_big", sum(want_big.values()), timeout_s=60, settle_s=3)
+                return out, neg, big
 
-        rows, neg_rows = asyncio.run(phase_two())
+        rows, neg_rows, big_rows = asyncio.run(phase_two())
     finally:
         peer.stop()
     got = Counter((r["window_start"], r["window_end"], r["k"], r["s"], r["n"]) for r in rows)
     assert got == want
     assert Counter((r["k"], r["v"], r["t"]) for r in neg_rows) == want_neg
+    assert Counter((r["k"], r["v"], r["t"]) for r in big_rows) == want_big

@@ -42,6 +42,7 @@ def test_synopsis_commands_parse():
     for argv in (
         ["keygen", "acme", "--dir", "/tmp/k"],
         ["join"],
+        ["join", "--no-lane"],
         [
             "join",
             "--data-dir",
