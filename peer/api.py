@@ -611,9 +611,10 @@ class _Connection:
     ) -> list[bytes]:
         """One batch as frames: several (``part`` i of ``parts``) if it does not fit in one."""
         frame = {"type": "batch", "subscription": sub.sid, "stream": sub.stream, "offset": offset}
+        whole = encode_frame({**frame, "columns": columns}, max_frame_bytes=_UNLIMITED)
+        if self._fits(whole):  # the usual case: encoded once
+            return [whole]
         pieces = self._fitting(sub, frame, columns)
-        if len(pieces) == 1:
-            return [encode_frame({**frame, "columns": columns}, max_frame_bytes=_UNLIMITED)]
         return [
             encode_frame(
                 {**frame, "part": i, "parts": len(pieces), "columns": piece},
@@ -622,13 +623,16 @@ class _Connection:
             for i, piece in enumerate(pieces)
         ]
 
+    def _fits(self, encoded: bytes) -> bool:
+        """Whether a frame fits the limit with room left for part numbers."""
+        return len(encoded) - HEADER_BYTES + _PART_FIELDS_BYTES <= self._max_frame_bytes
+
     def _fitting(
         self, sub: _Subscription, frame: dict[str, Any], columns: dict[str, list[Any]]
     ) -> list[dict[str, list[Any]]]:
         """``columns`` halved by rows until each half fits in a frame (with room for part
         numbers)."""
-        size = len(encode_frame({**frame, "columns": columns}, max_frame_bytes=_UNLIMITED))
-        if size - HEADER_BYTES + _PART_FIELDS_BYTES <= self._max_frame_bytes:
+        if self._fits(encode_frame({**frame, "columns": columns}, max_frame_bytes=_UNLIMITED)):
             return [columns]
         rows = len(next(iter(columns.values()), []))
         if rows <= 1:

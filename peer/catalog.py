@@ -56,6 +56,9 @@ class LocalCatalog:
         if "placement" not in columns:  # a data directory from before placements were kept
             self._db.execute("ALTER TABLE queries ADD COLUMN placement TEXT")
         self._lock = threading.Lock()
+        # A stream never changes once created, and every push looks its stream up: keep the
+        # entries found, so the hot path does no SQLite query and no schema parse.
+        self._streams: dict[str, StreamEntry] = {}
 
     def close(self) -> None:
         with self._lock:
@@ -110,10 +113,14 @@ class LocalCatalog:
         self._write("INSERT INTO streams VALUES (?, ?, ?)", (name, schema.name, derived_from))
 
     def find_stream(self, name: str) -> StreamEntry | None:
+        entry = self._streams.get(name)
+        if entry is not None:
+            return entry
         rows = self._rows("SELECT schema, derived_from FROM streams WHERE name = ?", (name,))
         if not rows:
             return None
-        return StreamEntry(name, self.schema(rows[0][0]), rows[0][1])
+        entry = self._streams[name] = StreamEntry(name, self.schema(rows[0][0]), rows[0][1])
+        return entry
 
     def stream(self, name: str) -> StreamEntry:
         entry = self.find_stream(name)

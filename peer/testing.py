@@ -86,33 +86,23 @@ async def collect(
     settle_s: float = 0.0,
     start: str = "earliest",
 ) -> list[dict[str, Any]]:
-    """Rows of ``stream`` until ``count`` arrived (then ``settle_s`` more, to catch extras)."""
+    """Rows of ``stream`` until ``count`` arrived or ``timeout_s`` passed; with ``settle_s``,
+    the same subscription then goes on that long, so that extra rows (duplicates) show."""
     rows: list[dict[str, Any]] = []
-
-    async def gather() -> None:
-        async for batch in client.subscribe(stream, start=start):
-            rows.extend(batch.rows())
-            if len(rows) >= count:
-                return
-
+    loop = asyncio.get_running_loop()
     try:
-        async with asyncio.timeout(timeout_s):
-            await gather()
+        async with asyncio.timeout(timeout_s) as deadline:
+            settling = False
+            async for batch in client.subscribe(stream, start=start):
+                rows.extend(batch.rows())
+                if len(rows) >= count and not settling:
+                    if settle_s <= 0:
+                        break
+                    settling = True
+                    deadline.reschedule(loop.time() + settle_s)
     except TimeoutError:
-        return rows
-    if settle_s > 0:
-        try:
-            async with asyncio.timeout(settle_s):
-                rows.clear()
-                await _drain(client, stream, rows)
-        except TimeoutError:
-            pass
+        pass
     return rows
-
-
-async def _drain(client: Any, stream: str, rows: list[dict[str, Any]]) -> None:
-    async for batch in client.subscribe(stream, start="earliest"):
-        rows.extend(batch.rows())
 
 
 class PeerProcess:

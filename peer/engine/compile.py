@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from peer.engine.source import SEQ_COLUMN as SEQ  # the arrival order the spool sources add
 from peer.errors import QueryError
 from peer.model.plan import (
     AggregateSpec,
@@ -45,7 +46,6 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import Column, DataFrame
 
-SEQ = "__seq"
 TS = "__ts"
 OUT = "__out"
 ORDERED = ("firstval", "lastval")  # aggregate functions that depend on arrival order
@@ -310,7 +310,6 @@ def compile_query(checked: CheckedQuery, source: SourceFactory) -> CompiledQuery
 
 def split_outputs(compiled: CompiledQuery, table: pa.Table) -> dict[str, pa.Table]:
     """Split one collected micro-batch of the folded frame into per-stream tables."""
-    import pyarrow as pa
     import pyarrow.compute as pc
 
     result: dict[str, pa.Table] = {}
@@ -319,9 +318,14 @@ def split_outputs(compiled: CompiledQuery, table: pa.Table) -> dict[str, pa.Tabl
     out = table.column(OUT)
     for index, (stream, schema) in enumerate(compiled.outputs):
         rows = table.filter(pc.equal(out, index)) if len(compiled.outputs) > 1 else table
-        if rows.num_rows == 0:
-            continue
-        struct = rows.column(f"__o{index}").combine_chunks()
-        columns = {name: struct.field(name) for name in schema.names}
-        result[stream] = pa.table(columns)
+        if rows.num_rows:
+            result[stream] = unfold(rows, f"__o{index}", schema)
     return result
+
+
+def unfold(rows: pa.Table, column: str, schema: Schema) -> pa.Table:
+    """The fields of a result's struct column, as a table of the result stream's schema."""
+    import pyarrow as pa
+
+    struct = rows.column(column).combine_chunks()
+    return pa.table({name: struct.field(name) for name in schema.names})

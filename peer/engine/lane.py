@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from peer.engine.compile import OUT
+from peer.engine.compile import OUT, unfold
 from peer.engine.lane_source import SOURCE_NAME, shapes
 from peer.engine.lanesql import VIEW, lane_statement, member_sql, slot_of
 from peer.model.plan import CheckedQuery, FilterSpec, MapSpec, UnionSpec
@@ -52,6 +52,12 @@ log = logging.getLogger(__name__)
 
 READER = "lane"
 MEMBER = "__member"
+
+
+def error_line(exc: BaseException) -> str:
+    """The first line of a (Spark) error: enough to say why, short enough for a status."""
+    text = str(exc).strip().splitlines()
+    return text[0][:500] if text else type(exc).__name__
 
 
 def is_stateless(checked: CheckedQuery) -> bool:
@@ -83,9 +89,9 @@ class Lane:
         self.handle: StreamingQuery | None = None
         self.batches = 0
         self.last_batch_s = 0.0
-        self._statements: dict[
-            tuple[tuple[str, ...], tuple[str, ...]], tuple[str, dict[str, str]]
-        ] = {}
+        # The SQL of the current member set over the current streams (key, statement, slots).
+        self._statement_key: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+        self._statement_sql: tuple[str, dict[str, str]] = ("", {})
         self.layout: dict[str, tuple[int, int]] = {}  # stream -> (index, shape) in the source
         self.phase_s: dict[str, float] = {}  # the last batch: building, collecting, appending
         self._lock = threading.Lock()  # members are read by the sink on a py4j thread
@@ -101,7 +107,11 @@ class Lane:
             self.members[name] = LaneMember(checked, f"query:{name}:{incarnation}", first)
         needed = self._needed()
         if self.handle is None or not set(needed) <= set(self.streams):
-            self._restart(spark, needed)
+            try:
+                self._restart(spark, needed)
+            except Exception:
+                self.remove(name)  # Spark refused: the lane goes on without it
+                raise
 
     def remove(self, name: str) -> bool:
         with self._lock:
@@ -232,12 +242,10 @@ class Lane:
     ) -> tuple[str, dict[str, str]]:
         """The SQL of these members over these streams, translated once and then reused."""
         key = (tuple(m.origin for m in members), tuple(layout))
-        statement = self._statements.get(key)
-        if statement is None:
+        if key != self._statement_key:
             translated = [member_sql(m.checked, j, layout) for j, m in enumerate(members)]
-            statement = lane_statement(translated)
-            self._statements = {key: statement}  # only the current member set matters
-        return statement
+            self._statement_key, self._statement_sql = key, lane_statement(translated)
+        return self._statement_sql
 
     def member_names(self) -> list[str]:
         with self._lock:
@@ -265,20 +273,16 @@ class Lane:
         if self.handle is None or self.handle.isActive:
             return None
         exc = self.handle.exception()
-        return str(exc).strip().splitlines()[0][:500] if exc is not None else "stopped"
+        return error_line(exc) if exc is not None else "stopped"
 
 
 def _member_output(
     table: pa.Table, member: int, output: int, schema: Schema, slot: str
 ) -> pa.Table | None:
-    import pyarrow as pa
     import pyarrow.compute as pc
 
     if table.num_rows == 0:
         return None
     mask = pc.and_(pc.equal(table.column(MEMBER), member), pc.equal(table.column(OUT), output))
     rows = table.filter(mask)
-    if rows.num_rows == 0:
-        return None
-    struct = rows.column(slot).combine_chunks()
-    return pa.table({name: struct.field(name) for name in schema.names})
+    return unfold(rows, slot, schema) if rows.num_rows else None

@@ -33,7 +33,8 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
 from peer import spool as fmt
-from peer.engine.source import SEQ_SHIFT
+from peer.engine.source import SEQ_COLUMN as SEQ
+from peer.engine.source import seq_column
 from peer.model.schema import spark_type
 
 if TYPE_CHECKING:
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
 
 SOURCE_NAME = "fedlane"
 STREAM = "__stream"
-SEQ = "__seq"
 
 
 def column_name(shape: int, field: str) -> str:
@@ -184,10 +184,9 @@ class LaneStreamReader(DataSourceStreamReader):
             row = 0
             for batch in table.to_batches():
                 n = batch.num_rows
-                base = (offset << SEQ_SHIFT) + row
                 columns: list[Any] = [
                     pa.array(np.full(n, i, dtype=np.int32)),
-                    pa.array(np.arange(base, base + n, dtype=np.int64)),
+                    seq_column(offset, row, n),
                 ]
                 for f in target:
                     if f.name in (STREAM, SEQ):

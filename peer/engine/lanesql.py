@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from peer.engine.lane_source import SEQ, STREAM, column_name
+from peer.engine.lane_source import STREAM, column_name
+from peer.engine.source import SEQ_COLUMN as SEQ
 from peer.model.plan import CheckedQuery, FilterSpec, MapSpec, UnionSpec
 from peer.model.schema import Schema, spark_type
 

@@ -1,7 +1,9 @@
-"""The peer's Spark engine: one session, one streaming query per running query.
+"""The peer's Spark engine: one session; a streaming query per stateful query, and the lane.
 
-py4j calls block, so every call into Spark runs on one dedicated thread (``_spark_thread``),
-never on the event loop. Each running query becomes one Structured Streaming query whose
+py4j calls block, so every call into Spark runs on one dedicated thread (``_executor``),
+never on the event loop. A query with a stateful box, and a peer's first per-tuple query, runs
+as its own Structured Streaming query (the later per-tuple queries share the stateless lane,
+``peer.engine.lane``). Such a query's
 sources are the spools of its input streams and whose ``foreachBatch`` sink appends each
 result micro-batch to the spools of its result streams, tagged (query incarnation, batch id):
 when Spark re-runs a batch after a crash, the spool recognises the tag and keeps nothing twice.
@@ -19,7 +21,7 @@ import logging
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -29,7 +31,7 @@ from peer.engine.compile import (
     needs_arrival_order,
     split_outputs,
 )
-from peer.engine.lane import Lane, is_stateless
+from peer.engine.lane import Lane, error_line, is_stateless
 from peer.engine.lane_source import register_lane_source
 from peer.errors import EngineError
 from peer.model.plan import CheckedQuery
@@ -62,7 +64,6 @@ class RunningQuery:
     batches: int = 0
     rows_out: int = 0
     last_batch_s: float = 0.0
-    errors: list[str] = field(default_factory=list)
 
 
 class Engine:
@@ -185,9 +186,8 @@ class Engine:
             try:
                 await self._call(lambda: self.lane.add(spark, checked, incarnation, resume=resume))
             except Exception as exc:
-                self.lane.members.pop(name, None)
                 raise EngineError(
-                    f"query {name}: Spark refused to start it: {_short(exc)}", query=name
+                    f"query {name}: Spark refused to start it: {error_line(exc)}", query=name
                 ) from exc
             log.info("query %s runs in the stateless lane", name)
             return "lane"
@@ -228,7 +228,7 @@ class Engine:
             if isinstance(exc, EngineError):
                 raise
             raise EngineError(
-                f"query {name}: Spark refused to start it: {_short(exc)}", query=name
+                f"query {name}: Spark refused to start it: {error_line(exc)}", query=name
             ) from exc
         log.info("query %s started (checkpoint %s)", name, checkpoint)
         return "own"
@@ -251,20 +251,20 @@ class Engine:
         log.info("query %s stopped", name)
 
     async def drop_query(self, name: str, incarnation: str) -> None:
-        """Stop the query and remove its checkpoint and its spool reader registrations."""
-        running = self.running.get(name)
-        readers = list(running.readers) if running else []
+        """Stop the query and remove its checkpoint and its spool reader registrations (found
+        by their ids, ``<query key>-<n>``, so those of a query stopped earlier go too)."""
         await self.stop_query(name)
-        for stream, reader in readers:
-            with contextlib.suppress(KeyError):
-                self.spools.get(stream).unregister_reader(reader)
         key = query_key(name, incarnation)
-        for stream in self.spools.streams():
-            spool = self.spools.get(stream)
-            for reader in spool.readers():
-                if reader.startswith(key):
-                    spool.unregister_reader(reader)
-        await asyncio.to_thread(shutil.rmtree, self.checkpoint_dir(name, incarnation), True)
+
+        def release() -> None:
+            for stream in self.spools.streams():
+                spool = self.spools.get(stream)
+                for reader in spool.readers():
+                    if reader.startswith(f"{key}-"):
+                        spool.unregister_reader(reader)
+            shutil.rmtree(self.checkpoint_dir(name, incarnation), ignore_errors=True)
+
+        await asyncio.to_thread(release)
 
     async def describe(self, names: list[str]) -> dict[str, dict[str, Any]]:
         """What each query is doing. Asking a streaming query blocks on the JVM, so the
@@ -286,7 +286,7 @@ class Engine:
                 }
                 exc = query.handle.exception()
                 if exc is not None:
-                    info["error"] = _short(exc)
+                    info["error"] = error_line(exc)
                 out[name] = info
             return out
 
@@ -305,7 +305,7 @@ class Engine:
             for name, query in running:
                 if not query.handle.isActive:
                     exc = query.handle.exception()
-                    out[name] = _short(exc) if exc is not None else "stopped"
+                    out[name] = error_line(exc) if exc is not None else "stopped"
             return out
 
         return await self._call(check)
@@ -320,8 +320,3 @@ class Engine:
             with contextlib.suppress(Exception):
                 await self._call(spark.stop)
         self._executor.shutdown(wait=False, cancel_futures=True)
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:500] if text else type(exc).__name__

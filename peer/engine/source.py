@@ -252,6 +252,14 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._rows.clear()
 
 
+def seq_column(offset: int, first_row: int, rows: int) -> pa.Array:
+    """``__seq`` of ``rows`` tuples of spool file ``offset`` from row ``first_row`` on."""
+    import numpy as np
+
+    base = (offset << SEQ_SHIFT) + first_row
+    return pa.array(np.arange(base, base + rows, dtype=np.int64))
+
+
 def _conform(
     batch: pa.RecordBatch, names: list[str], target: pa.Schema, offset: int, seq_row: int | None
 ) -> pa.RecordBatch:
@@ -261,10 +269,7 @@ def _conform(
         wanted = target.field(name).type
         columns.append(column if column.type == wanted else column.cast(wanted))
     if seq_row is not None:
-        import numpy as np
-
-        base = (offset << SEQ_SHIFT) + seq_row
-        columns.append(pa.array(np.arange(base, base + batch.num_rows, dtype=np.int64)))
+        columns.append(seq_column(offset, seq_row, batch.num_rows))
     return pa.RecordBatch.from_arrays(columns, schema=target)
 
 

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from peer.engine.source import SEQ_COLUMN as SEQ
 from peer.model.plan import AggregateCall, AggregateSpec, BSortSpec
 from peer.model.schema import Schema, spark_ddl
 
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
     import pandas as pd
     from pyspark.sql import DataFrame
 
-SEQ = "__seq"
 STATE_DDL = "state STRING"
 
 
