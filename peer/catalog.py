@@ -100,16 +100,30 @@ class LocalCatalog:
         return [r[0] for r in self._rows("SELECT name FROM schemas ORDER BY name")]
 
     # streams
-    def add_stream(self, name: str, schema: Schema, derived_from: str | None = None) -> None:
+    def check_stream(self, name: str, schema: Schema) -> bool:
+        """Whether stream ``name`` of ``schema`` can be added (False: it exists already, the
+        same); raise, writing nothing, if the stream or the schema's name holds other fields."""
         existing = self.find_stream(name)
         if existing is not None:
             if existing.schema.fields == schema.fields:
-                return
+                return False
             raise AlreadyExists(
                 f"stream {name} already exists with schema {existing.schema.name}", stream=name
             )
-        if self.find_schema(schema.name) is None:
-            self.add_schema(schema)
+        named = self.find_schema(schema.name)
+        if named is not None and named.fields != schema.fields:
+            raise AlreadyExists(
+                f"stream {name} needs schema {schema.name}, but a schema of that name exists "
+                "with other fields",
+                stream=name,
+                schema=schema.name,
+            )
+        return True
+
+    def add_stream(self, name: str, schema: Schema, derived_from: str | None = None) -> None:
+        if not self.check_stream(name, schema):
+            return
+        self.add_schema(schema)
         self._write("INSERT INTO streams VALUES (?, ?, ?)", (name, schema.name, derived_from))
 
     def find_stream(self, name: str) -> StreamEntry | None:

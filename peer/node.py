@@ -215,6 +215,8 @@ class Peer:
                 f"query {parsed.name} already exists; delete it first", query=parsed.name
             )
         checked = self._check(parsed)
+        for stream in checked.outputs:  # refuse before anything is written
+            catalog.check_stream(stream, checked.stream_schemas[stream])
         for stream in checked.outputs:
             schema = checked.stream_schemas[stream]
             await asyncio.to_thread(catalog.add_stream, stream, schema, parsed.name)
