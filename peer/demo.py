@@ -10,12 +10,7 @@ computation done in plain Python.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import random
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -87,47 +82,19 @@ def expected(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     )
 
 
-def _start_peer(data_dir: Path) -> subprocess.Popen[bytes]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "peer.cli",
-        "join",
-        "--data-dir",
-        str(data_dir),
-        "--listen",
-        "127.0.0.1:0",
-    ]
-    log = (data_dir.parent / "peer.log").open("wb")
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-async def _wait_ready(data_dir: Path, proc: subprocess.Popen[bytes], timeout_s: float) -> int:
-    deadline = time.monotonic() + timeout_s
-    marker = data_dir / "peer.json"
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"the peer exited with code {proc.returncode}; see {data_dir.parent / 'peer.log'}"
-            )
-        if marker.exists():
-            return int(json.loads(marker.read_text())["port"])
-        await asyncio.sleep(0.2)
-    raise TimeoutError(f"the peer was not ready after {timeout_s:.0f} s")
-
-
 async def _demo(workdir: Path, tuples: int, console: Any) -> int:
     from peer.client import Client
+    from peer.testing import PeerProcess, collect
 
     data_dir = workdir / "peer-data"
     console.print(f"[bold]starting a peer[/] (data in {data_dir}; Spark takes a few seconds)")
-    proc = _start_peer(data_dir)
+    peer = PeerProcess(data_dir, log_path=workdir / "peer.log")
     try:
-        port = await _wait_ready(data_dir, proc, timeout_s=180)
-        console.print(f"peer ready on 127.0.0.1:{port}")
+        await asyncio.to_thread(peer.start, 180)
+        console.print(f"peer ready on 127.0.0.1:{peer.port}")
         rows = generate(tuples)
         want = expected(rows)
-        async with Client("127.0.0.1", port, timeout_s=120) as client:
+        async with Client("127.0.0.1", peer.port, timeout_s=120) as client:
             await client.create_schema(POSITIONS)
             await client.create_stream("positions", "car_position")
             await client.create_query(QUERY)
@@ -136,24 +103,6 @@ async def _demo(workdir: Path, tuples: int, console: Any) -> int:
                 "query [bold]segment_stats[/] running: moving cars -> per segment "
                 "and minute: avg speed, car count"
             )
-            got: list[tuple[Any, ...]] = []
-
-            async def collect() -> None:
-                async for batch in client.subscribe("segment_stats", start="earliest"):
-                    for r in batch.rows():
-                        got.append(
-                            (
-                                r["window_start"],
-                                r["window_end"],
-                                r["seg"],
-                                round(r["avg_speed"], 6),
-                                r["cars"],
-                            )
-                        )
-                    if len(got) >= len(want):
-                        return
-
-            collector = asyncio.create_task(collect())
             started = time.monotonic()
             for i in range(0, len(rows), 5_000):
                 part = rows[i : i + 5_000]
@@ -161,14 +110,14 @@ async def _demo(workdir: Path, tuples: int, console: Any) -> int:
                     "positions", {"columns": {k: [r[k] for r in part] for k in part[0]}}
                 )
             console.print(f"pushed {len(rows)} positions in {time.monotonic() - started:.2f} s")
-            try:
-                async with asyncio.timeout(120):
-                    await collector
-            except TimeoutError:
-                collector.cancel()
-            console.print(f"{len(got)} result tuples after {time.monotonic() - started:.1f} s")
-        _show(console, sorted(got))
-        ok = sorted(got) == want
+            results = await collect(client, "segment_stats", len(want), timeout_s=120)
+            console.print(f"{len(results)} result tuples after {time.monotonic() - started:.1f} s")
+        got = sorted(
+            (r["window_start"], r["window_end"], r["seg"], round(r["avg_speed"], 6), r["cars"])
+            for r in results
+        )
+        _show(console, got)
+        ok = got == want
         console.print(
             f"[bold {'green' if ok else 'red'}]"
             f"{'MATCH' if ok else 'MISMATCH'}[/]: {len(got)} results vs {len(want)} "
@@ -176,12 +125,7 @@ async def _demo(workdir: Path, tuples: int, console: Any) -> int:
         )
         return 0 if ok else 1
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        await asyncio.to_thread(peer.stop, 30)
 
 
 def _show(console: Any, rows: list[tuple[Any, ...]]) -> None:
