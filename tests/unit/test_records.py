@@ -42,8 +42,14 @@ def raw_pub(key: Ed25519PrivateKey) -> bytes:
     return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 
 
-def rec(key: str = "stream:clicks", value: bytes = b"v1", seq: int = 1, signer=ALICE, **kw):
-    return sign_record(key, value, signer, seq, kw.get("expiry", EXPIRY))
+def rec(
+    key: str = "stream:clicks",
+    value: bytes = b"v1",
+    seq: int = 1,
+    signer: Ed25519PrivateKey = ALICE,
+    expiry: int = EXPIRY,
+) -> Record:
+    return sign_record(key, value, signer, seq, expiry)
 
 
 # -- codec ------------------------------------------------------------------------------------
@@ -198,7 +204,9 @@ _VALID = encode(rec(value=b"payload" * 5))
     mode=st.sampled_from(["flip", "truncate", "insert", "replace"]),
     bit=st.integers(0, 7),
 )
-def test_mutated_records_decode_or_raise_record_error(at, cut, insert, mode, bit) -> None:
+def test_mutated_records_decode_or_raise_record_error(
+    at: int, cut: int, insert: bytes, mode: str, bit: int
+) -> None:
     data = bytearray(_VALID)
     if mode == "flip":
         data[at] ^= 1 << bit
