@@ -164,7 +164,7 @@ def is_lease(key: str) -> bool:
 
 def dht_key(key: str) -> bytes:
     """The 20-byte DHT key of ``key`` (equal to ``kademlia.utils.digest(key)``)."""
-    return hashlib.sha1(key.encode("ascii")).digest()
+    return hashlib.sha1(key.encode()).digest()
 
 
 def signed_bytes(record: Record) -> bytes:

@@ -278,12 +278,16 @@ def test_put_get_update_from_every_node() -> None:
             for node in nodes:
                 got = await node.get(KEY)
                 assert got is not None and got.value == b"v1", node.port
-            # v2 reaches only 3 of the replicas (the rest keep v1): readers asking enough
-            # nodes must still answer v2, the newest, not v1, the most common.
+            # v2 reaches only the 3 replicas farthest from the key (the rest keep v1): a
+            # reader asking enough nodes must still answer v2, the newest, not v1, the most
+            # common (nor its own v1).
             v2 = signed(b"v2", 2)
-            stale = holders(net)
-            for replica in stale[:3]:
+            replicas = sorted(holders(net), key=lambda s: s.node.distance_to(Node(DKEY)))
+            assert len(replicas) >= 18
+            for replica in replicas[-3:]:
                 assert await raw_store(nodes[0], replica, DKEY, v2) is True
+            got = await replicas[0].get(KEY, quorum=20)
+            assert got is not None and got.value == b"v2"
             for node in nodes:
                 got = await node.get(KEY, quorum=20)
                 assert got is not None and got.value == b"v2", node.port
@@ -294,6 +298,8 @@ def test_put_get_update_from_every_node() -> None:
             for node in nodes:
                 got = await node.get(KEY)
                 assert got is not None and got.value == b"v3", node.port
+            await nodes[0].refresh()
+            assert nodes[0].routing_size() == 23
             closest = await nodes[5].find_closest(DKEY, 5)
             every = sorted(nodes, key=lambda s: s.node.distance_to(Node(DKEY)))
             assert [n.id for n in closest] == [s.node.id for s in every[:5]]
@@ -471,9 +477,25 @@ def test_junk_replies_do_not_break_lookups() -> None:
                     got = await reader.get(key)
                     assert got is not None and got.value == b"v"
             assert sum(n.stats.get("bad_node_tuples", 0) for n in honest) > 0
+            junk = next(n for n in nodes if isinstance(n, JunkServer))
+            asker = honest[0].protocol
+            assert asker is not None
+            assert await asker.call_find_value(junk.node, Node(DKEY)) == (True, [])
+            assert await asker.call_find_node(junk.node, Node(DKEY)) == (True, [])
             assert sum(n.stats.get("replies_invalid", 0) for n in honest) > 0
 
     run(main)
+
+
+class ThiefProtocol(CatalogProtocol):
+    stolen = (b"", b"")
+
+    def rpc_hello(self, sender: Any, nodeid: Any, challenge: Any) -> Any:
+        return [*self.stolen, os.urandom(64)]
+
+
+class ThiefServer(CatalogServer):
+    protocol_class = ThiefProtocol
 
 
 def test_unverified_contacts_never_enter_routing_tables() -> None:
@@ -499,11 +521,46 @@ def test_unverified_contacts_never_enter_routing_tables() -> None:
             await nodes[4].put("stream:later", b"w", ALICE, expiry_s=3600)
             for node in nodes:  # lookups from everyone meet the strangers' ids nowhere
                 await node.get("stream:later")
-            strangers = {impostor.node.id, outsider.node.id}
+            # Claims the id of a certified member (not running now) and shows that member's
+            # key and certificate, but cannot sign the challenge.
+            member_key = Ed25519PrivateKey.generate()
+            thief = await net.node(join=False, keep=False, server_class=ThiefServer)
+            assert isinstance(thief.protocol, ThiefProtocol)
+            thief.protocol.stolen = (pub(member_key), cert_for(member_key))
+            thief.node.id = hashlib.sha1(pub(member_key)).digest()  # the id it answers with
+            thief.node.long_id = int(thief.node.id.hex(), 16)
+            assert await thief.bootstrap([addr(nodes[0])]) == 1
+            await thief.get(KEY)
+            strangers = {impostor.node.id, outsider.node.id, thief.node.id}
             await wait_for(lambda: not any(map(hellos_pending, nodes)))
             for node in nodes:
                 assert not strangers & {c.id for c in node.contacts()}
                 assert node.stats.get("contacts_refused", 0) >= 1
+
+    run(main)
+
+
+def test_newcomer_receives_the_records_it_is_closest_to() -> None:
+    # Paper section 2.5, and D1: the library decides the hand-over for sha1(dkey), a random
+    # point, instead of dkey. With k = 3 a newcomer is rarely among the 3 closest to a random
+    # point, but it is the closest to the key chosen here.
+    async def main() -> None:
+        async with network(12, ksize=3) as net:
+            newcomer_key = Ed25519PrivateKey.generate()
+            newcomer_id = Node(hashlib.sha1(pub(newcomer_key)).digest())
+            keys = []
+            for i in range(5000):
+                target = Node(dht_key(f"stream:near{i}"))
+                mine = newcomer_id.distance_to(target)
+                if all(mine < s.node.distance_to(target) for s in net.servers):
+                    keys.append(f"stream:near{i}")
+                    if len(keys) == 3:
+                        break
+            assert len(keys) == 3
+            for key in keys:
+                assert await net.servers[0].put(key, b"v", ALICE, expiry_s=3600) > 0
+            newcomer = await net.node(node_key=newcomer_key, ksize=3)
+            await wait_for(lambda: all(newcomer.storage.get(dht_key(k)) for k in keys))
 
     run(main)
 
@@ -517,12 +574,16 @@ def test_absent_versus_unreachable() -> None:
             survivor = nodes[0]
             for node in nodes[1:]:
                 node.stop()
+            assert survivor.routing_size() == 3
             with pytest.raises(DhtUnavailable) as info:
                 await survivor.get("stream:nobody")
             assert info.value.retriable
+            assert survivor.routing_size() == 3  # one missed reply does not drop a contact
             got = await survivor.get(KEY)  # its own copy is better than nothing
             assert got is not None and got.value == b"v"
-            assert await survivor.put("stream:new", b"v", ALICE, expiry_s=60) == 0
+            assert await survivor.put("stream:new", b"v", ALICE, expiry_s=60) == 0  # no crash
+            assert survivor.routing_size() == 0  # three in a row do
+            assert survivor.stats["contacts_dropped"] == 3
             with pytest.raises(DhtUnavailable):
                 await survivor.bootstrap([addr(nodes[1])])
 
