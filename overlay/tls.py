@@ -68,6 +68,7 @@ __all__ = [
     "TlsContexts",
     "anchor_certificate",
     "anchor_name",
+    "build_context",
     "client_cert_context",
     "client_context",
     "issue_tls_cert",
@@ -175,12 +176,15 @@ def issue_tls_cert(
     )
 
 
-def _context(
+def build_context(
+    *,
     server: bool,
     trust: TrustStore,
     cert: x509.Certificate,
     key: Ed25519PrivateKey,
 ) -> ssl.SSLContext:
+    """A TLS 1.3 context that presents ``cert`` (for ``key``) and accepts only peers whose
+    certificates chain to the anchors of ``trust``. The other constructors use this one."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server else ssl.PROTOCOL_TLS_CLIENT)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3
     ctx.check_hostname = False  # peers are named by node id and participant, checked by us
@@ -225,7 +229,9 @@ def server_context(
 ) -> ssl.SSLContext:
     """A server context: presents this node's cert, requires a client cert of a trusted
     participant (peers and API clients alike)."""
-    return _context(True, trust, _node_cert(identity, valid_s), identity.node_key)
+    return build_context(
+        server=True, trust=trust, cert=_node_cert(identity, valid_s), key=identity.node_key
+    )
 
 
 def client_context(
@@ -233,7 +239,9 @@ def client_context(
 ) -> ssl.SSLContext:
     """A client context for peer links: presents this node's cert, requires a server cert of
     a trusted participant."""
-    return _context(False, trust, _node_cert(identity, valid_s), identity.node_key)
+    return build_context(
+        server=False, trust=trust, cert=_node_cert(identity, valid_s), key=identity.node_key
+    )
 
 
 def client_cert_context(
@@ -254,7 +262,7 @@ def client_cert_context(
         participant_key,
         valid_s,
     )
-    return _context(False, trust, cert, ephemeral)
+    return build_context(server=False, trust=trust, cert=cert, key=ephemeral)
 
 
 class TlsContexts:
@@ -283,8 +291,8 @@ class TlsContexts:
     def rebuild(self) -> None:
         cert = _node_cert(self.identity, self.cert_valid_s)
         key = self.identity.node_key
-        self._server = _context(True, self.trust, cert, key)
-        self._client = _context(False, self.trust, cert, key)
+        self._server = build_context(server=True, trust=self.trust, cert=cert, key=key)
+        self._client = build_context(server=False, trust=self.trust, cert=cert, key=key)
         self._built_version = self.trust.version
         self._renew_at = time.time() + self.cert_valid_s / 2
 
