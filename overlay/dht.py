@@ -61,7 +61,7 @@ from kademlia.network import Server
 from kademlia.node import Node
 from kademlia.protocol import KademliaProtocol
 
-from overlay.dht_store import FULL, CatalogStorage
+from overlay.dht_store import FULL, CatalogStorage, policy_refusal
 from overlay.records import (
     MAX_RECORD_BYTES,
     DhtError,
@@ -376,6 +376,10 @@ class CatalogProtocol(KademliaProtocol):  # type: ignore[misc]
             self._start_hello(node)
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
     def pending_hellos(self) -> int:
         """How many contacts are being asked to prove their id right now."""
         return len(self._pending)
@@ -568,7 +572,7 @@ class RecordCrawl(ValueSpiderCrawl):  # type: ignore[misc]
             verify(record, self.node.id, time.time())
         except RecordError:
             return None
-        if record.key != self.key or self.policy(record) is not None:
+        if record.key != self.key or policy_refusal(self.policy, record) is not None:
             return None
         if self.pinned_owner is not None and record.owner != self.pinned_owner:
             return None
@@ -680,8 +684,9 @@ class CatalogServer(Server):  # type: ignore[misc]
     # -- joining -------------------------------------------------------------------------------
 
     async def bootstrap(self, addrs: list[tuple[str, int]]) -> int:
-        """Join through ``addrs`` (IP literals); returns how many answered. Raises
-        :class:`DhtUnavailable` if ``addrs`` is not empty and none answered."""
+        """Join through ``addrs`` (IP literals); returns how many other nodes answered (our
+        own address, if listed, is skipped). Raises :class:`DhtUnavailable` if none of the
+        others answered."""
         protocol = self._protocol()
         usable = [(a[0], a[1]) for a in addrs if self._usable(a)]
         answers = await asyncio.gather(*(protocol.ping(a, self.node.id) for a in usable))
@@ -690,8 +695,9 @@ class CatalogServer(Server):  # type: ignore[misc]
             for addr, (ok, answer) in zip(usable, answers, strict=True)
             if ok and _is_id(answer) and answer != self.node.id
         }
+        ourselves = sum(1 for ok, answer in answers if ok and answer == self.node.id)
         if not nodes:
-            if addrs:
+            if len(addrs) > ourselves:
                 raise DhtUnavailable(f"no DHT node answered at {_addresses(addrs)}")
             return 0
         self._seeds.update(nodes)
@@ -857,9 +863,12 @@ class CatalogServer(Server):  # type: ignore[misc]
             verify(record, dkey, time.time())
         except RecordError:
             return None
-        return record if self.policy(record) is None else None
+        return record if policy_refusal(self.policy, record) is None else None
 
     def _correct(self, crawl: RecordCrawl, best: Record, local: Record | None) -> None:
+        protocol = self._protocol()
+        if protocol.closed:  # stopped while the lookup ran
+            return
         raw = encode(best)
         dkey = crawl.node.id
         if local is not None and local != best:
@@ -867,7 +876,6 @@ class CatalogServer(Server):  # type: ignore[misc]
         closest = {n.id for n in crawl.nearest}
         stale = [n for n, r in crawl.found if r.owner == best.owner and r.seq < best.seq]
         empty = [n for n in crawl.without_value if n.id in closest]
-        protocol = self._protocol()
         targets = [n for n in stale + empty if protocol.is_verified(n)][: self.ksize]
         if not targets or len(self._background) >= _MAX_TASKS:
             return

@@ -58,7 +58,7 @@ from overlay.records import (
     verify,
 )
 
-__all__ = ["FULL", "CatalogStorage", "StorageFull"]
+__all__ = ["FULL", "CatalogStorage", "StorageFull", "policy_refusal"]
 
 log = logging.getLogger(__name__)
 
@@ -161,11 +161,7 @@ class CatalogStorage(IStorage):  # type: ignore[misc]
             verify(record, dkey, now)
         except RecordError as exc:
             return exc.reason, str(exc)
-        try:
-            reason = self.policy(record)
-        except Exception as exc:  # a buggy policy must not take the node down
-            log.exception("record policy failed on %s", record.key)
-            reason = f"policy failed: {exc!r}"
+        reason = policy_refusal(self.policy, record)
         if reason is not None:
             return "policy", f"refused by policy: {reason}"
         old = self._stored(dkey)
@@ -326,6 +322,16 @@ class CatalogStorage(IStorage):  # type: ignore[misc]
 
     def close(self) -> None:
         self._db.close()
+
+
+def policy_refusal(policy: Policy, record: Record) -> str | None:
+    """``policy(record)``, where a policy that raises refuses (and is logged) instead of
+    taking the node down."""
+    try:
+        return policy(record)
+    except Exception as exc:
+        log.exception("record policy failed on %s", record.key)
+        return f"policy failed: {exc!r}"
 
 
 def _int(now: float) -> int:

@@ -201,6 +201,12 @@ def test_storage_accept_rules_and_reasons() -> None:
     assert store.accept(reg, signed(b"m", 1, MALLORY, "reg:x")) == (
         "refused by policy: not the registered owner"
     )
+
+    def broken(record: Record) -> str | None:
+        raise RuntimeError("bug")
+
+    picky = CatalogStorage(":memory:", broken)
+    assert picky.accept(DKEY, v1) == "refused by policy: policy failed: RuntimeError('bug')"
     store[DKEY] = v1  # the library's write path: refused silently, the newer record stays
     assert store[DKEY] == v2
     assert store.refusals["stale sequence"] == 2
@@ -298,6 +304,7 @@ def test_put_get_update_from_every_node() -> None:
             for node in nodes:
                 got = await node.get(KEY)
                 assert got is not None and got.value == b"v3", node.port
+            assert await nodes[0].bootstrap([addr(nodes[0])]) == 0  # ourselves: skipped
             await nodes[0].refresh()
             assert nodes[0].routing_size() == 23
             closest = await nodes[5].find_closest(DKEY, 5)
