@@ -9,8 +9,10 @@ after the handshake the client sends a ``hello`` and the server answers with its
 the ones its TLS certificate proves, and its limits. From then on the link is symmetric: either
 side may send requests and open streams, and serves the other's with its :class:`LinkHandler`.
 
-Frames after the hello (``id`` is chosen by the side that sends ``req``/``open``)::
+The handshake frames, then the others (``id`` is chosen by the side sending ``req``/``open``)::
 
+    hello   {version, node_id, participant, max_in_flight, max_streams}
+    refused {reason, retriable}  the server's answer instead of its hello
     req    {id, body}            a request; answered by exactly one rep
     rep    {id, body} | {id, error: {code, message, retriable, details}}
     open   {id, body, credit}    a stream; answered by items, then exactly one end
@@ -858,8 +860,10 @@ async def _open_link(
     try:
         async with asyncio.timeout(settings.handshake_timeout_s):
             reader, writer = await asyncio.open_connection(host, port, ssl=tls.client)
-    except ssl.SSLError as exc:
+    except ssl.SSLCertVerificationError as exc:
         raise LinkRefused(f"peer {where} refused at the TLS handshake: {_tls_reason(exc)}") from exc
+    except ssl.SSLError as exc:  # e.g. EOF: the server dropped us (full, closing)
+        raise LinkUnavailable(f"peer {where}: TLS handshake failed: {_tls_reason(exc)}") from exc
     except TimeoutError as exc:
         raise LinkTimeout(f"peer {where}: no TLS handshake within the time allowed") from exc
     except OSError as exc:
@@ -1210,7 +1214,7 @@ class LinkPool:
                 key, self.identity, self.trust, self.tls, self.handler, self.settings
             )
             if not self._group.spawn(self._run_link(key, link)):
-                await link.close()
+                await link._stream.aclose(_CLOSE_WAIT_S)  # never ran: nothing else to stop
                 raise LinkUnavailable("the link pool is closed")
             self._links[key] = link
             log.info("%s: opened", link)

@@ -22,7 +22,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.x509.oid import NameOID
 
-from overlay.identity import NodeIdentity, TrustStore
+from overlay.identity import IdentityError, NodeIdentity, TrustStore
 from overlay.link import (
     Link,
     LinkPool,
@@ -33,7 +33,14 @@ from overlay.link import (
     LinkUnavailable,
 )
 from overlay.stream import FrameStream
-from overlay.tls import TlsContexts, anchor_name, build_context
+from overlay.tls import (
+    TlsContexts,
+    anchor_name,
+    build_context,
+    client_cert_context,
+    peer_participant,
+    server_context,
+)
 
 T = TypeVar("T")
 
@@ -239,6 +246,7 @@ def test_many_concurrent_requests_are_bounded_by_max_in_flight() -> None:
                 )
             )
             assert [e["echo"] for e in echoes] == list(range(300))
+            assert len(server.links) == 1  # the first 300 callers shared one new link
 
             # 40 requests that block: the server never runs more than 8 (the lower limit of
             # the two hellos); the others wait at the caller, then all complete.
@@ -432,6 +440,45 @@ def test_forged_certificates_are_refused(caplog: pytest.LogCaptureFixture) -> No
     assert "names node" in caplog.text  # the wrong node id: our check after the handshake
 
 
+def test_api_client_certificate_names_its_participant() -> None:
+    """The client port's TLS: a client holding only a participant key (no node) is known by
+    its participant; a stranger's key gets nowhere."""
+
+    async def main() -> None:
+        trust = federation(ACME, MIT)
+        seen: list[tuple[str, bytes] | str] = []
+
+        async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                seen.append(peer_participant(writer.get_extra_info("ssl_object"), trust))
+            except IdentityError as exc:
+                seen.append(exc.reason)
+            writer.close()
+
+        server = await asyncio.start_server(
+            on_client, "127.0.0.1", 0, ssl=server_context(ACME, trust)
+        )
+        port = server.sockets[0].getsockname()[1]
+        try:
+            ctx = client_cert_context("mit.edu", MIT.participant_key, federation(ACME))
+            _, writer = await within(asyncio.open_connection("127.0.0.1", port, ssl=ctx))
+            await until(lambda: len(seen) == 1)
+            assert seen == [("mit.edu", MIT.participant_pub)]
+            writer.close()
+            # evil's client certificate never gets past the server's handshake
+            ctx = client_cert_context("evil", EVIL.participant_key, federation(ACME))
+            reader, writer = await within(asyncio.open_connection("127.0.0.1", port, ssl=ctx))
+            with contextlib.suppress(ConnectionError, ssl.SSLError):
+                assert await within(reader.read()) == b""
+            writer.close()
+            assert len(seen) == 1
+        finally:
+            server.close()
+            await within(server.wait_closed())
+
+    run(main)
+
+
 def hello_of(identity: NodeIdentity, **changes: Any) -> dict[str, Any]:
     hello = {
         "type": "hello",
@@ -468,6 +515,45 @@ def test_a_node_claiming_another_node_id_is_refused(caplog: pytest.LogCaptureFix
     with caplog.at_level(logging.WARNING, logger="overlay.link"):
         run(main)
     assert "which its certificate does not prove" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"version": 2}, "speaks link protocol version 2"),
+        ({"participant": "acme"}, "claims participant 'acme'"),
+        ({"max_in_flight": 0}, "without valid limits"),
+        ({"type": "req", "id": 1, "body": {}}, "did not start with a hello"),
+    ],
+)
+def test_a_bad_hello_is_refused(changes: dict[str, Any], reason: str) -> None:
+    async def main() -> None:
+        async with serving() as (server, _):
+            stream, _ = await raw_client(server, TlsContexts(MIT, federation(ACME, MIT)).client)
+            await stream.send(hello_of(MIT, **changes))
+            refusal = await within(stream.recv())
+            assert refusal is not None and refusal["type"] == "refused"
+            assert reason in refusal["reason"] and refusal["retriable"] is False
+            await stream.aclose()
+            assert not server.links
+
+    run(main)
+
+
+def test_a_full_server_turns_links_away_as_retriable() -> None:
+    async def main() -> None:
+        async with serving(max_links=1) as (server, _), pool_of() as first:
+            where = addr(server)
+            assert await first.request(where, {"type": "echo", "x": 1}, timeout_s=5)
+            async with pool_of() as second:
+                with pytest.raises(LinkUnavailable) as turned_away:
+                    await second.request(where, {"type": "echo", "x": 2}, timeout_s=5)
+                assert turned_away.value.retriable
+                await within(first.close())
+                await until(lambda: not server.links)
+                assert await second.request(where, {"type": "echo", "x": 3}, timeout_s=5)
+
+    run(main)
 
 
 @pytest.mark.parametrize(
