@@ -318,6 +318,31 @@ def test_stream_backpressure_with_large_items_keeps_memory_bounded() -> None:
     run(main)
 
 
+def test_a_receiver_that_stops_reading_its_socket_stalls_the_producer() -> None:
+    """With more credit than items, only the outbox bound and TCP push back on the sender."""
+
+    async def main() -> None:
+        total, pad = 1000, 64 * 1024
+        async with serving(outbox_frames=8) as (server, handler):
+            stream, _ = await raw_client(server, TlsContexts(MIT, federation(ACME, MIT)).client)
+            await stream.send(hello_of(MIT))
+            assert (await within(stream.recv()) or {}).get("type") == "hello"
+            body = {"type": "count", "n": total, "pad": pad}
+            await stream.send({"type": "open", "id": 1, "body": body, "credit": 1 << 16})
+            await until(lambda: handler.produced > 8)
+            await asyncio.sleep(0.5)  # not reading: socket buffers and the outbox fill up
+            stalled_at = handler.produced
+            assert stalled_at < total / 2  # 64 MiB were asked for; a few MiB are in flight
+            got = []
+            while (frame := await within(stream.recv())) is not None and frame["type"] == "item":
+                got.append(frame["body"]["i"])
+            assert frame is not None and frame == {"type": "end", "id": 1}
+            assert got == list(range(total))
+            await stream.aclose()
+
+    run(main)
+
+
 def test_closing_a_stream_cancels_it_on_the_remote() -> None:
     async def main() -> None:
         async with serving(max_streams=2) as (server, handler), pool_of() as pool:
