@@ -19,17 +19,20 @@ Wire form (what the DHT stores and sends, as one msgpack ``bin``-typed value)::
         "e"   uint  the expiry, unix seconds
         "sig" bin   the signature (64 bytes)
 
-The whole record is at most :data:`MAX_RECORD_BYTES` bytes; :func:`decode` refuses any other
-shape, any extra byte and any non-shortest encoding, so one record has exactly one byte form.
+An expiry may lie at most :data:`MAX_EXPIRY_S` (48 h) after now, plus :data:`MAX_CLOCK_SKEW_S`
+for a signer whose clock runs ahead. The whole record is at most :data:`MAX_RECORD_BYTES`
+bytes; :func:`decode` refuses any other shape, any extra byte and any non-shortest encoding,
+so one record has exactly one byte form.
 
 Signed bytes (what ``sig`` signs; a third party checks it with ``cryptography`` and
 ``msgpack`` alone)::
 
     DOMAIN + msgpack.packb([k, v, o, s, e])     # DOMAIN = b"fedstream/dht-record/v1\\0"
 
-i.e. the 24 bytes ``fedstream/dht-record/v1`` and a NUL, then a msgpack array of five items:
-``k`` as a str, ``v`` and ``o`` as bin, ``s`` and ``e`` as unsigned ints, each in msgpack's
-shortest form. ``Ed25519PublicKey.from_public_bytes(o).verify(sig, signed)`` must succeed.
+i.e. the 23 bytes ``fedstream/dht-record/v1`` and a NUL (24 bytes), then a msgpack array
+of five items: ``k`` as a str, ``v`` and ``o`` as bin, ``s`` and ``e`` as unsigned ints, each
+in msgpack's shortest form. ``Ed25519PublicKey.from_public_bytes(o).verify(sig, signed)``
+must succeed.
 The DHT key of a record is ``sha1(k.encode())``, which is what ``kademlia.utils.digest(k)``
 gives, so records live where the stock library would look for ``k``.
 
