@@ -209,6 +209,13 @@ async def cmd_join(args: argparse.Namespace) -> int:
     from peer.node import Peer, PeerConfig
 
     host, port = parse_addr(args.listen, what="--listen")
+    overlay_host: str | None = None
+    overlay_port: int | None = None
+    if args.overlay:
+        overlay_host, overlay_port = parse_addr(args.overlay, what="--overlay")
+    bootstrap = [parse_addr(b, what="--bootstrap") for b in args.bootstrap]
+    if (args.key is None) != (args.participant is None):
+        raise UsageError("--participant and --key go together (the key is that participant's)")
     if not args.no_engine:
         from peer.engine.java import find_java
 
@@ -220,6 +227,15 @@ async def cmd_join(args: argparse.Namespace) -> int:
         engine=not args.no_engine,
         fuse_stateless=not args.no_lane,
         spark_master=args.spark_master,
+        overlay_host=overlay_host,
+        overlay_port=overlay_port,
+        bootstrap=bootstrap,
+        participant=args.participant,
+        key_path=Path(args.key) if args.key else None,
+        trust_dir=Path(args.trust) if args.trust else None,
+        gossip_interval_s=args.gossip_interval,
+        suspect_after_s=args.suspect_after,
+        dead_after_s=args.dead_after,
     )
     node = Peer(config)
     loop = asyncio.get_running_loop()
@@ -230,8 +246,14 @@ async def cmd_join(args: argparse.Namespace) -> int:
     except BaseException:
         await node.close()
         raise
-    address = {"host": host, "port": node.port, "pid": os.getpid()}
-    (config.data_dir / "peer.json").write_text(json.dumps(address))
+    address: dict[str, Any] = {"host": host, "port": node.port, "pid": os.getpid()}
+    if node.overlay is not None:
+        address["overlay_port"] = node.overlay.port
+        address["node_id"] = node.overlay.node_id.hex()
+        address["participant"] = node.overlay.identity.participant
+    marker = config.data_dir / "peer.json"
+    marker.with_suffix(".tmp").write_text(json.dumps(address))
+    marker.with_suffix(".tmp").replace(marker)  # readers never see half a file
     print(f"peer ready on {host}:{node.port} (data {config.data_dir}); Ctrl-C to leave", flush=True)
     await node.run()
     with contextlib.suppress(OSError):
@@ -276,13 +298,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("join", help="run a peer until SIGINT/SIGTERM")
     p.add_argument("--data-dir", default="./peer-data")
-    p.add_argument("--participant")
-    p.add_argument("--key")
-    p.add_argument("--listen", default="127.0.0.1:7700")
-    p.add_argument("--bootstrap", action="append", default=[])
+    p.add_argument("--participant", help="participant name (with --key)")
+    p.add_argument("--key", help="the participant's private key file (from `peer keygen`)")
+    p.add_argument("--listen", default="127.0.0.1:7700", help="client API address")
+    p.add_argument(
+        "--overlay",
+        help="overlay address: UDP (DHT) and TCP (peer links) on one port "
+        "(default: the --listen host, its port + 1)",
+    )
+    p.add_argument(
+        "--bootstrap",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="overlay address of a peer to join through (repeat: tried in turn)",
+    )
     p.add_argument("--http")
     p.add_argument("--contracts")
-    p.add_argument("--trust")
+    p.add_argument("--trust", help="directory of trusted participants' public keys (NAME.pub)")
+    p.add_argument("--gossip-interval", type=float, default=1.0, help="seconds")
+    p.add_argument("--suspect-after", type=float, default=3.0, help="seconds of silence")
+    p.add_argument("--dead-after", type=float, default=8.0, help="seconds of silence")
     p.add_argument("--spark-master", default="local[*]")
     p.add_argument("--no-engine", action="store_true", help="serve without Spark")
     p.add_argument(

@@ -19,14 +19,18 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from peer.api import ApiServer
+
+if TYPE_CHECKING:
+    from overlay.node import Overlay
+    from peer.federation import Federation
 from peer.catalog import QUERY_STATUSES, LocalCatalog, QueryEntry
-from peer.errors import Conflict, EngineError, InvalidInput, NotFound
+from peer.errors import AlreadyExists, Conflict, EngineError, InvalidInput, NotFound
 from peer.model.plan import CheckedQuery, check_query
-from peer.model.query import parse_query, query_to_dict
-from peer.model.schema import check_name, parse_schema, to_arrow_schema
+from peer.model.query import Query, parse_query, query_to_dict
+from peer.model.schema import Schema, check_name, parse_schema, to_arrow_schema
 from peer.model.tuples import batch_from_wire, batch_to_wire
 from peer.spool import SpoolSet
 
@@ -54,6 +58,18 @@ class PeerConfig:
     # How long a stream no query reads (a result stream) keeps its tuples for late subscribers.
     retention_s: float = 600.0
     fsync: bool = True
+    # the overlay (DHT catalog, peer links, gossip); off: a lone peer as in issue 2
+    overlay: bool = True
+    overlay_host: str | None = None  # default: the API host
+    overlay_port: int | None = None  # default: API port + 1 (0 when the API port is 0)
+    bootstrap: list[tuple[str, int]] = field(default_factory=list)
+    participant: str | None = None
+    key_path: Path | None = None
+    trust_dir: Path | None = None
+    gossip_interval_s: float = 1.0
+    suspect_after_s: float = 3.0
+    dead_after_s: float = 8.0
+    lease_s: float = 20.0
 
 
 class Peer:
@@ -68,6 +84,8 @@ class Peer:
         self.api: ApiServer | None = None
         self.started_at = time.time()
         self.query_errors: dict[str, str] = {}
+        self.overlay: Overlay | None = None
+        self.fed: Federation | None = None
         self._stopping = asyncio.Event()
 
     # lifecycle
@@ -101,9 +119,52 @@ class Peer:
             max_frame_bytes=self.config.max_frame_bytes,
         )
         await self.api.start()
+        if self.config.overlay:
+            await self._start_overlay()
         log.info(
             "peer listening on %s:%d (data %s)", self.config.host, self.api.port, self.data_dir
         )
+
+    async def _start_overlay(self) -> None:
+        from overlay.identity import NodeIdentity
+        from overlay.node import Overlay, OverlayConfig
+        from peer.federation import Federation
+
+        config = self.config
+        identity = await asyncio.to_thread(
+            NodeIdentity.load_or_create, self.data_dir, config.participant, config.key_path
+        )
+        trust = identity.trust_store()
+        if config.trust_dir is not None:
+            trust.load_dir(config.trust_dir)
+        host = config.overlay_host or config.host
+        port = config.overlay_port
+        if port is None:
+            port = config.port + 1 if config.port else 0
+        self.overlay = Overlay(
+            identity,
+            trust,
+            OverlayConfig(
+                host=host,
+                port=port,
+                bootstrap=list(config.bootstrap),
+                gossip_interval_s=config.gossip_interval_s,
+                suspect_after_s=config.suspect_after_s,
+                dead_after_s=config.dead_after_s,
+            ),
+            self.data_dir,
+            api=self.api_addr,
+            engine=self.engine is not None,
+            handler=self,
+        )
+        self.fed = Federation(self, self.overlay, lease_s=config.lease_s)
+        self.overlay.on_member = self.fed.on_member
+        await self.overlay.start()
+        await self.fed.resume()
+
+    @property
+    def api_addr(self) -> tuple[str, int]:
+        return (self.config.host, self.port)
 
     @property
     def port(self) -> int:
@@ -115,6 +176,9 @@ class Peer:
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._maintenance())
+                if self.fed is not None:
+                    tg.create_task(self.fed.overlay.run())
+                    tg.create_task(self.fed.renew_loop())
                 await self._stopping.wait()
                 raise _Stop
         except* _Stop:
@@ -126,6 +190,9 @@ class Peer:
         self._stopping.set()
 
     async def close(self) -> None:
+        if self.overlay is not None:
+            await self.overlay.close()
+            self.overlay = None
         if self.api is not None:
             await self.api.close()
             self.api = None
@@ -195,21 +262,82 @@ class Peer:
     # the client API (peer.api.PeerService)
     async def create_schema(self, schema: str | dict[str, Any]) -> dict[str, Any]:
         parsed = parse_schema(schema)
+        existing = None
+        if self.fed is not None:
+            existing = await self.fed.schema_record(parsed.name)
+            if existing is not None and existing.fields != parsed.fields:
+                raise AlreadyExists(
+                    f"schema {parsed.name} already exists in the federation with other fields",
+                    schema=parsed.name,
+                )
         await asyncio.to_thread(self._catalog().add_schema, parsed)
+        if self.fed is not None and existing is None:
+            await self.fed.publish(f"schema:{parsed.name}", {"schema": parsed.to_dict()})
         return {"schema": parsed.name, "fields": [f.name for f in parsed.fields]}
 
-    async def create_stream(self, name: str, schema: str) -> dict[str, Any]:
-        catalog = self._catalog()
-        found = catalog.schema(schema)
-        check_name(name, "stream", InvalidInput)
-        await asyncio.to_thread(catalog.add_stream, name, found)
-        if name not in self._spools().streams():
-            await asyncio.to_thread(self._spools().create, name, to_arrow_schema(found))
-        return {"stream": name, "schema": found.name}
+    async def _find_schema(self, name: str) -> Schema:
+        found = self._catalog().find_schema(name)
+        if found is None and self.fed is not None:
+            found = await self.fed.schema_record(name)
+        if found is None:
+            known = ", ".join(self._catalog().schema_names()) or "none"
+            raise NotFound(f"unknown schema {name} (known here: {known})", schema=name)
+        return found
 
-    async def create_query(self, query: str | dict[str, Any]) -> dict[str, Any]:
+    async def create_stream(self, name: str, schema: str) -> dict[str, Any]:
+        found = await self._find_schema(schema)
+        check_name(name, "stream", InvalidInput)
+        if self.fed is None:
+            await self.host_locally(name, found, None)
+            return {"stream": name, "schema": found.name}
+        existing = await self.fed.stream_record_or_none(name)
+        if existing is not None:
+            if parse_schema(existing["schema"]).fields != found.fields:
+                raise AlreadyExists(
+                    f"stream {name} already exists with schema {existing['schema']['name']}",
+                    stream=name,
+                )
+            host = await self.fed.host_of(name)
+            return {"stream": name, "schema": found.name, "host": host.hex()}
+        self._catalog().check_stream(name, found)
+        responsible = self.fed.overlay.responsible(name)
+        host = responsible[0].node_id
+        await self.fed.publish(f"stream:{name}", {"schema": found.to_dict(), "derived_from": None})
+        if host == self.fed.node_id:
+            await self.fed.host(name, found, None)
+        else:
+            await self.fed.call(
+                host, {"op": "host_stream", "stream": name, "schema": found.to_dict()}
+            )
+        return {"stream": name, "schema": found.name, "host": host.hex()}
+
+    async def host_locally(self, name: str, schema: Schema, derived_from: str | None) -> None:
+        """The local part of hosting a stream: catalog entry and spool."""
+        catalog = self._catalog()
+        await asyncio.to_thread(catalog.add_stream, name, schema, derived_from)
+        if name not in self._spools().streams():
+            await asyncio.to_thread(self._spools().create, name, to_arrow_schema(schema))
+
+    def local_streams(self) -> list[str]:
+        return self._catalog().stream_names()
+
+    async def create_query_local(self, query: Any) -> dict[str, Any]:
+        """Create a query that runs here (its input streams are hosted here)."""
         parsed = parse_query(query)
         catalog = self._catalog()
+        if self.fed is not None:
+            missing = [s for s in _query_inputs(parsed) if s not in self.fed.hosted]
+            if missing:
+                raise Conflict(
+                    f"query {parsed.name}: this peer does not host its input streams "
+                    f"{', '.join(missing)}",
+                    query=parsed.name,
+                )
+            if await self.fed.query_pointer(parsed.name) is not None:
+                raise Conflict(
+                    f"query {parsed.name} already exists in the federation; delete it first",
+                    query=parsed.name,
+                )
         if catalog.find_query(parsed.name) is not None:
             raise Conflict(
                 f"query {parsed.name} already exists; delete it first", query=parsed.name
@@ -219,10 +347,20 @@ class Peer:
             catalog.check_stream(stream, checked.stream_schemas[stream])
         for stream in checked.outputs:
             schema = checked.stream_schemas[stream]
-            await asyncio.to_thread(catalog.add_stream, stream, schema, parsed.name)
-            if stream not in self._spools().streams():
-                await asyncio.to_thread(self._spools().create, stream, to_arrow_schema(schema))
+            if self.fed is not None:
+                await self.fed.publish(
+                    f"stream:{stream}", {"schema": schema.to_dict(), "derived_from": parsed.name}
+                )
+                await self.fed.host(stream, schema, parsed.name)
+            else:
+                await self.host_locally(stream, schema, parsed.name)
         await asyncio.to_thread(catalog.add_query, parsed, uuid.uuid4().hex[:8])
+        if self.fed is not None:
+            await self.fed.publish_query(
+                parsed.name,
+                query_to_dict(parsed),
+                {"inputs": list(checked.inputs), "outputs": list(checked.outputs)},
+            )
         return {
             "query": parsed.name,
             "status": "SETUP",
@@ -230,7 +368,7 @@ class Peer:
             "outputs": list(checked.outputs),
         }
 
-    async def set_query_status(self, name: str, status: str) -> dict[str, Any]:
+    async def set_query_status_local(self, name: str, status: str) -> dict[str, Any]:
         status = status.upper()
         if status not in QUERY_STATUSES:
             raise InvalidInput(
@@ -256,9 +394,10 @@ class Peer:
         await asyncio.to_thread(catalog.set_status, name, status)
         return {"query": name, "status": status}
 
-    async def push(
+    async def push_local(
         self, stream: str, payload: dict[str, Any], producer: str | None, seq: int | None
     ) -> dict[str, Any]:
+        """Append a batch to a stream hosted here (fsync before the reply)."""
         entry = self._catalog().stream(stream)
         spool = self._spools().get(stream)
         if (producer is None) != (seq is None):
@@ -276,7 +415,7 @@ class Peer:
             "duplicate": offset is None and count > 0,
         }
 
-    async def subscribe(self, stream: str, start: str) -> AsyncIterator[dict[str, Any]]:
+    async def subscribe_local(self, stream: str, start: str) -> AsyncIterator[dict[str, Any]]:
         self._catalog().stream(stream)
         if start not in ("latest", "earliest"):
             raise InvalidInput(f"subscribe: start must be latest or earliest, not {start!r}")
@@ -305,7 +444,7 @@ class Peer:
         finally:
             spool.remove_listener(on_append)
 
-    async def lookup(self, name: str) -> dict[str, Any]:
+    async def lookup_local(self, name: str) -> dict[str, Any]:
         catalog = self._catalog()
         me = f"{self.config.host}:{self.port}"
         stream = catalog.find_stream(name)
@@ -357,7 +496,100 @@ class Peer:
             "data_dir": str(self.data_dir),
             "streams": streams,
             "queries": queries,
+            **(
+                {
+                    "overlay": self.fed.overlay.status(),
+                    "hosted": sorted(self.fed.hosted),
+                    "forwarded": self.fed.forwarded,
+                }
+                if self.fed is not None
+                else {}
+            ),
         }
+
+    # the client API (peer.api.PeerService): any request, whichever peer serves it
+    async def create_query(self, query: str | dict[str, Any]) -> dict[str, Any]:
+        if self.fed is None:
+            return await self.create_query_local(query)
+        parsed = parse_query(query)
+        hosts = {stream: await self.fed.host_of(stream) for stream in _query_inputs(parsed)}
+        where = set(hosts.values())
+        if len(where) > 1:
+            raise Conflict(
+                f"query {parsed.name} reads streams hosted on different peers ("
+                + ", ".join(f"{s} on {h.hex()[:12]}" for s, h in hosts.items())
+                + "); a query runs on one peer for now",
+                query=parsed.name,
+            )
+        host = where.pop() if where else self.fed.node_id
+        if host == self.fed.node_id:
+            return await self.create_query_local(parsed_dict(parsed))
+        return await self.fed.call(host, {"op": "create_query", "query": parsed_dict(parsed)})
+
+    async def set_query_status(self, name: str, status: str) -> dict[str, Any]:
+        if self.fed is None or self._catalog().find_query(name) is not None:
+            return await self.set_query_status_local(name, status)
+        pointer = await self.fed.query_pointer(name)
+        if pointer is None:
+            raise NotFound(f"unknown query {name}", query=name)
+        return await self.fed.call(
+            bytes(pointer["host"]), {"op": "set_query_status", "name": name, "status": status}
+        )
+
+    async def push(
+        self, stream: str, payload: dict[str, Any], producer: str | None, seq: int | None
+    ) -> dict[str, Any]:
+        if self.fed is None or stream in self.fed.hosted:
+            return await self.push_local(stream, payload, producer, seq)
+        if (producer is None) != (seq is None):
+            raise InvalidInput("push: give both producer and seq, or neither", stream=stream)
+        record = await self.fed.stream_record(stream)
+        schema = parse_schema(record["schema"])
+        table = await asyncio.to_thread(batch_from_wire, schema, payload, stream=stream)
+        reply = await self.fed.forward_push(stream, table, producer, seq)
+        return {**reply, "forwarded": True}
+
+    def subscribe(self, stream: str, start: str) -> AsyncIterator[dict[str, Any]]:
+        if start not in ("latest", "earliest"):
+            raise InvalidInput(f"subscribe: start must be latest or earliest, not {start!r}")
+        if self.fed is None or stream in self.fed.hosted:
+            return self.subscribe_local(stream, start)
+        return self.fed.relay(stream, start)
+
+    async def lookup(self, name: str) -> dict[str, Any]:
+        catalog = self._catalog()
+        found_here = catalog.find_stream(name) is not None or catalog.find_query(name) is not None
+        if self.fed is None or (
+            found_here and (catalog.find_query(name) is not None or name in self.fed.hosted)
+        ):
+            info = await self.lookup_local(name)
+            if self.fed is not None:
+                info["host"] = self.fed.node_id.hex()
+            return info
+        return await self.fed.lookup(name)
+
+    # requests from other peers (overlay.node.PeerHandler)
+    async def handle_link(self, link: Any, frame: dict[str, Any]) -> dict[str, Any]:
+        assert self.fed is not None
+        return await self.fed.handle_link(frame)
+
+    def stream_link(self, link: Any, frame: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        assert self.fed is not None
+        return self.fed.stream_link(frame)
+
+
+def _query_inputs(query: Query) -> list[str]:
+    produced = {s for box in query.boxes for s in box.outputs}
+    inputs: list[str] = []
+    for box in query.boxes:
+        for stream in box.inputs:
+            if stream not in produced and stream not in inputs:
+                inputs.append(stream)
+    return inputs
+
+
+def parsed_dict(query: Query) -> dict[str, Any]:
+    return query_to_dict(query)
 
 
 def _read_range(spool: Any, start: int, end: int) -> list[tuple[int, Any]]:

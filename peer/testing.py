@@ -114,8 +114,14 @@ class PeerProcess:
         self.log_path = log_path or data_dir.with_suffix(".log")
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
+        self.overlay_port = 0
+        self.node_id = ""
 
     def start(self, timeout_s: float = 180) -> PeerProcess:
+        return self.launch().wait_ready(timeout_s)
+
+    def launch(self) -> PeerProcess:
+        """Start the process without waiting (start several, then ``wait_ready`` each)."""
         marker = self.data_dir / "peer.json"
         if marker.exists():
             marker.unlink()
@@ -138,6 +144,12 @@ class PeerProcess:
             env=env,
             start_new_session=True,
         )
+        log.close()
+        return self
+
+    def wait_ready(self, timeout_s: float = 180) -> PeerProcess:
+        assert self.proc is not None, "launch() first"
+        marker = self.data_dir / "peer.json"
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -145,11 +157,22 @@ class PeerProcess:
                     f"peer exited with {self.proc.returncode}: {self.log_path.read_text()[-2000:]}"
                 )
             if marker.exists():
-                self.port = int(json.loads(marker.read_text())["port"])
+                try:
+                    info = json.loads(marker.read_text())
+                except ValueError:  # being written
+                    time.sleep(0.05)
+                    continue
+                self.port = int(info["port"])
+                self.overlay_port = int(info.get("overlay_port", 0))
+                self.node_id = str(info.get("node_id", ""))
                 return self
-            time.sleep(0.2)
+            time.sleep(0.1)
         self.kill()
         raise TimeoutError(f"peer not ready after {timeout_s} s")
+
+    @property
+    def overlay_addr(self) -> str:
+        return f"127.0.0.1:{self.overlay_port}"
 
     def kill(self) -> None:
         """SIGKILL the peer and the JVM it started (its process group)."""

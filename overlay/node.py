@@ -1,0 +1,538 @@
+"""One overlay node: the DHT catalog, peer links and gossip of a peer, under one TaskGroup.
+
+Theory of operation
+-------------------
+A node listens on one overlay port number: UDP for the Kademlia DHT (:mod:`overlay.dht`) and
+TCP for peer links (:mod:`overlay.link`, mutual TLS bound to participant keys). Joining means:
+bootstrap the DHT from the ``--bootstrap`` addresses and the neighbours saved by the last run
+(tried in turn; JSON, never pickle), gossip once with those addresses to learn the members,
+then publish our ``participant:`` and ``peer:`` records.
+
+Every ``gossip_interval_s`` the node bumps its heartbeat and exchanges its membership table
+with ``fanout`` random live members (and now and then with a dead one, so that a member back
+from the dead is noticed). :class:`~overlay.membership.Membership` decides who is suspect or
+dead; the node reports those changes to the peer through ``on_member`` so that the peer can
+take over the streams of a dead member.
+
+Requests a peer link brings that are not the overlay's own (``gossip``, ``blob``) go to the
+peer's handler: the overlay knows nothing of streams or queries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from overlay.catalog import Catalog, unpack
+from overlay.dht import CatalogServer, DhtUnavailable
+from overlay.identity import IdentityError, NodeIdentity, TrustStore, verify_node_cert
+from overlay.link import Link, LinkError, LinkPool, LinkServer
+from overlay.membership import Event, MemberInfo, Membership, MemberState, rank, stream_target
+from overlay.records import Record
+from overlay.tls import TlsContexts
+
+__all__ = ["Overlay", "OverlayConfig", "OverlayError", "PeerHandler"]
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "overlay-state.json"
+CATALOG_PREFIXES = ("participant:", "schema:", "stream:", "query:")
+NODE_PREFIXES = ("peer:", "place:")
+
+
+class OverlayError(Exception):
+    def __init__(self, message: str, *, retriable: bool = True) -> None:
+        super().__init__(message)
+        self.retriable = retriable
+
+
+@dataclass
+class OverlayConfig:
+    host: str = "127.0.0.1"
+    port: int = 0
+    bootstrap: list[tuple[str, int]] = field(default_factory=list)
+    bootstrap_timeout_s: float = 30.0
+    gossip_interval_s: float = 1.0
+    gossip_fanout: int = 2
+    suspect_after_s: float = 3.0
+    dead_after_s: float = 8.0
+    rpc_timeout_s: float = 1.0
+    request_timeout_s: float = 30.0
+    ksize: int = 20
+
+
+class PeerHandler(Protocol):
+    """What a peer serves over links (everything but the overlay's own requests)."""
+
+    async def handle_link(self, link: Link, frame: dict[str, Any]) -> dict[str, Any]: ...
+
+    def stream_link(self, link: Link, frame: dict[str, Any]) -> AsyncIterator[dict[str, Any]]: ...
+
+
+class Overlay:
+    def __init__(
+        self,
+        identity: NodeIdentity,
+        trust: TrustStore,
+        config: OverlayConfig,
+        data_dir: Path,
+        *,
+        api: tuple[str, int],
+        engine: bool,
+        handler: PeerHandler,
+        on_member: Callable[[Event], Awaitable[None]] | None = None,
+    ) -> None:
+        self.identity = identity
+        self.trust = trust
+        self.config = config
+        self.data_dir = data_dir
+        self.api = api
+        self.engine = engine
+        self.handler = handler
+        self.on_member = on_member
+        self.incarnation = time.time_ns() // 1000
+        self.links: LinkServer | None = None
+        self.pool: LinkPool | None = None
+        self.dht: CatalogServer | None = None
+        self.catalog: Catalog | None = None
+        self.membership: Membership | None = None
+        self._rng = random.Random()
+        self._load: dict[str, float] = {}
+        self._pending: list[Event] = []
+        self._wake = asyncio.Event()
+
+    # lifecycle
+    @property
+    def port(self) -> int:
+        assert self.links is not None
+        return int(self.links.port)
+
+    @property
+    def node_id(self) -> bytes:
+        return self.identity.node_id
+
+    async def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        await self._listen()
+        me = MemberInfo(
+            node_id=self.identity.node_id,
+            participant=self.identity.participant,
+            cert=self.identity.cert,
+            overlay=(self.config.host, self.port),
+            api=self.api,
+            engine=self.engine,
+            incarnation=self.incarnation,
+        )
+        self.membership = Membership(
+            me,
+            now=time.monotonic(),
+            suspect_after_s=self.config.suspect_after_s,
+            dead_after_s=self.config.dead_after_s,
+            verify=self._verify_member,
+        )
+        self.catalog = Catalog(
+            self._dht(),
+            participant=self.identity.participant,
+            participant_key=self.identity.participant_key,
+            node_key=self.identity.node_key,
+        )
+        await self._join()
+
+    async def _listen(self) -> None:
+        """Bind TCP (links) and UDP (DHT) on one port number; with port 0, retry until an
+        ephemeral TCP port is free for UDP too."""
+        tls = TlsContexts(self.identity, self.trust)
+        for _attempt in range(20):
+            links = LinkServer(
+                self.identity,
+                self.trust,
+                self,
+                host=self.config.host,
+                port=self.config.port,
+                tls=tls,
+            )
+            await links.start()
+            dht = CatalogServer(
+                self.identity.node_key,
+                self.identity.cert,
+                admit=self._admit,
+                policy=self.policy,
+                storage_path=self.data_dir / "dht.sqlite",
+                ksize=self.config.ksize,
+                rpc_timeout_s=self.config.rpc_timeout_s,
+            )
+            try:
+                await dht.listen(int(links.port), interface=self.config.host)
+            except OSError:
+                await links.close()
+                dht.stop()
+                if self.config.port:
+                    raise
+                continue
+            self.links, self.dht = links, dht
+            self.pool = LinkPool(self.identity, self.trust, self, tls=tls)
+            await self.pool.start()
+            return
+        raise OverlayError("no port free for both TCP and UDP after 20 tries")
+
+    async def _join(self) -> None:
+        saved = self._load_state()
+        seeds = list(dict.fromkeys([*self.config.bootstrap, *saved]))
+        if not seeds:
+            await self._publish_self()
+            return
+        deadline = time.monotonic() + self.config.bootstrap_timeout_s
+        while True:
+            answered = 0
+            with contextlib.suppress(DhtUnavailable):
+                answered = await self._dht().bootstrap(seeds)
+            for addr in seeds:
+                with contextlib.suppress(LinkError, OverlayError, OSError, TimeoutError):
+                    await self._gossip_with(addr, None)
+            if answered:
+                break
+            if time.monotonic() >= deadline:
+                raise OverlayError(
+                    "no bootstrap peer answered at "
+                    + ", ".join(f"{h}:{p}" for h, p in seeds)
+                    + f" within {self.config.bootstrap_timeout_s:.0f} s (a bootstrap address is "
+                    "another peer's overlay address: its --overlay HOST:PORT)",
+                    retriable=True,
+                )
+            await asyncio.sleep(1.0)
+        await self._publish_self()
+
+    async def _publish_self(self) -> None:
+        catalog = self._catalog()
+        with contextlib.suppress(Exception):
+            await catalog.publish_participant(self.identity.participant_pub)
+        with contextlib.suppress(Exception):
+            await catalog.publish_peer(
+                self.identity.node_id,
+                self.identity.cert,
+                (self.config.host, self.port),
+                self.api,
+                self.engine,
+            )
+
+    async def run(self) -> None:
+        """The overlay's background work (gossip, record renewal); run it in the peer's
+        TaskGroup, cancel it to stop."""
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._gossip_loop())
+            tg.create_task(self._republish_loop())
+
+    async def close(self, *, leave: bool = True) -> None:
+        if self.membership is not None and leave and self.pool is not None:
+            self.membership.leave(time.monotonic())
+            targets = self._gossip_targets(self.config.gossip_fanout + 2)
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(2.0):
+                    await asyncio.gather(
+                        *(self._gossip_with(m.overlay, m.node_id) for m in targets),
+                        return_exceptions=True,
+                    )
+        if self.dht is not None:
+            self._save_state()
+            self.dht.stop()
+            self.dht = None
+        if self.pool is not None:
+            await self.pool.close()
+            self.pool = None
+        if self.links is not None:
+            await self.links.close()
+            self.links = None
+
+    # state across restarts
+    def _load_state(self) -> list[tuple[str, int]]:
+        path = self.data_dir / STATE_FILE
+        try:
+            raw = json.loads(path.read_text())
+            return [(str(h), int(p)) for h, p in raw.get("neighbours", [])][:32]
+        except (OSError, ValueError, TypeError):
+            return []
+
+    def _save_state(self) -> None:
+        if self.membership is None:
+            return
+        neighbours = [list(m.overlay) for m in self.membership.live() if m.node_id != self.node_id]
+        with contextlib.suppress(OSError):
+            (self.data_dir / STATE_FILE).write_text(json.dumps({"neighbours": neighbours[:32]}))
+
+    # policies
+    def _admit(self, node_id: bytes, node_pub: bytes, cert: bytes) -> bool:
+        try:
+            parsed = verify_node_cert(cert, self.trust, time.time())
+        except IdentityError:
+            return False
+        return parsed.node_pub == node_pub
+
+    def _verify_member(self, info: MemberInfo) -> str | None:
+        try:
+            parsed = verify_node_cert(info.cert, self.trust, time.time())
+        except IdentityError as exc:
+            return str(exc)
+        if parsed.node_id != info.node_id:
+            return "member certificate is for another node id"
+        if parsed.participant != info.participant:
+            return "member participant does not match its certificate"
+        return None
+
+    def policy(self, record: Record) -> str | None:
+        """Who may sign what (applied by storing nodes and readers)."""
+        if record.key.startswith(CATALOG_PREFIXES):
+            if not self.trust.is_trusted(record.owner):
+                return "record owner is not a participant this peer trusts"
+            if record.key.startswith("participant:"):
+                value = _safe_unpack(record.value)
+                if value is None or value.get("pk") != record.owner:
+                    return "participant record must be signed by the key it names"
+            return None
+        if record.key.startswith(NODE_PREFIXES):
+            value = _safe_unpack(record.value)
+            if value is None or not isinstance(value.get("cert"), bytes):
+                return "node record lacks its certificate"
+            try:
+                cert = verify_node_cert(value["cert"], self.trust, time.time())
+            except IdentityError as exc:
+                return str(exc)
+            if cert.node_pub != record.owner:
+                return "node record not signed by the node its certificate names"
+            if record.key.startswith("peer:") and record.key[5:] != cert.node_id.hex():
+                return "peer record under another node's id"
+            return None
+        return "unknown catalog namespace"
+
+    # membership and routing
+    def live_members(self) -> list[MemberInfo]:
+        return [] if self.membership is None else self.membership.live()
+
+    def member(self, node_id: bytes) -> MemberInfo | None:
+        member = None if self.membership is None else self.membership.get(node_id)
+        return None if member is None else member.info
+
+    def is_live(self, node_id: bytes) -> bool:
+        if node_id == self.node_id:
+            return True
+        state = None if self.membership is None else self.membership.state_of(node_id)
+        return state in (MemberState.ALIVE, MemberState.SUSPECT)
+
+    def state_of(self, node_id: bytes) -> str | None:
+        state = None if self.membership is None else self.membership.state_of(node_id)
+        return None if state is None else state.value
+
+    def responsible(self, stream: str, r: int = 1) -> list[MemberInfo]:
+        """The live members responsible for ``stream``: XOR-closest to its target among the
+        members that run an engine (all live members if none does)."""
+        live = self.live_members()
+        engines = [m for m in live if m.engine]
+        return rank(stream_target(stream), engines or live)[:r]
+
+    # links
+    async def request(
+        self, node_id: bytes, frame: dict[str, Any], *, timeout_s: float | None = None
+    ) -> dict[str, Any]:
+        info = self.member(node_id)
+        if info is None:
+            raise OverlayError(f"peer {node_id.hex()[:12]} is not a known member")
+        assert self.pool is not None
+        return await self.pool.request(
+            info.overlay,
+            frame,
+            node_id=node_id,
+            timeout_s=timeout_s or self.config.request_timeout_s,
+        )
+
+    async def request_addr(
+        self, addr: tuple[str, int], node_id: bytes, frame: dict[str, Any]
+    ) -> dict[str, Any]:
+        assert self.pool is not None
+        return await self.pool.request(
+            addr, frame, node_id=node_id, timeout_s=self.config.request_timeout_s
+        )
+
+    async def open_stream(
+        self, node_id: bytes, frame: dict[str, Any], *, credit: int = 16
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Items of a stream the remote serves (a subscription relay), credit-controlled."""
+        info = self.member(node_id)
+        if info is None:
+            raise OverlayError(f"peer {node_id.hex()[:12]} is not a known member")
+        assert self.pool is not None
+        link = await self.pool.link(
+            info.overlay, node_id=node_id, timeout_s=self.config.request_timeout_s
+        )
+        async with link.open_stream(frame, credit=credit) as items:
+            async for item in items:
+                yield item
+
+    # the link handler (overlay requests first, then the peer's)
+    async def handle(self, link: Link, frame: dict[str, Any]) -> dict[str, Any]:
+        op = frame.get("op")
+        if op == "gossip":
+            return self._on_gossip(frame)
+        if op == "blob":
+            digest = frame.get("sha256")
+            if not isinstance(digest, bytes) or len(digest) != 32:
+                raise OverlayError("blob: sha256 must be 32 bytes", retriable=False)
+            body = self._dht().storage.get_blob(digest)
+            return {"body": body}
+        return await self.handler.handle_link(link, frame)
+
+    def stream(self, link: Link, frame: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        return self.handler.stream_link(link, frame)
+
+    async def fetch_blob(self, node_id: bytes, digest: bytes) -> bytes | None:
+        local = self._dht().storage.get_blob(digest)
+        if local is not None:
+            return bytes(local)
+        reply = await self.request(node_id, {"op": "blob", "sha256": digest})
+        body = reply.get("body")
+        if isinstance(body, bytes):
+            self._dht().storage.put_blob(body)
+            return body
+        return None
+
+    # gossip
+    def _on_gossip(self, frame: dict[str, Any]) -> dict[str, Any]:
+        membership = self._membership()
+        entries = frame.get("members")
+        if not isinstance(entries, list):
+            raise OverlayError("gossip: members must be a list", retriable=False)
+        events = membership.merge(entries, time.monotonic())
+        self._dispatch(events)
+        return {"members": membership.digest()}
+
+    async def _gossip_with(self, addr: tuple[str, int], node_id: bytes | None) -> None:
+        assert self.pool is not None
+        membership = self._membership()
+        reply = await self.pool.request(
+            addr,
+            {"op": "gossip", "members": membership.digest()},
+            node_id=node_id,
+            timeout_s=max(2.0, self.config.gossip_interval_s * 2),
+        )
+        entries = reply.get("members")
+        if isinstance(entries, list):
+            self._dispatch(membership.merge(entries, time.monotonic()))
+
+    def _gossip_targets(self, count: int) -> list[MemberInfo]:
+        others = [m for m in self.live_members() if m.node_id != self.node_id]
+        chosen = self._rng.sample(others, min(count, len(others)))
+        if self.membership is not None and self._rng.random() < 0.1:
+            dead = [
+                m.info
+                for m in self.membership.members()
+                if m.state is MemberState.DEAD and m.info.node_id != self.node_id
+            ]
+            if dead:
+                chosen.append(self._rng.choice(dead))
+        return chosen
+
+    async def _gossip_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.gossip_interval_s * (0.8 + 0.4 * self._rng.random()))
+            membership = self._membership()
+            now = time.monotonic()
+            membership.beat(now, self.load())
+            self._dispatch(membership.tick(now))
+            targets = self._gossip_targets(self.config.gossip_fanout)
+            results = await asyncio.gather(
+                *(self._gossip_with(m.overlay, m.node_id) for m in targets),
+                return_exceptions=True,
+            )
+            for result in results:
+                if isinstance(result, BaseException) and not isinstance(result, Exception):
+                    raise result
+
+    def load(self) -> dict[str, float]:
+        """Load figures gossiped with each heartbeat (the peer may override via set_load)."""
+        return dict(self._load)
+
+    def set_load(self, figures: dict[str, float]) -> None:
+        self._load = dict(figures)
+
+    def _dispatch(self, events: list[Event]) -> None:
+        for event in events:
+            log.info("member %s %s (%s)", event.info.node_id.hex()[:12], event.kind, event.info)
+            if self.on_member is not None:
+                self._pending.append(event)
+        if self._pending:
+            self._wake.set()
+
+    async def _republish_loop(self) -> None:
+        """Renew our peer record (it expires after 10 min) and hand member events to the
+        peer, one at a time, in order."""
+        next_publish = time.monotonic() + 180.0
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, next_publish - time.monotonic())):
+                    await self._wake.wait()
+            self._wake.clear()
+            while self._pending and self.on_member is not None:
+                event = self._pending.pop(0)
+                try:
+                    await self.on_member(event)
+                except Exception:
+                    log.exception("handling member event %s failed", event.kind)
+            if time.monotonic() >= next_publish:
+                await self._publish_self()
+                next_publish = time.monotonic() + 180.0
+
+    # views
+    def status(self) -> dict[str, Any]:
+        membership = self._membership()
+        members = []
+        for m in sorted(membership.members(), key=lambda m: m.info.node_id):
+            members.append(
+                {
+                    "node_id": m.info.node_id.hex(),
+                    "participant": m.info.participant,
+                    "state": m.state.value,
+                    "overlay": f"{m.info.overlay[0]}:{m.info.overlay[1]}",
+                    "api": f"{m.info.api[0]}:{m.info.api[1]}",
+                    "engine": m.info.engine,
+                    "load": m.info.load,
+                    "self": m.info.node_id == self.node_id,
+                }
+            )
+        dht = self._dht()
+        return {
+            "node_id": self.node_id.hex(),
+            "participant": self.identity.participant,
+            "overlay": f"{self.config.host}:{self.port}",
+            "members": members,
+            "dht": {"contacts": dht.routing_size(), **dht.stats},
+            "catalog_cache": self._catalog().stats(),
+            "gossip_refused": dict(membership.refused),
+        }
+
+    def _dht(self) -> CatalogServer:
+        if self.dht is None:
+            raise OverlayError("overlay is not started")
+        return self.dht
+
+    def _catalog(self) -> Catalog:
+        if self.catalog is None:
+            raise OverlayError("overlay is not started")
+        return self.catalog
+
+    def _membership(self) -> Membership:
+        if self.membership is None:
+            raise OverlayError("overlay is not started")
+        return self.membership
+
+
+def _safe_unpack(raw: bytes) -> dict[str, Any] | None:
+    try:
+        return unpack(raw)
+    except Exception:
+        return None

@@ -1,0 +1,90 @@
+"""One hundred `peer join --no-engine` processes join one overlay; catalog reads still succeed
+from every survivor after 30 % of them are killed with SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from contracts.keys import generate
+from peer.client import Client
+from peer.testing import PeerProcess
+
+pytestmark = pytest.mark.slow
+
+PEERS = 100
+KILLED = 30
+WAVE = 20
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[list[PeerProcess]]:
+    key, pub = generate("acme", tmp_path / "keys")
+    trust = tmp_path / "trust"
+    trust.mkdir()
+    (trust / pub.name).write_bytes(pub.read_bytes())
+    common = ("--no-engine", "--participant", "acme", "--key", str(key), "--trust", str(trust))
+    rng = random.Random(5)
+    peers: list[PeerProcess] = []
+    try:
+        seed = PeerProcess(tmp_path / "p000", *common).start()
+        peers.append(seed)
+        while len(peers) < PEERS:
+            wave = []
+            for i in range(len(peers), min(PEERS, len(peers) + WAVE)):
+                other = rng.choice(peers)
+                p = PeerProcess(
+                    tmp_path / f"p{i:03d}",
+                    *common,
+                    "--bootstrap",
+                    seed.overlay_addr,
+                    "--bootstrap",
+                    other.overlay_addr,
+                )
+                p.launch()
+                wave.append(p)
+                peers.append(p)
+            for p in wave:
+                p.wait_ready(240)
+        yield peers
+    finally:
+        for p in peers:
+            p.kill()
+
+
+def test_catalog_reads_survive_thirty_percent_killed(cluster: list[PeerProcess]) -> None:
+    rng = random.Random(11)
+    names = [f"s{i}" for i in range(10)]
+
+    async def write() -> None:
+        for i, name in enumerate(names):
+            async with Client("127.0.0.1", rng.choice(cluster).port, timeout_s=60) as client:
+                schema = {"name": f"schema{i}", "fields": [{"name": "x", "type": "int"}]}
+                await client.create_schema(schema)
+                await client.create_stream(name, f"schema{i}")
+
+    asyncio.run(asyncio.wait_for(write(), 300))
+    victims = rng.sample(cluster, KILLED)
+    for p in victims:
+        p.kill()
+    survivors = [p for p in cluster if p not in victims]
+
+    async def read() -> list[tuple[str, str, Any]]:
+        results = []
+        for p in rng.sample(survivors, 30):
+            async with Client("127.0.0.1", p.port, timeout_s=60) as client:
+                i = rng.randrange(len(names))
+                schema = await client.lookup_object(f"schema{i}")
+                stream = await client.lookup_object(names[i])
+                results.append((schema["kind"], stream["kind"], stream["schema"]["name"]))
+                assert stream["schema"]["name"] == f"schema{i}"
+        return results
+
+    results = asyncio.run(asyncio.wait_for(read(), 300))
+    assert len(results) == 30
+    assert all(r[0] == "schema" and r[1] == "stream" for r in results)
