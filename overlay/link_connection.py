@@ -1,0 +1,568 @@
+"""One running peer link: requests and credit-based streams in both directions.
+
+Theory of operation
+-------------------
+:class:`~overlay.link_server.LinkServer` and :class:`~overlay.link_pool.LinkPool` make a
+:class:`Link` once the hellos are exchanged (:mod:`overlay.link_protocol` has the frames);
+:meth:`Link.run` then reads, writes and serves until the link closes. Flow control and memory
+bounds:
+
+* *requests*: at most ``max_in_flight`` (the lower of both sides' hello values) requests of
+  one side are outstanding; further callers wait for a slot. A slot is freed by the ``rep``,
+  so a caller that gives up sends ``cancel`` and the slot stays taken until the rep comes.
+  A peer that sends more than it announced breaks the protocol.
+* *streams*: at most ``max_streams`` open streams per side, same rule with ``end``. The
+  sender pulls the next item from its producer only when it has credit, so a receiver that
+  stops consuming stops the producer after ``credit`` items; the receiver's queue never holds
+  more than the credit it granted. Credit comes back as the consumer takes items.
+* *sending*: through one bounded outbox and one writer task (:mod:`overlay.link_outbox`).
+* *reading* never blocks on anything but the socket (replies, items and credits are handed
+  over without waiting), so two peers calling each other cannot deadlock.
+
+A frame that breaks these rules closes that link (logged with the reason); every pending call
+on it fails with :class:`LinkUnavailable`. All tasks of a link live in its ``TaskGroup``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from overlay.errors import RemoteProtocolError
+from overlay.link_outbox import _Call, _Out, _Outbox
+from overlay.link_protocol import (
+    _CLOSE_WAIT_S,
+    MAX_CREDIT,
+    LinkError,
+    LinkSettings,
+    LinkTimeout,
+    LinkUnavailable,
+    _CancelledByCaller,
+    _error_payload,
+    _field,
+    _internal,
+    _NotSent,
+    _op,
+    _remote_error,
+)
+from overlay.stream import FrameStream
+from overlay.tls import PeerIdentity
+from overlay.wire import encode_frame
+
+__all__ = ["Link", "LinkHandler", "LinkStream"]
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+
+class LinkHandler(Protocol):
+    """Serves what the other side of a link asks (the peer implements it).
+
+    ``handle`` answers a request; ``stream`` produces the items of a stream (an async
+    generator, pulled only while the receiver has credit). An exception with a str ``code``
+    and ``to_wire()`` becomes an error with that code (and its ``retriable``); any other
+    becomes code ``internal``. Both may be cancelled (caller gone, link closed).
+    """
+
+    async def handle(self, link: Link, frame: dict[str, Any]) -> dict[str, Any]: ...
+
+    def stream(self, link: Link, frame: dict[str, Any]) -> AsyncIterator[dict[str, Any]]: ...
+
+
+# -- one link ---------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Served:
+    """A req or open of the remote that we are running."""
+
+    id: int
+    is_stream: bool
+    credit: int = 0
+    credit_added: asyncio.Event = field(default_factory=asyncio.Event)
+    scope: asyncio.Timeout | None = None
+    cancelled: bool = False
+
+
+class Link:
+    """One running peer link; see the module notes. Made by :class:`LinkServer` and
+    :class:`LinkPool`, which run it (:meth:`run`) in their task group."""
+
+    def __init__(
+        self,
+        stream: FrameStream,
+        remote: PeerIdentity,
+        remote_limits: tuple[int, int],
+        handler: LinkHandler,
+        settings: LinkSettings,
+        *,
+        address: str,
+    ) -> None:
+        self.remote_node_id = remote.node_id
+        self.remote_node_pub = remote.node_pub
+        self.remote_participant = remote.participant
+        self.remote_participant_pub = remote.participant_pub
+        self.address = address
+        self._stream = stream
+        self._handler = handler
+        self._settings = settings
+        self._ids = itertools.count(1)
+        self._request_slots = asyncio.Semaphore(min(settings.max_in_flight, remote_limits[0]))
+        self._stream_slots = asyncio.Semaphore(min(settings.max_streams, remote_limits[1]))
+        self._calls: dict[int, _Call] = {}
+        self._served: dict[int, _Served] = {}
+        self._served_requests = 0
+        self._served_streams = 0
+        self._outbox = _Outbox(settings.outbox_frames)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._tg: asyncio.TaskGroup | None = None
+        self._closing = asyncio.Event()
+        self._closed = asyncio.Event()
+        self._reason: str | None = None
+        self._last_active = asyncio.get_running_loop().time()
+
+    def __repr__(self) -> str:
+        return (
+            f"peer link to {self.remote_participant}/{self.remote_node_id.hex()[:12]} "
+            f"at {self.address}"
+        )
+
+    @property
+    def closed(self) -> bool:
+        return self._reason is not None
+
+    def idle_s(self) -> float:
+        """Seconds since anything was in flight on this link (0 while something is)."""
+        if self._calls or self._served:
+            return 0.0
+        return asyncio.get_running_loop().time() - self._last_active
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Read, write and serve until the link closes; returns once everything has stopped."""
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                self._spawn(self._read_loop())
+                self._spawn(self._write_loop())
+                await self._closing.wait()
+                for task in list(self._tasks):
+                    task.cancel()
+        except* Exception as group:  # a bug: this link ends, the server or pool goes on
+            log.error("%s failed", self, exc_info=group)
+        finally:
+            self._shut(f"{self} was closed")
+            await self._stream.aclose(self._settings.close_timeout_s)
+            self._closed.set()
+
+    async def close(self) -> None:
+        """Close the link (pending calls fail with LinkUnavailable) and wait for it, bounded."""
+        self._shut(f"{self} was closed by this peer")
+        try:
+            async with asyncio.timeout(self._settings.close_timeout_s + _CLOSE_WAIT_S):
+                await self._closed.wait()
+        except TimeoutError:
+            log.warning("%s did not close in time", self)
+
+    def _shut(self, reason: str) -> None:
+        if self._reason is not None:
+            return
+        self._reason = reason
+        self._outbox.close(reason)
+        for call in list(self._calls.values()):
+            error = LinkUnavailable(reason) if call.sent else _NotSent(reason)
+            self._finish(call, error=error)
+        self._closing.set()
+
+    def _spawn(self, coro: Any) -> None:
+        assert self._tg is not None
+        task = self._tg.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- calling the other side ----------------------------------------------------------------
+
+    async def request(self, frame: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
+        """Send a request and return the reply's body. Waits for a slot when ``max_in_flight``
+        requests are outstanding. Raises :class:`LinkRemoteError` (the handler failed it),
+        :class:`LinkTimeout`, :class:`LinkUnavailable`."""
+        rid = next(self._ids)
+        data = encode_frame(
+            {"type": "req", "id": rid, "body": dict(frame)},
+            max_frame_bytes=self._settings.max_frame_bytes,
+        )
+        loop = asyncio.get_running_loop()
+        call: _Call | None = None
+        try:
+            async with asyncio.timeout(timeout_s):
+                call = await self._new_call(rid, self._request_slots)
+                await self._outbox.put(_Out(data, call))
+                call.future = loop.create_future()  # before the writer can send it
+                return await call.future
+        except TimeoutError as exc:
+            raise LinkTimeout(f"{self}: no reply to {_op(frame)!r} within {timeout_s} s") from exc
+        finally:
+            if call is not None:
+                self._abandon(call)
+
+    def open_stream(
+        self, frame: Mapping[str, Any], *, credit: int = 16, timeout_s: float = 30.0
+    ) -> LinkStream:
+        """A stream of items the remote's handler produces; see :class:`LinkStream`."""
+        return LinkStream(self, frame, credit, timeout_s)
+
+    async def _new_call(
+        self, cid: int, slots: asyncio.Semaphore, stream: LinkStream | None = None
+    ) -> _Call:
+        if self._reason is not None:
+            raise _NotSent(self._reason)
+        await slots.acquire()
+        if self._reason is not None:
+            slots.release()
+            raise _NotSent(self._reason)
+        call = _Call(cid, slots, stream)
+        self._calls[cid] = call
+        self._last_active = asyncio.get_running_loop().time()
+        return call
+
+    def _finish(
+        self,
+        call: _Call,
+        *,
+        body: dict[str, Any] | None = None,
+        error: LinkError | None = None,
+    ) -> None:
+        """The call is over: free its slot, hand over the result (if anyone still waits)."""
+        if self._calls.pop(call.id, None) is None:
+            return
+        call.slot.release()
+        self._last_active = asyncio.get_running_loop().time()
+        if call.future is not None and not call.future.done() and not call.abandoned:
+            if error is not None:
+                call.future.set_exception(error)
+            else:
+                call.future.set_result(body or {})
+        if call.stream is not None:
+            call.stream._end(error)
+
+    def _abandon(self, call: _Call) -> None:
+        """The caller is gone (done, timed out, cancelled): make sure the call ends."""
+        if call.id not in self._calls or call.abandoned:
+            return
+        call.abandoned = True
+        if not call.queued:
+            self._finish(call, error=_NotSent("abandoned"))
+        elif call.sent:
+            data = encode_frame({"type": "cancel", "id": call.id})
+            self._outbox.put_control(lambda: data)
+        # else: still in the outbox; the writer drops it and finishes the call
+
+    # -- reading ------------------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        try:
+            while (frame := await self._stream.recv()) is not None:
+                self._dispatch(frame)
+            self._shut(f"{self} was closed by the remote peer")
+        except RemoteProtocolError as exc:
+            log.warning("%s sent an invalid frame; closing the link: %s", self, exc)
+            self._shut(f"{self} sent an invalid frame: {exc}")
+        except OSError as exc:
+            self._shut(f"{self} broke: {exc!r}")
+
+    def _dispatch(self, frame: dict[str, Any]) -> None:
+        kind = frame["type"]
+        if kind == "req" or kind == "open":
+            self._on_call(frame, is_stream=kind == "open")
+            return
+        fid = _field(frame, "id", int)
+        if kind in ("rep", "end", "item"):
+            call = self._calls.get(fid)
+            if call is None:
+                raise RemoteProtocolError(f"{kind} frame for id {fid}, which is not open")
+            if (kind == "rep") != (call.stream is None):
+                raise RemoteProtocolError(f"{kind} frame for id {fid} of the wrong kind")
+            if kind == "item":
+                if call.stream is not None and not call.abandoned:
+                    call.stream._item(_field(frame, "body", dict))
+            elif "error" in frame:
+                self._finish(call, error=_remote_error(frame["error"]))
+            else:
+                body = _field(frame, "body", dict) if kind == "rep" else None
+                self._finish(call, body=body)
+        elif kind == "credit":
+            n = _field(frame, "n", int)
+            served = self._served.get(fid)
+            if served is not None:  # else it has just ended: the credit crossed its end
+                if not served.is_stream or not 1 <= n <= MAX_CREDIT - served.credit:
+                    raise RemoteProtocolError(f"credit of {n} for id {fid} is not allowed")
+                served.credit += n
+                served.credit_added.set()
+        elif kind == "cancel":
+            served = self._served.get(fid)
+            if served is not None and not served.cancelled:
+                served.cancelled = True
+                if served.scope is not None:
+                    served.scope.reschedule(asyncio.get_running_loop().time())
+        else:
+            raise RemoteProtocolError(f"unexpected {kind!r} frame on a peer link")
+
+    def _on_call(self, frame: dict[str, Any], *, is_stream: bool) -> None:
+        fid = _field(frame, "id", int)
+        body = _field(frame, "body", dict)
+        if fid in self._served:
+            raise RemoteProtocolError(f"id {fid} is already in use")
+        if self._reason is not None:
+            return
+        served = _Served(fid, is_stream)
+        if is_stream:
+            credit = _field(frame, "credit", int)
+            if not 0 <= credit <= MAX_CREDIT:
+                raise RemoteProtocolError(f"credit {credit} is out of range")
+            if self._served_streams >= self._settings.max_streams:
+                raise RemoteProtocolError(f"more than {self._settings.max_streams} open streams")
+            served.credit = credit
+            self._served_streams += 1
+            self._served[fid] = served
+            self._spawn(self._serve_stream(served, body))
+        else:
+            if self._served_requests >= self._settings.max_in_flight:
+                raise RemoteProtocolError(f"more than {self._settings.max_in_flight} requests")
+            self._served_requests += 1
+            self._served[fid] = served
+            self._spawn(self._serve_request(served, body))
+        self._last_active = asyncio.get_running_loop().time()
+
+    # -- serving the other side ----------------------------------------------------------------
+
+    def _encode(self, frame: dict[str, Any], where: str) -> bytes:
+        try:
+            return encode_frame(frame, max_frame_bytes=self._settings.max_frame_bytes)
+        except Exception as exc:
+            log.error("%s: %s produced a frame that cannot be sent", self, where, exc_info=exc)
+            return encode_frame(
+                {"type": frame["type"], "id": frame["id"], "error": _internal(where)}
+            )
+
+    async def _cancellable(self, served: _Served, work: Awaitable[_T]) -> _T:
+        """Await ``work`` in a scope that a ``cancel`` from the remote can end: the caller
+        gave up, so ``work`` is cancelled and :class:`_CancelledByCaller` raised instead."""
+        scope = asyncio.timeout(None)
+        try:
+            async with scope:
+                served.scope = scope
+                if served.cancelled:
+                    scope.reschedule(-1)
+                return await work
+        except TimeoutError as exc:
+            if served.cancelled and scope.expired():
+                raise _CancelledByCaller from exc
+            raise
+        finally:
+            served.scope = None  # from here on a cancel has nothing left to stop
+
+    def _failure(self, exc: Exception, where: str) -> dict[str, Any]:
+        if isinstance(exc, _CancelledByCaller):
+            message = f"{where} was cancelled by the caller"
+            return {"code": "cancelled", "message": message, "retriable": False, "details": {}}
+        return _error_payload(exc, where)
+
+    async def _serve_request(self, served: _Served, body: dict[str, Any]) -> None:
+        where = f"request {_op(body)!r} from {self.remote_participant}"
+        reply: dict[str, Any] = {"type": "rep", "id": served.id}
+        try:
+            try:
+                result = await self._cancellable(served, self._handler.handle(self, body))
+                if not isinstance(result, dict):
+                    raise TypeError(f"the handler returned a {type(result).__name__}, not a dict")
+                reply["body"] = result
+            except Exception as exc:
+                reply["error"] = self._failure(exc, where)
+            await self._outbox.put(_Out(self._encode(reply, where)))
+        except LinkUnavailable:
+            pass  # the link is closing; nobody waits for this reply any more
+        finally:
+            del self._served[served.id]
+            self._served_requests -= 1
+            self._last_active = asyncio.get_running_loop().time()
+
+    async def _serve_stream(self, served: _Served, body: dict[str, Any]) -> None:
+        where = f"stream {_op(body)!r} for {self.remote_participant}"
+        end: dict[str, Any] = {"type": "end", "id": served.id}
+        try:
+            try:
+                await self._cancellable(served, self._produce(served, body, where))
+            except Exception as exc:
+                end["error"] = self._failure(exc, where)
+            await self._outbox.put(_Out(self._encode(end, where)))
+        except LinkUnavailable:
+            pass
+        finally:
+            del self._served[served.id]
+            self._served_streams -= 1
+            self._last_active = asyncio.get_running_loop().time()
+
+    async def _produce(self, served: _Served, body: dict[str, Any], where: str) -> None:
+        items = self._handler.stream(self, body)
+        try:
+            while True:
+                # Credit first, then the next item: a stalled receiver stalls the producer.
+                while served.credit <= 0:
+                    served.credit_added.clear()
+                    await served.credit_added.wait()
+                try:
+                    item = await anext(items)
+                except StopAsyncIteration:
+                    return
+                served.credit -= 1
+                frame = {"type": "item", "id": served.id, "body": item}
+                try:
+                    data = encode_frame(frame, max_frame_bytes=self._settings.max_frame_bytes)
+                except Exception as exc:
+                    raise TypeError(f"{where} produced an item that cannot be sent") from exc
+                await self._outbox.put(_Out(data))
+        finally:
+            aclose = getattr(items, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    # -- writing ------------------------------------------------------------------------------
+
+    async def _write_loop(self) -> None:
+        try:
+            while (out := await self._outbox.get()) is not None:
+                if isinstance(out, _Out):
+                    call = out.call
+                    if call is not None:
+                        if call.abandoned:
+                            self._finish(call, error=_NotSent("abandoned"))
+                            continue
+                        call.sent = True
+                    data: bytes | None = out.data
+                else:
+                    data = out()
+                if data is not None:
+                    await self._stream.send_encoded(data)
+        except OSError as exc:
+            self._shut(f"{self} broke: {exc!r}")
+
+
+class LinkStream:
+    """The receiving end of a stream: an async iterator of item bodies.
+
+    Use ``async with link.open_stream(frame) as items: async for item in items: ...`` (or call
+    :meth:`aclose`): closing it early cancels the stream on the remote. ``credit`` is how
+    many items may be on their way or waiting here at most; credit is given back as items are
+    taken, in batches of half of it. Raises :class:`LinkRemoteError` if the producer failed,
+    :class:`LinkUnavailable` if the link broke; items that arrived before are still returned.
+    """
+
+    def __init__(self, link: Link, frame: Mapping[str, Any], credit: int, timeout_s: float) -> None:
+        if not 1 <= credit <= MAX_CREDIT:
+            raise ValueError(f"credit must be in 1..{MAX_CREDIT}")
+        self._link = link
+        self._frame = dict(frame)
+        self._window = credit
+        self._timeout_s = timeout_s
+        self._call: _Call | None = None
+        self._items: deque[dict[str, Any]] = deque()
+        self._unused = credit  # granted and not yet used by the sender
+        self._to_grant = 0  # taken by the consumer, not yet given back
+        self._pending_grant = 0  # given back, not yet written in a credit frame
+        self._grant_scheduled = False
+        self._arrived = asyncio.Event()
+        self._ended = False
+        self._error: LinkError | None = None
+        self._closed = False
+
+    async def __aenter__(self) -> LinkStream:
+        await self._open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __aiter__(self) -> LinkStream:
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        if self._call is None and not self._closed:
+            await self._open()
+        while not self._items and not self._ended and not self._closed:
+            self._arrived.clear()
+            await self._arrived.wait()
+        if self._items:
+            item = self._items.popleft()
+            self._give_back(1)
+            return item
+        if self._error is not None and not self._closed:
+            raise self._error
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        """Stop receiving; the remote producer is cancelled if it still runs."""
+        self._closed = True
+        self._items.clear()
+        if self._call is not None:
+            self._link._abandon(self._call)
+
+    async def _open(self) -> None:
+        link = self._link
+        cid = next(link._ids)
+        frame = {"type": "open", "id": cid, "body": self._frame, "credit": self._window}
+        data = encode_frame(frame, max_frame_bytes=link._settings.max_frame_bytes)
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                call = await link._new_call(cid, link._stream_slots, self)
+                self._call = call
+                await link._outbox.put(_Out(data, call))
+        except TimeoutError as exc:
+            if self._call is not None:
+                link._abandon(self._call)
+            raise LinkTimeout(
+                f"{link}: stream {_op(self._frame)!r} not opened within {self._timeout_s} s"
+            ) from exc
+        except BaseException:
+            if self._call is not None:
+                link._abandon(self._call)
+            raise
+
+    def _item(self, body: dict[str, Any]) -> None:
+        if self._closed:
+            return
+        if self._unused <= 0:
+            raise RemoteProtocolError("an item beyond the credit granted to its stream")
+        self._unused -= 1
+        self._items.append(body)
+        self._arrived.set()
+
+    def _end(self, error: LinkError | None) -> None:
+        self._ended = True
+        self._error = error
+        self._arrived.set()
+
+    def _give_back(self, n: int) -> None:
+        # Invariant: queued items + credit unused by the sender + _to_grant == window.
+        self._to_grant += n
+        if self._to_grant < max(1, self._window // 2) or self._ended or self._call is None:
+            return
+        self._unused += self._to_grant
+        self._pending_grant += self._to_grant
+        self._to_grant = 0
+        if not self._grant_scheduled:
+            self._grant_scheduled = True
+            self._link._outbox.put_control(self._credit_frame)
+
+    def _credit_frame(self) -> bytes | None:
+        self._grant_scheduled = False
+        n, self._pending_grant = self._pending_grant, 0
+        if n <= 0 or self._ended or self._closed or self._call is None:
+            return None
+        return encode_frame({"type": "credit", "id": self._call.id, "n": n})

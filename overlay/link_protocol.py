@@ -1,0 +1,230 @@
+"""The peer-link protocol without I/O: its frames, the hello exchange, limits and errors.
+
+Theory of operation
+-------------------
+The handshake frames, then the others (``id`` is chosen by the side sending ``req``/``open``)::
+
+    hello   {version, node_id, participant, max_in_flight, max_streams}
+    refused {reason, retriable}  the server's answer instead of its hello
+    req    {id, body}            a request; answered by exactly one rep
+    rep    {id, body} | {id, error: {code, message, retriable, details}}
+    open   {id, body, credit}    a stream; answered by items, then exactly one end
+    item   {id, body}            one item; the sender spends one unit of credit
+    credit {id, n}               the receiver grants n more items
+    end    {id} | {id, error}
+    cancel {id}                  the caller gave up on a req or open; its rep/end still comes
+
+A ``hello`` carries the sender's limits; each side keeps the lower of its own and the remote's
+(a remote's is capped at ``2**16``). :func:`_check_hello` refuses a hello that does not name the
+node and participant the sender's TLS certificate proves.
+
+An ``error`` is ``{code, message, retriable, details}``: :func:`_error_payload` makes one of
+the exception a handler raised, and the caller's side raises it as :class:`LinkRemoteError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from overlay.errors import RemoteProtocolError
+from overlay.identity import NodeIdentity
+from overlay.tls import PeerIdentity
+from overlay.wire import DEFAULT_MAX_FRAME_BYTES
+
+__all__ = [
+    "LINK_VERSION",
+    "MAX_CREDIT",
+    "LinkError",
+    "LinkRefused",
+    "LinkRemoteError",
+    "LinkSettings",
+    "LinkTimeout",
+    "LinkUnavailable",
+]
+
+log = logging.getLogger(__name__)
+
+LINK_VERSION = 1
+MAX_CREDIT = 1 << 16
+_MAX_LIMIT = 1 << 16
+_CLOSE_WAIT_S = 1.0
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+class LinkError(Exception):
+    """Base of the link errors; ``code`` and ``to_wire`` let a handler pass one on."""
+
+    code = "link"
+    retriable = False
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"code": self.code, "message": str(self), "details": {}}
+
+
+class LinkRefused(LinkError):
+    """The other side is not who it must be, or does not accept us (identity, trust, version)."""
+
+    code = "refused"
+
+
+class LinkUnavailable(LinkError):
+    """The link could not be opened or broke (connect failed, closed, invalid frames)."""
+
+    code = "unavailable"
+    retriable = True
+
+
+class LinkTimeout(LinkUnavailable):
+    """No answer in time (the request may or may not have been carried out)."""
+
+    code = "timeout"
+
+
+class _NotSent(LinkUnavailable):
+    """The link broke before the request left this peer: safe to retry on a new link."""
+
+
+class _CancelledByCaller(Exception):
+    """The remote sent ``cancel`` for what we were serving."""
+
+
+class LinkRemoteError(LinkError):
+    """The remote handler refused or failed the request."""
+
+    def __init__(
+        self, code: str, message: str, retriable: bool, details: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.retriable = retriable
+        self.details = details or {}
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "details": self.details}
+
+
+# -- settings ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LinkSettings:
+    """Limits and timeouts of the links of one server or pool."""
+
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    max_in_flight: int = 32
+    max_streams: int = 64
+    outbox_frames: int = 64
+    handshake_timeout_s: float = 10.0
+    close_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_in_flight", "max_streams", "outbox_frames"):
+            if not 1 <= getattr(self, name) <= _MAX_LIMIT:
+                raise ValueError(f"{name} must be in 1..{_MAX_LIMIT}")
+
+
+# -- the handshake ----------------------------------------------------------------------------
+
+
+def _hello(identity: NodeIdentity, settings: LinkSettings) -> dict[str, Any]:
+    return {
+        "type": "hello",
+        "version": LINK_VERSION,
+        "node_id": identity.node_id,
+        "participant": identity.participant,
+        "max_in_flight": settings.max_in_flight,
+        "max_streams": settings.max_streams,
+    }
+
+
+def _check_hello(frame: dict[str, Any] | None, remote: PeerIdentity, where: str) -> tuple[int, int]:
+    """The remote's limits, if its hello matches what its certificate proves."""
+    who = f"peer {where} ({remote.participant}, node {remote.node_id.hex()})"
+    if frame is None or frame.get("type") != "hello":
+        raise LinkRefused(f"{who} did not start with a hello")
+    if frame.get("version") != LINK_VERSION:
+        raise LinkRefused(
+            f"{who} speaks link protocol version {frame.get('version')!r}, not {LINK_VERSION}"
+        )
+    claimed = frame.get("node_id")
+    if claimed != remote.node_id:
+        shown = claimed.hex() if isinstance(claimed, bytes) else repr(claimed)
+        raise LinkRefused(f"{who} claims to be node {shown}, which its certificate does not prove")
+    if frame.get("participant") != remote.participant:
+        raise LinkRefused(f"{who} claims participant {frame.get('participant')!r}")
+    in_flight, streams = frame.get("max_in_flight"), frame.get("max_streams")
+    for value in (in_flight, streams):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise LinkRefused(f"{who} sent a hello without valid limits")
+    assert isinstance(in_flight, int) and isinstance(streams, int)
+    return min(in_flight, _MAX_LIMIT), min(streams, _MAX_LIMIT)
+
+
+def _tls_reason(exc: ssl.SSLError) -> str:
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"its certificate was refused ({exc.verify_message})"
+    return exc.reason or str(exc)
+
+
+# -- errors on the wire, frame fields ---------------------------------------------------------
+
+
+def _error_payload(exc: BaseException, where: str) -> dict[str, Any]:
+    code = getattr(exc, "code", None)
+    to_wire = getattr(exc, "to_wire", None)
+    if isinstance(code, str) and callable(to_wire):
+        try:
+            wire = to_wire()
+        except Exception:
+            wire = {}
+        message = wire.get("message") if isinstance(wire, dict) else None
+        details = wire.get("details") if isinstance(wire, dict) else None
+        return {
+            "code": code,
+            "message": message if isinstance(message, str) else str(exc),
+            "retriable": bool(getattr(exc, "retriable", False)),
+            "details": details if isinstance(details, dict) else {},
+        }
+    log.error("%s failed", where, exc_info=exc)
+    return _internal(where)
+
+
+def _internal(where: str) -> dict[str, Any]:
+    return {
+        "code": "internal",
+        "message": f"internal error in the remote peer ({where}; its log has the details)",
+        "retriable": False,
+        "details": {},
+    }
+
+
+def _remote_error(error: Any) -> LinkRemoteError:
+    if not isinstance(error, dict):
+        raise RemoteProtocolError("an error must be a map")
+    code, message = error.get("code"), error.get("message")
+    details = error.get("details")
+    return LinkRemoteError(
+        code if isinstance(code, str) else "error",
+        message if isinstance(message, str) else "error",
+        error.get("retriable") is True,
+        details if isinstance(details, dict) else {},
+    )
+
+
+def _field(frame: dict[str, Any], name: str, kind: type) -> Any:
+    value = frame.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise RemoteProtocolError(f"{frame['type']} frame needs a {kind.__name__} {name!r}")
+    return value
+
+
+def _op(frame: Mapping[str, Any]) -> str:
+    op = frame.get("type", frame.get("op"))
+    return op if isinstance(op, str) else "?"
