@@ -22,6 +22,15 @@ A request's reply is always queued before any ``batch`` frame of the subscriptio
 and an ``unsubscribe`` reply after the last ``batch`` frame of that subscription, so clients
 may rely on that order.
 
+Transport: the server accepts sockets itself and hands each to the loop with
+``connect_accepted_socket``, with TLS from the first byte when it has a TLS context (starting
+TLS later can lose a ClientHello the stream has already read, as it always does on uvloop).
+On loopback the port is plain TCP; on any other address the peer gives the server its TLS
+(:func:`api_server_tls`): the client must present a certificate issued by a participant of the
+peer's trust store, and the connection remembers that participant (the ``hello`` reply names
+it). A handshake that fails or does not finish within ``handshake_timeout_s`` closes that
+socket only, with the reason logged.
+
 Errors: a :class:`~peer.errors.FedstreamError` from the service becomes an ``error`` frame with
 its code; any other exception becomes code ``internal`` (logged with its traceback, not shown
 to the client). A frame that breaks the framing rules (:class:`RemoteProtocolError`) gets one
@@ -32,18 +41,32 @@ is closed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ipaddress
 import itertools
 import logging
+import socket
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from overlay.errors import LocalProtocolError, RemoteProtocolError
 from overlay.stream import FrameStream
 from overlay.wire import DEFAULT_MAX_FRAME_BYTES, HEADER_BYTES, encode_frame
 from peer.errors import FedstreamError, InvalidInput, NotFound, Unavailable
 
-__all__ = ["PROTOCOL_VERSION", "ApiServer", "PeerService"]
+if TYPE_CHECKING:  # overlay.tls pulls in cryptography: imported where TLS is used
+    from overlay.identity import NodeIdentity, TrustStore
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "ApiServer",
+    "PeerService",
+    "ServerTls",
+    "api_server_tls",
+    "is_loopback",
+]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +77,46 @@ BATCH_ENCODINGS = ("columns", "rows", "arrow")
 MAX_CREDIT = 1 << 20
 _PART_FIELDS_BYTES = 32  # room for "part"/"parts" in a split batch frame
 _UNLIMITED = 2**32 - 1
+
+ServerTls: TypeAlias = ssl.SSLContext | Callable[[], ssl.SSLContext]
+"""An API server's TLS: a context, or a function giving the current one for each connection."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names only this machine: ``localhost``, 127.0.0.0/8 or ::1 (also as
+    ``[::1]`` or IPv4-mapped). Other names and the wildcard addresses are not loopback."""
+    name = host.strip("[]").rstrip(".").lower()
+    if name == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(name.partition("%")[0])  # no IPv6 zone
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
+
+
+def api_server_tls(identity: NodeIdentity, trust: TrustStore) -> Callable[[], ssl.SSLContext]:
+    """The TLS of an API port on a non-loopback address, for
+    ``ApiServer(..., ssl=api_server_tls(identity, trust), trust=trust)``.
+
+    The server presents this node's certificate, as on its peer links, and requires a client
+    certificate issued by a participant in ``trust``. Each connection gets the current
+    context: the node certificate is short-lived and renewed, and a participant trusted later
+    counts from its next connection. Fails now (IdentityError) if ``trust`` is empty.
+    """
+    from overlay.tls import TlsContexts
+
+    contexts = TlsContexts(identity, trust)
+    _ = contexts.server  # built now, so a broken identity or trust store fails at start
+    return lambda: contexts.server
+
+
+def _tls_reason(exc: ssl.SSLError) -> str:
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"its certificate was refused ({exc.verify_message})"
+    return exc.reason or str(exc)
 
 
 class PeerService(Protocol):
@@ -103,6 +166,9 @@ class ApiServer:
     ``async with ApiServer(...)`` starts and closes it; or call :meth:`start` then
     :meth:`close`, or run :meth:`serve_forever` in a task group (cancelling it closes the
     server).
+
+    With ``ssl`` (see :func:`api_server_tls`) every connection is mutual TLS: the client's
+    certificate must be issued by a participant in ``trust``, which is required with it.
     """
 
     def __init__(
@@ -117,7 +183,12 @@ class ApiServer:
         max_subscriptions: int = 64,
         outbox_frames: int = 64,
         close_timeout_s: float = 5.0,
+        handshake_timeout_s: float = 10.0,
+        ssl: ServerTls | None = None,
+        trust: TrustStore | None = None,
     ) -> None:
+        if ssl is not None and trust is None:
+            raise ValueError("an ApiServer with TLS needs the trust store to check clients with")
         self.service = service
         self.host = host
         self._requested_port = port
@@ -127,7 +198,11 @@ class ApiServer:
         self.max_subscriptions = max_subscriptions
         self.outbox_frames = outbox_frames
         self.close_timeout_s = close_timeout_s
-        self._server: asyncio.Server | None = None
+        self.handshake_timeout_s = handshake_timeout_s
+        self.trust = trust
+        self._tls = ssl
+        self._socket: socket.socket | None = None
+        self._acceptor: asyncio.Task[None] | None = None
         self._port: int | None = None
         self._connections: set[asyncio.Task[Any]] = set()
         self._closing = False
@@ -144,12 +219,30 @@ class ApiServer:
     def connection_count(self) -> int:
         return len(self._connections)
 
+    @property
+    def uses_tls(self) -> bool:
+        return self._tls is not None
+
     async def start(self) -> None:
-        if self._server is not None:
+        if self._socket is not None:
             return
-        self._server = await asyncio.start_server(self._on_connect, self.host, self._requested_port)
-        self._port = int(self._server.sockets[0].getsockname()[1])
-        log.info("API server listening on %s:%d", self.host, self.port)
+        self._tls_context()  # a broken TLS setup fails here, not at the first client
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(
+            self.host, self._requested_port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+        family, _type, _proto, _name, address = infos[0]
+        listening = socket.create_server(address[:2], family=family, backlog=128)
+        listening.setblocking(False)
+        self._socket = listening
+        self._port = int(listening.getsockname()[1])
+        self._acceptor = asyncio.create_task(self._accept_loop(listening))
+        log.info(
+            "API server listening on %s:%d (%s)",
+            self.host,
+            self.port,
+            "TLS, participant certificates required" if self.uses_tls else "plain TCP",
+        )
 
     async def serve_forever(self) -> None:
         """Serve until :meth:`close` is called or this task is cancelled."""
@@ -166,16 +259,17 @@ class ApiServer:
             return
         self._closing = True
         try:
-            if self._server is not None:
-                self._server.close()
+            if self._acceptor is not None:
+                self._acceptor.cancel()
+                await asyncio.wait({self._acceptor})
+            if self._socket is not None:
+                self._socket.close()
             for task in self._connections:
                 task.cancel()
             try:
                 async with asyncio.timeout(self.close_timeout_s):
                     if self._connections:
                         await asyncio.wait(set(self._connections))
-                    if self._server is not None:
-                        await self._server.wait_closed()
             except TimeoutError:
                 log.warning(
                     "API server: %d connections still open after %.1f s",
@@ -193,19 +287,88 @@ class ApiServer:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        # A plain callback, not a coroutine, so that the connection task is ours: close()
-        # cancels and awaits it (and Python 3.11 would log a cancelled callback task as an error).
-        stream = FrameStream(reader, writer, max_frame_bytes=self.max_frame_bytes)
-        if self._closing:
-            writer.close()
+    def _tls_context(self) -> ssl.SSLContext | None:
+        tls = self._tls
+        return tls if tls is None or isinstance(tls, ssl.SSLContext) else tls()
+
+    async def _accept_loop(self, listening: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, address = await loop.sock_accept(listening)
+            except OSError as exc:  # e.g. out of file descriptors: back off, keep serving
+                log.warning("API server: accept failed: %r", exc)
+                await asyncio.sleep(0.1)
+                continue
+            where = f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
+            full = len(self._connections) >= self.max_connections
+            # The connection task is ours: close() cancels and awaits it.
+            task = asyncio.create_task(self._serve_socket(conn, where, refuse=full))
+            self._connections.add(task)
+            task.add_done_callback(self._connections.discard)
+
+    async def _serve_socket(self, conn: socket.socket, where: str, *, refuse: bool) -> None:
+        try:
+            opened = await self._open(conn, where)
+        except Exception:
+            log.exception("API server: cannot set up the connection of %s", where)
             return
-        if len(self._connections) >= self.max_connections:
-            task = asyncio.create_task(self._refuse(stream))
+        if opened is None:
+            return
+        stream, participant = opened
+        if refuse:
+            await self._refuse(stream)
         else:
-            task = asyncio.create_task(self._serve_connection(stream))
-        self._connections.add(task)
-        task.add_done_callback(self._connections.discard)
+            await self._serve_connection(stream, participant)
+
+    async def _open(self, conn: socket.socket, where: str) -> tuple[FrameStream, str | None] | None:
+        """The accepted socket as a frame stream (after the TLS handshake, if any) and the
+        client's participant; None (socket closed, reason logged) if the handshake fails."""
+        loop = asyncio.get_running_loop()
+        # Frames are whole messages: send each at once (asyncio sets this only on sockets
+        # that report IPPROTO_TCP, which an accepted one does not).
+        with contextlib.suppress(OSError):
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        reader = asyncio.StreamReader()
+        protocol = asyncio.StreamReaderProtocol(reader)
+        try:
+            context = self._tls_context()
+            async with asyncio.timeout(self.handshake_timeout_s):
+                transport, _ = await loop.connect_accepted_socket(
+                    lambda: protocol, conn, ssl=context
+                )
+        except BaseException as exc:
+            conn.close()  # the loop closed its transport, if it had made one
+            if isinstance(exc, ssl.SSLError):
+                log.warning(
+                    "API server: refused %s at the TLS handshake: %s", where, _tls_reason(exc)
+                )
+            elif isinstance(exc, TimeoutError):
+                log.info("API server: %s did not finish the TLS handshake in time", where)
+            elif isinstance(exc, OSError):  # e.g. a client that refused our certificate
+                log.info("API server: connection from %s lost at its start: %r", where, exc)
+            else:
+                raise
+            return None
+        writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+        stream = FrameStream(reader, writer, max_frame_bytes=self.max_frame_bytes)
+        if context is None:
+            return stream, None
+        from overlay.identity import IdentityError
+        from overlay.tls import peer_participant
+
+        assert self.trust is not None
+        try:
+            participant, _pub = peer_participant(writer.get_extra_info("ssl_object"), self.trust)
+        except IdentityError as exc:
+            log.warning("API server: refused %s: %s", where, exc.reason)
+        except Exception:
+            log.exception("API server: cannot identify the client %s", where)
+        else:
+            log.info("API client %s is participant %r", where, participant)
+            return stream, participant
+        await stream.aclose(timeout_s=min(1.0, self.close_timeout_s))
+        return None
 
     async def _refuse(self, stream: FrameStream) -> None:
         log.warning(
@@ -220,10 +383,10 @@ class ApiServer:
         finally:
             await stream.aclose(timeout_s=min(1.0, self.close_timeout_s))
 
-    async def _serve_connection(self, stream: FrameStream) -> None:
+    async def _serve_connection(self, stream: FrameStream, participant: str | None) -> None:
         log.debug("API connection from %s", stream.peer)
         try:
-            await _Connection(self, stream).run()
+            await _Connection(self, stream, participant).run()
         except Exception:
             log.exception("API connection %s failed", stream.peer)
         finally:
@@ -302,8 +465,9 @@ def _internal_error(rid: int | None) -> dict[str, Any]:
 
 
 class _Connection:
-    def __init__(self, server: ApiServer, stream: FrameStream) -> None:
+    def __init__(self, server: ApiServer, stream: FrameStream, participant: str | None) -> None:
         self._server = server
+        self.participant = participant  # proven by the client's TLS certificate
         self._service = server.service
         self._stream = stream
         self._max_frame_bytes = server.max_frame_bytes
@@ -461,11 +625,14 @@ class _Connection:
                 argument="version",
             )
         log.debug("API client %r on %s", client, self._stream.peer)
-        return {
+        result: dict[str, Any] = {
             "server": "fedstream",
             "version": PROTOCOL_VERSION,
             "max_frame_bytes": self._max_frame_bytes,
         }
+        if self.participant is not None:
+            result["participant"] = self.participant
+        return result
 
     async def _op_create_schema(self, frame: dict[str, Any]) -> dict[str, Any]:
         return await self._service.create_schema(_arg(frame, "schema", str, dict))

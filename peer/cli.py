@@ -48,12 +48,32 @@ def _run(coro: Coroutine[Any, Any, int]) -> int:
     return uvloop.run(coro)
 
 
+def _client_tls(args: argparse.Namespace) -> dict[str, Any]:
+    """--participant, --key, --trust (else $PEER_PARTICIPANT, $PEER_KEY, $PEER_TRUST) as
+    Client arguments: with a participant key the client speaks TLS."""
+    participant = args.participant or os.environ.get("PEER_PARTICIPANT") or None
+    key = args.key or os.environ.get("PEER_KEY") or None
+    trust = args.trust or os.environ.get("PEER_TRUST") or None
+    if (participant is None) != (key is None):
+        raise UsageError(
+            "--participant and --key go together (the key is that participant's; "
+            "or set both PEER_PARTICIPANT and PEER_KEY)"
+        )
+    if trust is not None and key is None:
+        raise UsageError("--trust is for TLS: give --participant and --key too")
+    return {
+        "participant": participant,
+        "key_path": Path(key) if key else None,
+        "trust_dir": Path(trust) if trust else None,
+    }
+
+
 async def _with_client(args: argparse.Namespace, fn: Callable[[Any], Awaitable[int]]) -> int:
     from peer.client import Client
 
     host, port = _peer_addr(args)
     try:
-        client = Client(host, port, timeout_s=args.timeout)
+        client = Client(host, port, timeout_s=args.timeout, **_client_tls(args))
         await client.connect()
     except (OSError, Unavailable, TimeoutError) as exc:
         raise Unavailable(
@@ -289,6 +309,18 @@ def build_parser() -> argparse.ArgumentParser:
     def client_cmd(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         p.add_argument("--peer", help=f"HOST:PORT of a peer (default $PEER_ADDR or {DEFAULT_PEER})")
         p.add_argument("--timeout", type=float, default=60.0, help="request timeout, seconds")
+        p.add_argument(
+            "--participant",
+            help="connect with TLS as this participant (with --key), as a peer whose API port "
+            "is not on loopback requires (default $PEER_PARTICIPANT)",
+        )
+        p.add_argument("--key", help="the participant's private key file (default $PEER_KEY)")
+        p.add_argument(
+            "--trust",
+            metavar="DIR",
+            help="public keys (NAME.pub) of participants whose peers to accept, besides your "
+            "own (default $PEER_TRUST)",
+        )
         return p
 
     p = sub.add_parser("keygen", help="make a participant key pair")

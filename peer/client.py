@@ -19,6 +19,12 @@ connection fails every waiting request and subscription with
 Subscriptions use credit-based flow control: the peer sends at most ``subscription_credit``
 batches that the application has not yet taken, so a slow consumer never makes the reader
 block, and replies to other requests keep flowing.
+
+A peer whose API port is not on loopback speaks only mutual TLS: give the client a
+``participant`` and its ``key_path`` (from ``peer keygen``). It presents a short-lived
+certificate signed by that key, and accepts only a peer whose node certificate is issued by a
+participant it trusts: its own, or one whose ``NAME.pub`` is in ``trust_dir``. Either side
+refusing the other raises :class:`~peer.errors.Unauthorized`.
 """
 
 from __future__ import annotations
@@ -27,16 +33,28 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import ssl
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from overlay.errors import LocalProtocolError, RemoteProtocolError
-from overlay.stream import FrameStream, open_frame_stream
+from overlay.stream import FrameStream
 from overlay.wire import DEFAULT_MAX_FRAME_BYTES, encode_frame
 from peer.api import PROTOCOL_VERSION
-from peer.errors import FedstreamError, InvalidInput, NotFound, Unavailable, from_wire
+from peer.errors import (
+    FedstreamError,
+    InvalidInput,
+    NotFound,
+    Unauthorized,
+    Unavailable,
+    from_wire,
+)
+
+if TYPE_CHECKING:  # cryptography is imported only by clients that use TLS
+    from overlay.identity import TrustStore
 
 __all__ = ["DEFAULT_PORT", "Batch", "Client", "Subscription"]
 
@@ -254,7 +272,12 @@ class _Pending:
 
 
 class Client:
-    """A connection to one peer's client API."""
+    """A connection to one peer's client API.
+
+    With ``participant`` and ``key_path`` the connection is mutual TLS (see the module
+    notes); ``trust_dir`` holds the ``NAME.pub`` of the participants whose peers the client
+    accepts besides its own. ``ssl`` is for a TLS context made by hand instead.
+    """
 
     def __init__(
         self,
@@ -264,15 +287,32 @@ class Client:
         timeout_s: float = 30.0,
         client_name: str = "fedstream-python",
         subscription_credit: int = 64,
+        participant: str | None = None,
+        key_path: Path | None = None,
+        trust_dir: Path | None = None,
+        ssl: ssl.SSLContext | None = None,
     ) -> None:
         if subscription_credit < 1:
             raise ValueError("subscription_credit must be at least 1")
+        if (participant is None) != (key_path is None):
+            raise ValueError("participant and key_path go together (the key is the participant's)")
+        if trust_dir is not None and key_path is None:
+            raise ValueError("trust_dir is for TLS: it needs participant and key_path too")
+        if ssl is not None and key_path is not None:
+            raise ValueError("give either ssl or participant and key_path, not both")
         self.host = host
         self.port = port
         self.timeout_s = timeout_s
         self.client_name = client_name
         self.subscription_credit = subscription_credit
+        self.participant = participant
+        self.key_path = key_path
+        self.trust_dir = trust_dir
         self.server_info: dict[str, Any] = {}
+        self.server_participant: str | None = None  # proven by the peer's TLS certificate
+        self._ssl = ssl
+        self._trust: TrustStore | None = None
+        self._heard = False  # any frame arrived on this connection
         self._max_frame_bytes = DEFAULT_MAX_FRAME_BYTES
         self._stream: FrameStream | None = None
         self._reader: asyncio.Task[None] | None = None
@@ -285,28 +325,117 @@ class Client:
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def uses_tls(self) -> bool:
+        return self._ssl is not None or self.key_path is not None
+
     async def connect(self) -> None:
-        """Connect and say hello (raises Unavailable if the peer cannot be reached)."""
+        """Connect and say hello (raises Unavailable if the peer cannot be reached,
+        Unauthorized if TLS fails because either side does not trust the other)."""
         if self._stream is not None:
             return
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                self._stream = await open_frame_stream(self.host, self.port)
-        except OSError as exc:  # TimeoutError included
-            raise Unavailable(
-                f"cannot connect to peer {self.address}: {exc or 'timed out'}", peer=self.address
-            ) from exc
+        self._stream = await self._open()
         self._lost = None
+        self._heard = False
         self._reader = asyncio.create_task(self._read_loop(self._stream))
         try:
             self.server_info = await self._request(
                 "hello", {"client": self.client_name, "version": PROTOCOL_VERSION}
             )
+        except Unavailable as exc:
+            await self.close()
+            if self._heard or isinstance(exc.__cause__, TimeoutError):
+                raise
+            raise self._dropped_error() from exc
         except BaseException:
             await self.close()
             raise
         self._max_frame_bytes = int(
             self.server_info.get("max_frame_bytes", DEFAULT_MAX_FRAME_BYTES)
+        )
+
+    async def _open(self) -> FrameStream:
+        context = self._ssl_context()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                reader, writer = await asyncio.open_connection(self.host, self.port, ssl=context)
+        except ssl.SSLCertVerificationError as exc:
+            raise Unauthorized(
+                f"refusing peer {self.address}: its TLS certificate is not issued by a "
+                f"participant this client trusts ({exc.verify_message}); put that participant's "
+                "NAME.pub in the trust directory",
+                peer=self.address,
+            ) from exc
+        except ssl.SSLError as exc:
+            raise Unavailable(
+                f"TLS handshake with peer {self.address} failed ({exc.reason or exc}); does it "
+                "serve TLS on that port? (a peer on loopback serves plain TCP)",
+                peer=self.address,
+            ) from exc
+        except OSError as exc:  # TimeoutError included
+            raise Unavailable(
+                f"cannot connect to peer {self.address}: {exc or 'timed out'}", peer=self.address
+            ) from exc
+        stream = FrameStream(reader, writer)
+        if self._trust is not None:
+            from overlay.identity import IdentityError
+            from overlay.tls import peer_identity
+
+            try:
+                remote = peer_identity(writer.get_extra_info("ssl_object"), self._trust)
+            except IdentityError as exc:
+                await stream.aclose()
+                raise Unauthorized(
+                    f"refusing peer {self.address}: {exc.reason}", peer=self.address
+                ) from exc
+            self.server_participant = remote.participant
+        return stream
+
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context for one connection: made anew each time, as the client
+        certificate it presents is short-lived."""
+        if self.key_path is None or self.participant is None:
+            return self._ssl
+        from contracts.keys import KeyError_, load_private
+        from overlay.identity import IdentityError, TrustStore
+        from overlay.tls import client_cert_context
+
+        try:
+            key = load_private(self.key_path)
+            trust = TrustStore()
+            trust.add(self.participant, key.public_key())
+            if self.trust_dir is not None:
+                if not self.trust_dir.is_dir():
+                    raise IdentityError(f"trust directory {self.trust_dir} does not exist")
+                trust.load_dir(self.trust_dir)
+            context = client_cert_context(self.participant, key, trust)
+        except (KeyError_, IdentityError) as exc:
+            raise InvalidInput(
+                f"cannot act as participant {self.participant!r} with key {self.key_path}: {exc}",
+                participant=self.participant,
+            ) from exc
+        self._trust = trust
+        return context
+
+    def _dropped_error(self) -> FedstreamError:
+        """Why a peer closed the connection before answering hello, as best we can tell."""
+        if self.uses_tls:
+            peer = f"peer {self.address}"
+            if self.server_participant is not None:
+                peer += f" (participant {self.server_participant!r})"
+            us = (
+                f"participant {self.participant!r} (or this key of it)"
+                if self.participant is not None
+                else "the client certificate"
+            )
+            return Unauthorized(
+                f"{peer} closed the connection after the TLS handshake: it does not trust {us}",
+                peer=self.address,
+            )
+        return Unavailable(
+            f"peer {self.address} closed the connection before answering hello (if its API "
+            "port is not on loopback, it requires TLS: connect as a participant, with its key)",
+            peer=self.address,
         )
 
     async def close(self) -> None:
@@ -454,6 +583,7 @@ class Client:
     async def _read_loop(self, stream: FrameStream) -> None:
         try:
             while (frame := await stream.recv()) is not None:
+                self._heard = True
                 self._dispatch(frame)
             reason = f"peer {self.address} closed the connection"
         except RemoteProtocolError as exc:

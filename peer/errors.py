@@ -82,6 +82,13 @@ class Unavailable(FedstreamError):
     retriable = True
 
 
+class Unauthorized(FedstreamError):
+    """Mutual TLS failed: the peer does not trust this client's participant, or the client
+    does not trust the peer's."""
+
+    code = "unauthorized"
+
+
 ERRORS_BY_CODE: dict[str, type[FedstreamError]] = {
     cls.code: cls
     for cls in (
@@ -97,6 +104,7 @@ ERRORS_BY_CODE: dict[str, type[FedstreamError]] = {
         EngineError,
         JavaMissing,
         Unavailable,
+        Unauthorized,
     )
 }
 
