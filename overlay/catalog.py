@@ -78,6 +78,11 @@ class Dht(Protocol):
         self, key: str, *, quorum: int = 1, pinned_owner: bytes | None = None
     ) -> Record | None: ...
 
+    def routing_size(self) -> int: ...
+
+    @property
+    def storage(self) -> Any: ...  # overlay.dht_store.CatalogStorage (its ``local(key)``)
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -115,6 +120,7 @@ class Catalog:
         node_key: Ed25519PrivateKey,
         cache_ttl_s: dict[str, float] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        alone: Callable[[], bool] | None = None,
     ) -> None:
         self.dht = dht
         self.participant = participant
@@ -122,6 +128,7 @@ class Catalog:
         self._node_key = node_key
         self._ttl = {**CACHE_TTL_S, **(cache_ttl_s or {})}
         self._clock = clock
+        self._alone = alone or (lambda: self.dht.routing_size() == 0)
         self._cache: dict[str, tuple[float, dict[str, Any] | None, Record | None]] = {}
         self.hits = 0
         self.misses = 0
@@ -142,7 +149,10 @@ class Catalog:
         self.misses += 1
         pinned = cached[2].owner if cached is not None and cached[2] is not None else None
         try:
-            record = await self.dht.get(key, pinned_owner=pinned)
+            if self._alone():  # nobody to ask: our own copy is the catalog
+                record = self.dht.storage.local(key)
+            else:
+                record = await self.dht.get(key, pinned_owner=pinned)
         except Exception as exc:
             if cached is not None:
                 return cached[1]  # the network is unreachable: the last value we saw

@@ -143,6 +143,7 @@ class Overlay:
             participant=self.identity.participant,
             participant_key=self.identity.participant_key,
             node_key=self.identity.node_key,
+            alone=self._alone,
         )
         await self._join()
 
@@ -251,6 +252,11 @@ class Overlay:
             await self.links.close()
             self.links = None
 
+    def _alone(self) -> bool:
+        """No other member known and no DHT contact: a standalone peer."""
+        others = [m for m in self.live_members() if m.node_id != self.node_id]
+        return not others and self._dht().routing_size() == 0
+
     # state across restarts
     def _load_state(self) -> list[tuple[str, int]]:
         path = self.data_dir / STATE_FILE
@@ -264,8 +270,12 @@ class Overlay:
         if self.membership is None:
             return
         neighbours = [list(m.overlay) for m in self.membership.live() if m.node_id != self.node_id]
+        if not neighbours:
+            return  # keep the last list rather than forget everyone
+        path = self.data_dir / STATE_FILE
         with contextlib.suppress(OSError):
-            (self.data_dir / STATE_FILE).write_text(json.dumps({"neighbours": neighbours[:32]}))
+            path.with_suffix(".tmp").write_text(json.dumps({"neighbours": neighbours[:32]}))
+            path.with_suffix(".tmp").replace(path)
 
     # policies
     def _admit(self, node_id: bytes, node_pub: bytes, cert: bytes) -> bool:
@@ -463,8 +473,7 @@ class Overlay:
     def _dispatch(self, events: list[Event]) -> None:
         for event in events:
             log.info("member %s %s (%s)", event.info.node_id.hex()[:12], event.kind, event.info)
-            if self.on_member is not None:
-                self._pending.append(event)
+            self._pending.append(event)
         if self._pending:
             self._wake.set()
 
@@ -477,12 +486,18 @@ class Overlay:
                 async with asyncio.timeout(max(0.0, next_publish - time.monotonic())):
                     await self._wake.wait()
             self._wake.clear()
-            while self._pending and self.on_member is not None:
+            joined = False
+            while self._pending:
                 event = self._pending.pop(0)
+                joined = joined or event.kind in ("joined", "alive")
+                if self.on_member is None:
+                    continue
                 try:
                     await self.on_member(event)
                 except Exception:
                     log.exception("handling member event %s failed", event.kind)
+            if joined:  # a peer killed with -9 must still find its neighbours on restart
+                await asyncio.to_thread(self._save_state)
             if time.monotonic() >= next_publish:
                 await self._publish_self()
                 next_publish = time.monotonic() + 180.0

@@ -219,6 +219,24 @@ async def cmd_status(args: argparse.Namespace) -> int:
         for s in status["streams"]:
             streams.add_row(s["name"], str(s["latest_offset"]))
         console.print(streams)
+        overlay = status.get("overlay")
+        if overlay:
+            console.print(
+                f"node {overlay['node_id'][:16]}  participant={overlay['participant']}  "
+                f"overlay={overlay['overlay']}  dht contacts={overlay['dht'].get('contacts')}"
+            )
+            members = Table("node", "participant", "state", "api", "engine", "load")
+            for m in overlay["members"]:
+                load = ", ".join(f"{k}={v:g}" for k, v in sorted(m["load"].items()))
+                members.add_row(
+                    m["node_id"][:16] + (" (this peer)" if m["self"] else ""),
+                    m["participant"],
+                    m["state"],
+                    m["api"],
+                    "spark" if m["engine"] else "none",
+                    load,
+                )
+            console.print(members)
         return 0
 
     return await _with_client(args, go)

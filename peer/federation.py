@@ -103,15 +103,14 @@ class Federation:
         )
 
     async def resume(self) -> None:
-        """After a restart: hold on to our streams unless another live peer took them over
-        while we were gone (then forward to it)."""
+        """After a restart: hold on to our streams unless another peer took them over while
+        we were gone and holds a valid lease (then forward to it)."""
         for stream in self.peer.local_streams():
-            placement = await self._placement(stream)
+            placement = await self._placement(stream, fresh=True)
             if (
                 placement is not None
                 and placement.node_id != self.node_id
                 and placement.until > time.time()
-                and self.overlay.is_live(placement.node_id)
             ):
                 log.warning(
                     "stream %s is hosted by %s now; forwarding to it",
@@ -131,6 +130,25 @@ class Federation:
                     await self._renew(stream)
                 except CatalogError as exc:
                     log.info("renewing the lease of %s failed: %s", stream, exc)
+                    await self._yield_if_taken(stream)
+
+    async def _yield_if_taken(self, stream: str) -> None:
+        """Another live peer holds a valid lease on a stream we host (we came back before our
+        successor's lease could be published, or the other way round): the lease holder
+        keeps the stream, we forward to it. Tuples we took meanwhile stay in our spool."""
+        placement = await self._placement(stream, fresh=True)
+        if (
+            placement is not None
+            and placement.node_id != self.node_id
+            and placement.until > time.time()
+            and self.overlay.is_live(placement.node_id)
+        ):
+            log.warning(
+                "stream %s is held by %s under a valid lease; forwarding to it",
+                stream,
+                placement.node_id.hex()[:12],
+            )
+            self.hosted.discard(stream)
 
     async def _placement(self, stream: str, *, fresh: bool = False) -> Placement | None:
         catalog = self.overlay.catalog
@@ -191,7 +209,11 @@ class Federation:
         if stream is not None:
             host = await self.host_of(name)
             member = self.overlay.member(host)
+            lease = await self._placement(name)
             return {
+                "lease": None
+                if lease is None
+                else {"node": lease.node_id.hex(), "until": round(lease.until, 3)},
                 "kind": "stream",
                 "name": name,
                 "schema": stream["schema"],

@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from peer.api import ApiServer
+from peer.api import ApiServer, api_server_tls, is_loopback
 
 if TYPE_CHECKING:
+    from overlay.identity import NodeIdentity, TrustStore
     from overlay.node import Overlay
     from peer.federation import Federation
 from peer.catalog import QUERY_STATUSES, LocalCatalog, QueryEntry
@@ -86,7 +87,10 @@ class Peer:
         self.query_errors: dict[str, str] = {}
         self.overlay: Overlay | None = None
         self.fed: Federation | None = None
+        self.identity: NodeIdentity | None = None
+        self.trust: TrustStore | None = None
         self._stopping = asyncio.Event()
+        self._cpu_mark = (time.monotonic(), time.process_time())
 
     # lifecycle
     async def start(self, spark: Any = None) -> None:
@@ -112,11 +116,19 @@ class Peer:
             )
             await self.engine.start(spark)
             await self._resume_queries()
+        tls: dict[str, Any] = {}
+        if self.config.overlay or not is_loopback(self.config.host):
+            await self._load_identity()
+        if not is_loopback(self.config.host):
+            # a client port off loopback takes TLS clients with a trusted participant's key
+            assert self.identity is not None and self.trust is not None
+            tls = {"ssl": api_server_tls(self.identity, self.trust), "trust": self.trust}
         self.api = ApiServer(
             self,
             host=self.config.host,
             port=self.config.port,
             max_frame_bytes=self.config.max_frame_bytes,
+            **tls,
         )
         await self.api.start()
         if self.config.overlay:
@@ -125,18 +137,24 @@ class Peer:
             "peer listening on %s:%d (data %s)", self.config.host, self.api.port, self.data_dir
         )
 
-    async def _start_overlay(self) -> None:
+    async def _load_identity(self) -> None:
         from overlay.identity import NodeIdentity
+
+        config = self.config
+        self.identity = await asyncio.to_thread(
+            NodeIdentity.load_or_create, self.data_dir, config.participant, config.key_path
+        )
+        self.trust = self.identity.trust_store()
+        if config.trust_dir is not None:
+            self.trust.load_dir(config.trust_dir)
+
+    async def _start_overlay(self) -> None:
         from overlay.node import Overlay, OverlayConfig
         from peer.federation import Federation
 
         config = self.config
-        identity = await asyncio.to_thread(
-            NodeIdentity.load_or_create, self.data_dir, config.participant, config.key_path
-        )
-        trust = identity.trust_store()
-        if config.trust_dir is not None:
-            trust.load_dir(config.trust_dir)
+        identity, trust = self.identity, self.trust
+        assert identity is not None and trust is not None
         host = config.overlay_host or config.host
         port = config.overlay_port
         if port is None:
@@ -212,6 +230,8 @@ class Peer:
                 log.exception("peer maintenance failed; retrying next round")
 
     async def _maintain(self) -> None:
+        if self.fed is not None:
+            self.fed.overlay.set_load(self._load_figures())
         spools = self._spools()
         for name in spools.streams():
             with contextlib.suppress(KeyError, OSError):
@@ -222,6 +242,20 @@ class Peer:
                 if self.query_errors.get(name) != reason:
                     log.error("query %s failed: %s", name, reason)
                     self.query_errors[name] = reason
+
+    def _load_figures(self) -> dict[str, float]:
+        """What this peer gossips about its load: the share of one core its process used
+        since the last round, and how many streams and queries it holds."""
+        now, cpu = time.monotonic(), time.process_time()
+        last = self._cpu_mark
+        self._cpu_mark = (now, cpu)
+        share = (cpu - last[1]) / (now - last[0]) if now > last[0] else 0.0
+        catalog = self._catalog()
+        return {
+            "cpu": round(share, 3),
+            "streams": float(len(self.fed.hosted) if self.fed is not None else 0),
+            "queries": float(len(catalog.query_names())),
+        }
 
     async def _resume_queries(self) -> None:
         catalog = self._catalog()

@@ -32,7 +32,7 @@ SCHEMA = {
     ],
 }
 QUERY = {
-    "name": "hot",
+    "name": "hot_query",
     "boxes": [
         {
             "name": "only_hot",
@@ -130,19 +130,24 @@ def test_push_anywhere_query_on_host_subscribe_anywhere(
             assert made["host"] == a.node_id  # the only engine peer hosts it
             submitted = await cc.create_query(QUERY)  # submitted on a third peer
             assert submitted["outputs"] == ["hot"]
-            await cc.start_query("hot")
+            await cc.start_query("hot_query")
             for i in range(0, len(rows), 500):
                 reply = await cb.push("readings", {"rows": rows[i : i + 500]})
                 assert reply["forwarded"] and reply["count"] == 500
             expected = sum(1 for r in rows if r["temp"] > 30.0)
             got = await collect(cc, "hot", expected, timeout_s=120, settle_s=2.0)
+            # the definition is fetched by content hash from the host over a peer link
+            query = await cb.lookup_object("hot_query")
+            assert query["kind"] == "query" and query["host"] == a.node_id
+            assert query["status"] == "RUNNING"
+            assert [b["name"] for b in query["definition"]["boxes"]] == ["only_hot", "to_f"]
             return got, await cc.lookup_object("readings"), await cb.status()
 
     got, lookup, status_b = run(scenario())
     expected = sorted(
-        (r["sensor"], r["temp"] * 9 / 5 + 32, r["t"]) for r in rows if r["temp"] > 30.0
+        (r["sensor"], round(r["temp"] * 9 / 5 + 32, 6), r["t"]) for r in rows if r["temp"] > 30.0
     )
-    assert sorted((r["sensor"], r["fahrenheit"], r["t"]) for r in got) == pytest.approx(expected)
+    assert sorted((r["sensor"], round(r["fahrenheit"], 6), r["t"]) for r in got) == expected
     assert len(got) == len(expected)
     assert lookup["host"] == a.node_id
     states = {m["node_id"]: m["state"] for m in status_b["overlay"]["members"]}
@@ -173,15 +178,11 @@ def test_responsibility_moves_when_the_host_dies(
     by_id = {p.node_id: p for p in peers}
 
     def ranked(stream: str, ids: list[str]) -> list[str]:
-        fake = [
-            MemberInfo(bytes.fromhex(i), "x", b"", ("h", 1), ("h", 1), False, 1) for i in ids
-        ]
+        fake = [MemberInfo(bytes.fromhex(i), "x", b"", ("h", 1), ("h", 1), False, 1) for i in ids]
         return [m.node_id.hex() for m in rank(stream_target(stream), fake)]
 
     # a stream whose host is not the bootstrap peer, so that the survivors keep their seed
-    stream = next(
-        f"s{i}" for i in range(100) if ranked(f"s{i}", list(by_id))[0] != first.node_id
-    )
+    stream = next(f"s{i}" for i in range(100) if ranked(f"s{i}", list(by_id))[0] != first.node_id)
     order = ranked(stream, list(by_id))
     host, successor = by_id[order[0]], by_id[order[1]]
     others = [p for p in peers if p not in (host, successor)]
@@ -207,18 +208,41 @@ def test_responsibility_moves_when_the_host_dies(
             async with Client("127.0.0.1", successor.port) as cs:
                 status = await cs.status()
                 assert stream in status["hosted"]
-            deadline = asyncio.get_running_loop().time() + 60
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 60
             while True:
                 info = await cl.lookup_object(stream)
-                if info["host"] == successor.node_id or asyncio.get_running_loop().time() > deadline:
+                lease = info["lease"] or {}
+                if lease.get("node") == successor.node_id or loop.time() > deadline:
                     return info
                 await asyncio.sleep(0.5)
 
     info = run(after())
     assert info["host"] == successor.node_id
+    assert info["lease"]["node"] == successor.node_id  # the catalog says so
+
+    # restarted on its data directory without --bootstrap, the old host rejoins through the
+    # neighbours it saved, with its old identity, and leaves the stream with its new host
+    again = PeerProcess(
+        host.data_dir, *peer_args(names[peers.index(host)], keys, trust, "--no-engine", *FAST)
+    )
+    again.start()
+    stopper.append(again)
+    assert again.node_id == host.node_id
+
+    async def rejoined() -> tuple[dict[str, Any], dict[str, Any]]:
+        async with Client("127.0.0.1", again.port) as cl:
+            await _wait_members(cl, 4)
+            reply = await cl.push(stream, {"rows": [{"sensor": 3, "temp": 3.0, "t": 99}]})
+            return reply, await cl.status()
+
+    reply, status = run(rejoined())
+    assert reply.get("forwarded") and stream not in status["hosted"]
 
 
-async def _wait_members(client: Client, alive: int, *, dead: int = 0, timeout_s: float = 60) -> None:
+async def _wait_members(
+    client: Client, alive: int, *, dead: int = 0, timeout_s: float = 60
+) -> None:
     async with asyncio.timeout(timeout_s):
         while True:
             status = await client.status()
