@@ -133,6 +133,9 @@ class CatalogProtocol(KademliaProtocol):  # type: ignore[misc]
         self._failures: OrderedDict[bytes, int] = OrderedDict()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
+        # Nodes the overlay's gossip declared dead: left out of routing tables and crawls, so a
+        # lookup does not spend an RPC timeout on each of them (until they come back).
+        self.departed: OrderedDict[bytes, None] = OrderedDict()
 
     # -- datagrams (the rpcudp seam) -----------------------------------------------------------
 
@@ -288,7 +291,7 @@ class CatalogProtocol(KademliaProtocol):  # type: ignore[misc]
                 and type(item[2]) is int
                 and 0 < item[2] < 65536
             ):
-                if item[0] != self.source_node.id:
+                if item[0] != self.source_node.id and item[0] not in self.departed:
                     nodes.append((item[0], item[1], item[2]))
             else:
                 self.stats["bad_node_tuples"] += 1
@@ -311,10 +314,23 @@ class CatalogProtocol(KademliaProtocol):  # type: ignore[misc]
 
     # -- admission -----------------------------------------------------------------------------
 
+    def depart(self, node_id: bytes) -> None:
+        """Gossip says ``node_id`` is dead or gone: drop it from the routing table and skip
+        it in crawls until :meth:`welcome_back`."""
+        self.departed[node_id] = None
+        while len(self.departed) > self.max_verified:
+            self.departed.popitem(last=False)
+        self.router.remove_contact(Node(node_id))
+
+    def welcome_back(self, node_id: bytes) -> None:
+        self.departed.pop(node_id, None)
+
     def welcome_if_new(self, node: Node) -> None:
         """Add ``node`` to the routing table once it has proven its id and been admitted
         (right away if it already was); hand it the records it is now closer to."""
         if self._closed or not _is_id(node.id) or node.id == self.source_node.id:
+            return
+        if node.id in self.departed:
             return
         if not self.router.is_new_node(node):
             return

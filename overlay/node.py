@@ -471,8 +471,14 @@ class Overlay:
         self._load = dict(figures)
 
     def _dispatch(self, events: list[Event]) -> None:
+        protocol = self.dht.protocol if self.dht is not None else None
         for event in events:
-            log.info("member %s %s (%s)", event.info.node_id.hex()[:12], event.kind, event.info)
+            log.info("member %s %s", event.info.node_id.hex()[:12], event.kind)
+            if protocol is not None:  # the DHT stops spending lookups on the dead
+                if event.kind in ("dead", "left"):
+                    protocol.depart(event.info.node_id)
+                elif event.kind in ("alive", "joined"):
+                    protocol.welcome_back(event.info.node_id)
             self._pending.append(event)
         if self._pending:
             self._wake.set()

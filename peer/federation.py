@@ -205,7 +205,12 @@ class Federation:
 
     async def lookup(self, name: str) -> dict[str, Any]:
         """Describe a stream, query or schema from the DHT catalog (not hosted here)."""
-        stream = await self._read(f"stream:{name}")
+        # the three namespaces at once: a lookup costs one DHT round trip, not three
+        stream, query, schema = await asyncio.gather(
+            self._read(f"stream:{name}"),
+            self._read(f"query:{name}"),
+            self._read(f"schema:{name}"),
+        )
         if stream is not None:
             host = await self.host_of(name)
             member = self.overlay.member(host)
@@ -222,7 +227,7 @@ class Federation:
                 "host": host.hex(),
                 "responsible": None if member is None else f"{member.api[0]}:{member.api[1]}",
             }
-        found = await self.query_definition(name)
+        found = await self.query_definition(name) if query is not None else None
         if found is not None:
             pointer, definition = found
             status: Any = None
@@ -238,7 +243,6 @@ class Federation:
                 "owner": pointer.get("owner"),
                 "host": bytes(pointer["host"]).hex(),
             }
-        schema = await self._read(f"schema:{name}")
         if schema is not None:
             return {"kind": "schema", "name": name, "schema": schema["schema"]}
         raise NotFound(f"nothing named {name} in the catalog", name=name)

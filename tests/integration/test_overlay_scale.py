@@ -74,6 +74,16 @@ def test_catalog_reads_survive_thirty_percent_killed(cluster: list[PeerProcess])
         p.kill()
     survivors = [p for p in cluster if p not in victims]
 
+    async def detected() -> None:  # gossip declares the killed peers dead (bounded wait)
+        async with Client("127.0.0.1", survivors[0].port, timeout_s=60) as client:
+            while True:
+                members = (await client.status())["overlay"]["members"]
+                if sum(m["state"] == "dead" for m in members) >= KILLED:
+                    return
+                await asyncio.sleep(0.5)
+
+    asyncio.run(asyncio.wait_for(detected(), 120))
+
     async def read() -> list[tuple[str, str, Any]]:
         results = []
         for p in rng.sample(survivors, 30):
