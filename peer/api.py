@@ -61,6 +61,8 @@ if TYPE_CHECKING:  # overlay.tls pulls in cryptography: imported where TLS is us
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "READY",
+    "AnnouncedBatches",
     "ApiServer",
     "PeerService",
     "ServerTls",
@@ -75,6 +77,31 @@ QUERY_STATUSES = ("SETUP", "RUNNING", "STOPPED", "DELETED")
 START_POSITIONS = ("latest", "earliest")
 BATCH_ENCODINGS = ("columns", "rows", "arrow")
 MAX_CREDIT = 1 << 20
+# What a subscription iterator that ``announces_ready`` yields first, once its start position
+# is fixed (see AnnouncedBatches): the ``subscribe`` reply waits for it.
+READY: dict[str, Any] = {"ready": True}
+
+
+class AnnouncedBatches:
+    """Wraps an async iterator of batches that first yields :data:`READY` once its start
+    position is fixed (maybe on another peer): the server replies to ``subscribe`` only then,
+    so a client may push right after the reply and see what it pushed."""
+
+    announces_ready = True
+
+    def __init__(self, batches: AsyncIterator[dict[str, Any]]) -> None:
+        self._batches = batches
+
+    def __aiter__(self) -> AnnouncedBatches:
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        return await self._batches.__anext__()
+
+    async def aclose(self) -> None:
+        aclose = getattr(self._batches, "aclose", None)
+        if aclose is not None:
+            await aclose()
 _PART_FIELDS_BYTES = 32  # room for "part"/"parts" in a split batch frame
 _UNLIMITED = 2**32 - 1
 
@@ -183,6 +210,7 @@ class ApiServer:
         max_subscriptions: int = 64,
         outbox_frames: int = 64,
         close_timeout_s: float = 5.0,
+        ready_timeout_s: float = 30.0,
         handshake_timeout_s: float = 10.0,
         ssl: ServerTls | None = None,
         trust: TrustStore | None = None,
@@ -198,6 +226,7 @@ class ApiServer:
         self.max_subscriptions = max_subscriptions
         self.outbox_frames = outbox_frames
         self.close_timeout_s = close_timeout_s
+        self.ready_timeout_s = ready_timeout_s
         self.handshake_timeout_s = handshake_timeout_s
         self.trust = trust
         self._tls = ssl
@@ -424,6 +453,7 @@ class _Subscription:
     task: asyncio.Task[None] | None = None
     early: bool = True  # the subscribe request has not yet decided its reply
     early_error: Exception | None = None
+    started: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 def _is_int(value: object) -> bool:
@@ -710,9 +740,22 @@ class _Connection:
         sub = _Subscription(next(self._sids), stream, _Credit(credit))
         self._subscriptions[sub.sid] = sub
         sub.task = self._tg.create_task(self._pump(sub, batches))
-        # One turn of the loop lets the iterator run to its first real wait: a lazy one (an
-        # async generator) raises NotFound etc. there, and that becomes this reply.
-        await asyncio.sleep(0)
+        if getattr(batches, "announces_ready", False):
+            # it yields READY once its start position is fixed, maybe on another peer
+            try:
+                async with asyncio.timeout(self._server.ready_timeout_s):
+                    await sub.started.wait()
+            except TimeoutError:
+                sub.task.cancel()
+                raise Unavailable(
+                    f"subscribe to {stream!r}: no start position within "
+                    f"{self._server.ready_timeout_s:.0f} s (the stream's host is not answering)",
+                    stream=stream,
+                ) from None
+        else:
+            # One turn of the loop lets the iterator run to its first real wait: a lazy one (an
+            # async generator) raises NotFound etc. there, and that becomes this reply.
+            await asyncio.sleep(0)
         sub.early = False
         if sub.early_error is not None:
             raise sub.early_error
@@ -745,6 +788,10 @@ class _Connection:
         try:
             try:
                 async for batch in batches:
+                    if batch is READY or batch.get("ready"):
+                        sub.started.set()
+                        continue
+                    sub.started.set()
                     await sub.replied.wait()
                     for data in self._batch_frames(sub, batch["offset"], batch["columns"]):
                         await sub.credit.take()
@@ -753,6 +800,7 @@ class _Connection:
             except Exception as exc:
                 if sub.early:  # the subscribe request is still running: it becomes its reply
                     sub.early_error = exc
+                    sub.started.set()
                     return
                 if isinstance(exc, FedstreamError):
                     last = self._encode_error(None, exc, subscription=sub.sid)
@@ -762,6 +810,7 @@ class _Connection:
                     )
                     last = self._encode({**_internal_error(None), "subscription": sub.sid})
             finally:
+                sub.started.set()
                 aclose = getattr(batches, "aclose", None)
                 if aclose is not None:
                     try:

@@ -281,8 +281,15 @@ async def cmd_join(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, node.stop)
     try:
         await node.start()
-    except BaseException:
+    except BaseException as exc:
         await node.close()
+        from overlay.identity import IdentityError
+        from overlay.node import OverlayError
+
+        if isinstance(exc, OverlayError):
+            raise Unavailable(f"cannot join the overlay: {exc}") from exc
+        if isinstance(exc, IdentityError):
+            raise UsageError(f"identity: {exc}") from exc
         raise
     address: dict[str, Any] = {"host": host, "port": node.port, "pid": os.getpid()}
     if node.overlay is not None:

@@ -245,6 +245,15 @@ class Federation:
             }
         if schema is not None:
             return {"kind": "schema", "name": name, "schema": schema["schema"]}
+        participant = await self._read(f"participant:{name}")
+        if participant is not None:
+            pk = participant.get("pk")
+            return {
+                "kind": "participant",
+                "name": name,
+                "public_key": pk.hex() if isinstance(pk, bytes) else None,
+                "trusted_here": isinstance(pk, bytes) and self.overlay.trust.is_trusted(pk),
+            }
         raise NotFound(f"nothing named {name} in the catalog", name=name)
 
     async def schema_record(self, name: str) -> Schema | None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from peer.api import ApiServer, api_server_tls, is_loopback
+from peer.api import READY, AnnouncedBatches, ApiServer, api_server_tls, is_loopback
 
 if TYPE_CHECKING:
     from overlay.identity import NodeIdentity, TrustStore
@@ -463,6 +463,7 @@ class Peer:
         spool.add_listener(on_append)
         try:
             position = spool.latest if start == "latest" else spool.earliest - 1
+            yield READY  # the start position is fixed: the subscribe reply may go out
             while True:
                 wake.clear()
                 latest = spool.latest
@@ -587,8 +588,8 @@ class Peer:
         if start not in ("latest", "earliest"):
             raise InvalidInput(f"subscribe: start must be latest or earliest, not {start!r}")
         if self.fed is None or stream in self.fed.hosted:
-            return self.subscribe_local(stream, start)
-        return self.fed.relay(stream, start)
+            return AnnouncedBatches(self.subscribe_local(stream, start))
+        return AnnouncedBatches(self.fed.relay(stream, start))
 
     async def lookup(self, name: str) -> dict[str, Any]:
         catalog = self._catalog()

@@ -193,8 +193,17 @@ def test_responsibility_moves_when_the_host_dies(
             await cl.create_schema(SCHEMA)
             made = await cl.create_stream(stream, "reading")
             assert made["host"] == host.node_id
-            reply = await cl.push(stream, {"rows": [{"sensor": 1, "temp": 1.0, "t": 1}]})
-            assert reply["forwarded"]
+            # a subscription from "latest" on a third peer, accepted before the push: the
+            # reply waits until the host has fixed its position, so nothing pushed is missed
+            async with (
+                Client("127.0.0.1", others[1].port) as cs,
+                await cs.subscribe(stream, start="latest") as sub,
+            ):
+                reply = await cl.push(stream, {"rows": [{"sensor": 1, "temp": 1.0, "t": 1}]})
+                assert reply["forwarded"]
+                async with asyncio.timeout(30):
+                    batch = await anext(aiter(sub))
+                assert batch.rows() == [{"sensor": 1, "temp": 1.0, "t": 1}]
 
     run(before())
     host.kill()
