@@ -25,6 +25,7 @@ _TABLES = """
 CREATE TABLE IF NOT EXISTS schemas (name TEXT PRIMARY KEY, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS streams (name TEXT PRIMARY KEY, schema TEXT NOT NULL,
                                     derived_from TEXT);
+CREATE TABLE IF NOT EXISTS replicas (stream TEXT PRIMARY KEY, source TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS queries (name TEXT PRIMARY KEY, body TEXT NOT NULL,
                                     status TEXT NOT NULL, incarnation TEXT NOT NULL,
                                     placement TEXT);
@@ -187,3 +188,16 @@ class LocalCatalog:
 
     def remove_query(self, name: str) -> None:
         self._write("DELETE FROM queries WHERE name = ?", (name,))
+
+    # replicas: local copies of streams hosted elsewhere, which local fragments read
+    def add_replica(self, stream: str, source: str) -> None:
+        self._write("INSERT OR REPLACE INTO replicas VALUES (?, ?)", (stream, source))
+
+    def replicas(self) -> dict[str, str]:
+        return dict(self._rows("SELECT stream, source FROM replicas"))
+
+    def remove_stream(self, name: str) -> None:
+        """Forget a stream (its spool is the caller's to drop)."""
+        self._write("DELETE FROM replicas WHERE stream = ?", (name,))
+        self._write("DELETE FROM streams WHERE name = ?", (name,))
+        self._streams.pop(name, None)

@@ -42,7 +42,9 @@ import pyarrow as pa
 from overlay.catalog import CATALOG_EXPIRY_S, CatalogError, Placement
 from overlay.link import LinkError, LinkRemoteError
 from overlay.node import Overlay, OverlayError
+from peer.coordinator import Coordinator
 from peer.errors import Conflict, FedstreamError, InvalidInput, NotFound, Unavailable, from_wire
+from peer.mirror import Mirrors, parse_mirror_batches
 from peer.model.schema import Schema, parse_schema
 
 if TYPE_CHECKING:
@@ -68,6 +70,8 @@ class Federation:
         self._origin = f"fwd:{overlay.node_id.hex()[:16]}:{overlay.incarnation}"
         self._takeover = asyncio.Lock()
         self.forwarded = 0
+        self.mirrors = Mirrors(self)
+        self.coordinator = Coordinator(self)
 
     @property
     def node_id(self) -> bytes:
@@ -105,7 +109,10 @@ class Federation:
     async def resume(self) -> None:
         """After a restart: hold on to our streams unless another peer took them over while
         we were gone and holds a valid lease (then forward to it)."""
+        replicas = self.peer.replica_streams()
         for stream in self.peer.local_streams():
+            if stream in replicas:
+                continue  # a copy of a stream hosted elsewhere, kept for a local fragment
             placement = await self._placement(stream, fresh=True)
             if (
                 placement is not None
@@ -227,21 +234,24 @@ class Federation:
                 "host": host.hex(),
                 "responsible": None if member is None else f"{member.api[0]}:{member.api[1]}",
             }
-        found = await self.query_definition(name) if query is not None else None
+        found = (
+            await self.query_definition(name)
+            if query is not None and not query.get("deleted")
+            else None
+        )
         if found is not None:
-            pointer, definition = found
-            status: Any = None
-            with contextlib.suppress(FedstreamError):
-                status = (await self.call(bytes(pointer["host"]), {"op": "lookup", "name": name}))[
-                    "status"
-                ]
+            pointer, plan = found
+            definition = plan.get("query", plan)
+            fragments = await self.coordinator.describe(name)
+            statuses = {f.get("status") for f in fragments}
             return {
                 "kind": "query",
                 "name": name,
-                "status": status,
+                "status": statuses.pop() if len(statuses) == 1 else "MIXED",
                 "definition": definition,
                 "owner": pointer.get("owner"),
                 "host": bytes(pointer["host"]).hex(),
+                "fragments": fragments,
             }
         if schema is not None:
             return {"kind": "schema", "name": name, "schema": schema["schema"]}
@@ -323,6 +333,12 @@ class Federation:
         return pointer, json.loads(body)
 
     # requests to other peers
+    async def call_site(self, node_id: bytes, frame: dict[str, Any]) -> dict[str, Any]:
+        """``frame`` served by peer ``node_id``: here directly, or over a link."""
+        if node_id == self.node_id:
+            return await self.handle_link(frame)
+        return await self.call(node_id, frame)
+
     async def call(self, node_id: bytes, frame: dict[str, Any]) -> dict[str, Any]:
         try:
             return await self.overlay.request(node_id, frame)
@@ -436,6 +452,23 @@ class Federation:
             return await peer.set_query_status_local(_str(frame, "name"), _str(frame, "status"))
         if op == "lookup":
             return await peer.lookup_local(_str(frame, "name"))
+        if op == "install_fragment":
+            return await peer.install_fragment(frame)
+        if op == "fragment_status":
+            return await peer.fragment_status(_str(frame, "fragment"), _str(frame, "status"))
+        if op == "mirror":
+            stream, target = _str(frame, "stream"), _node(frame, "to")
+            if stream not in self.hosted:
+                raise Unavailable(f"this peer does not host stream {stream}", stream=stream)
+            self.mirrors.start(stream, target)
+            return {"stream": stream, "to": target.hex()}
+        if op == "unmirror":
+            stream, target = _str(frame, "stream"), _node(frame, "to")
+            self.mirrors.stop(stream, target)
+            return {"stream": stream, "to": target.hex()}
+        if op == "mirror_append":
+            stream, origin = _str(frame, "stream"), _str(frame, "origin")
+            return await peer.append_mirrored(stream, origin, parse_mirror_batches(frame))
         raise InvalidInput(f"unknown peer request {op!r}")
 
     def stream_link(self, frame: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
@@ -455,6 +488,17 @@ class Federation:
                 for key in list(catalog._cache):  # placements only
                     if key.startswith("place:"):
                         catalog.forget(key)
+
+
+def _node(frame: dict[str, Any], key: str) -> bytes:
+    value = _str(frame, key)
+    try:
+        node = bytes.fromhex(value)
+    except ValueError:
+        node = b""
+    if len(node) != 20:
+        raise InvalidInput(f"peer request: {key!r} must be a node id (40 hex digits)")
+    return node
 
 
 def _str(frame: dict[str, Any], key: str) -> str:

@@ -28,7 +28,14 @@ if TYPE_CHECKING:
     from overlay.node import Overlay
     from peer.federation import Federation
 from peer.catalog import QUERY_STATUSES, LocalCatalog, QueryEntry
-from peer.errors import AlreadyExists, Conflict, EngineError, InvalidInput, NotFound
+from peer.errors import (
+    AlreadyExists,
+    Conflict,
+    EngineError,
+    FedstreamError,
+    InvalidInput,
+    NotFound,
+)
 from peer.model.plan import CheckedQuery, check_query
 from peer.model.query import Query, parse_query, query_to_dict
 from peer.model.schema import Schema, check_name, parse_schema, to_arrow_schema
@@ -197,6 +204,7 @@ class Peer:
                 if self.fed is not None:
                     tg.create_task(self.fed.overlay.run())
                     tg.create_task(self.fed.renew_loop())
+                    tg.create_task(self.fed.mirrors.run())
                 await self._stopping.wait()
                 raise _Stop
         except* _Stop:
@@ -356,22 +364,10 @@ class Peer:
         return self._catalog().stream_names()
 
     async def create_query_local(self, query: Any) -> dict[str, Any]:
-        """Create a query that runs here (its input streams are hosted here)."""
+        """Create a query (a whole one on a lone peer, or one fragment) that runs here, on
+        streams this peer holds: hosted here, or replicas of streams hosted elsewhere."""
         parsed = parse_query(query)
         catalog = self._catalog()
-        if self.fed is not None:
-            missing = [s for s in _query_inputs(parsed) if s not in self.fed.hosted]
-            if missing:
-                raise Conflict(
-                    f"query {parsed.name}: this peer does not host its input streams "
-                    f"{', '.join(missing)}",
-                    query=parsed.name,
-                )
-            if await self.fed.query_pointer(parsed.name) is not None:
-                raise Conflict(
-                    f"query {parsed.name} already exists in the federation; delete it first",
-                    query=parsed.name,
-                )
         if catalog.find_query(parsed.name) is not None:
             raise Conflict(
                 f"query {parsed.name} already exists; delete it first", query=parsed.name
@@ -389,18 +385,92 @@ class Peer:
             else:
                 await self.host_locally(stream, schema, parsed.name)
         await asyncio.to_thread(catalog.add_query, parsed, uuid.uuid4().hex[:8])
-        if self.fed is not None:
-            await self.fed.publish_query(
-                parsed.name,
-                query_to_dict(parsed),
-                {"inputs": list(checked.inputs), "outputs": list(checked.outputs)},
-            )
         return {
             "query": parsed.name,
             "status": "SETUP",
             "inputs": list(checked.inputs),
             "outputs": list(checked.outputs),
         }
+
+    async def install_fragment(self, frame: dict[str, Any]) -> dict[str, Any]:
+        """Phase 1 of a distributed query, on the fragment's site: replica spools for the
+        inputs hosted elsewhere, then the fragment as a local query."""
+        assert self.fed is not None
+        inputs = frame.get("inputs")
+        if not isinstance(inputs, dict):
+            raise InvalidInput("install_fragment: inputs must be a map")
+        catalog = self._catalog()
+        for stream, info in inputs.items():
+            if stream in self.fed.hosted or not isinstance(info, dict):
+                continue
+            schema = parse_schema(info.get("schema") or {})
+            source = str(info.get("host", ""))
+            if source == self.fed.node_id.hex():
+                continue  # made by another fragment here
+            await self.host_locally(stream, schema, None)
+            await asyncio.to_thread(catalog.add_replica, stream, source)
+        return await self.create_query_local(frame.get("definition"))
+
+    async def append_mirrored(
+        self, stream: str, origin: str, batches: list[tuple[int, bytes]]
+    ) -> dict[str, Any]:
+        """Append mirrored batches of a replica (each fsynced; replays dropped by seq)."""
+        entry = self._catalog().stream(stream)
+        if stream not in self._catalog().replicas():
+            raise Conflict(f"stream {stream} is not mirrored to this peer", stream=stream)
+        spool = self._spools().get(stream)
+
+        def land() -> int:
+            kept = 0
+            for seq, body in batches:
+                table = batch_from_wire(entry.schema, {"arrow": body}, stream=stream)
+                if spool.append(table, origin=origin, seq=seq) is not None:
+                    kept += 1
+            return kept
+
+        kept = await asyncio.to_thread(land)
+        return {"stream": stream, "last": batches[-1][0], "kept": kept}
+
+    async def fragment_status(self, fragment: str, status: str) -> dict[str, Any]:
+        """A distributed query's status change, for one fragment here; DELETED also drops
+        its result streams and the replicas no other local query reads."""
+        status = status.upper()
+        catalog = self._catalog()
+        if catalog.find_query(fragment) is None:
+            if status == "DELETED":
+                return {"query": fragment, "status": status}  # gone already
+            raise NotFound(f"no fragment {fragment} on this peer", query=fragment)
+        outputs = list(self._check(catalog.query(fragment).query).outputs)
+        reply = await self.set_query_status_local(fragment, status)
+        if status == "DELETED":
+            await self._drop_streams(outputs, tombstone=True)
+            still_read = {
+                s
+                for name in catalog.query_names()
+                for s in self._check(catalog.query(name).query).inputs
+            }
+            unused = [s for s in catalog.replicas() if s not in still_read]
+            await self._drop_streams(unused, tombstone=False)
+        return reply
+
+    async def _drop_streams(self, streams: list[str], *, tombstone: bool) -> None:
+        catalog, spools = self._catalog(), self._spools()
+        for stream in streams:
+            if self.fed is not None:
+                self.fed.mirrors.stop_stream(stream)
+                self.fed.hosted.discard(stream)
+                if tombstone:
+                    with contextlib.suppress(FedstreamError):
+                        await self.fed.publish(f"stream:{stream}", {"deleted": True})
+            await asyncio.to_thread(catalog.remove_stream, stream)
+            if stream in spools.streams():
+                await asyncio.to_thread(spools.drop, stream)
+
+    def replica_streams(self) -> dict[str, str]:
+        return self._catalog().replicas()
+
+    def spool_set(self) -> SpoolSet:
+        return self._spools()
 
     async def set_query_status_local(self, name: str, status: str) -> dict[str, Any]:
         status = status.upper()
@@ -535,6 +605,8 @@ class Peer:
                 {
                     "overlay": self.fed.overlay.status(),
                     "hosted": sorted(self.fed.hosted),
+                    "replicas": self._catalog().replicas(),
+                    "mirrors": self.fed.mirrors.describe(),
                     "forwarded": self.fed.forwarded,
                 }
                 if self.fed is not None
@@ -546,30 +618,20 @@ class Peer:
     async def create_query(self, query: str | dict[str, Any]) -> dict[str, Any]:
         if self.fed is None:
             return await self.create_query_local(query)
-        parsed = parse_query(query)
-        hosts = {stream: await self.fed.host_of(stream) for stream in _query_inputs(parsed)}
-        where = set(hosts.values())
-        if len(where) > 1:
-            raise Conflict(
-                f"query {parsed.name} reads streams hosted on different peers ("
-                + ", ".join(f"{s} on {h.hex()[:12]}" for s, h in hosts.items())
-                + "); a query runs on one peer for now",
-                query=parsed.name,
-            )
-        host = where.pop() if where else self.fed.node_id
-        if host == self.fed.node_id:
-            return await self.create_query_local(parsed_dict(parsed))
-        return await self.fed.call(host, {"op": "create_query", "query": parsed_dict(parsed)})
+        return await self.fed.coordinator.create(parse_query(query))
 
     async def set_query_status(self, name: str, status: str) -> dict[str, Any]:
-        if self.fed is None or self._catalog().find_query(name) is not None:
-            return await self.set_query_status_local(name, status)
-        pointer = await self.fed.query_pointer(name)
-        if pointer is None:
-            raise NotFound(f"unknown query {name}", query=name)
-        return await self.fed.call(
-            bytes(pointer["host"]), {"op": "set_query_status", "name": name, "status": status}
-        )
+        status = status.upper()
+        if status not in QUERY_STATUSES:
+            raise InvalidInput(
+                f"unknown query status {status!r} (one of {', '.join(QUERY_STATUSES)})",
+                status=status,
+            )
+        if self.fed is not None:
+            pointer = await self.fed.query_pointer(name)
+            if pointer is not None and not pointer.get("deleted"):
+                return await self.fed.coordinator.set_status(name, status)
+        return await self.set_query_status_local(name, status)
 
     async def push(
         self, stream: str, payload: dict[str, Any], producer: str | None, seq: int | None

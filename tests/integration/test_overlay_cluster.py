@@ -138,8 +138,8 @@ def test_push_anywhere_query_on_host_subscribe_anywhere(
             got = await collect(cc, "hot", expected, timeout_s=120, settle_s=2.0)
             # the definition is fetched by content hash from the host over a peer link
             query = await cb.lookup_object("hot_query")
-            assert query["kind"] == "query" and query["host"] == a.node_id
-            assert query["status"] == "RUNNING"
+            assert query["kind"] == "query" and query["status"] == "RUNNING"
+            assert [f["site"] for f in query["fragments"]] == [a.node_id]
             assert [b["name"] for b in query["definition"]["boxes"]] == ["only_hot", "to_f"]
             return got, await cc.lookup_object("readings"), await cb.status()
 

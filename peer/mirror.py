@@ -1,0 +1,207 @@
+"""Mirrors: a stream's tuples carried, exactly once, to a peer that runs a fragment reading it.
+
+Theory of operation
+-------------------
+A fragment reads only local spools. When one of its input streams lives on another peer (a
+source stream hosted elsewhere, or the output of an upstream fragment), that peer *mirrors*
+the stream to it: the receiver keeps a *replica* spool of the stream, and the sender pushes
+every batch of its own spool there over a peer link.
+
+Upstream backup and exactly-once delivery come from the spools themselves:
+
+* The sender registers a spool reader ``mirror-<receiver node id>`` on the stream. Its offset
+  is the last batch the receiver acknowledged, written atomically on every acknowledgement,
+  so the sender's spool keeps (``trim`` never deletes) every batch not yet acknowledged, also
+  across a crash of either side.
+* Each batch travels tagged with an event id: origin ``m:<sender node id>:<stream>`` and the
+  batch's spool offset as its sequence. The receiver appends it durably (fsync) before it
+  answers, and its spool drops a batch whose sequence is not above the highest it has for that
+  origin: a batch sent again after a lost acknowledgement or a restart is kept once.
+* Batches go in order, at most one request in flight per mirror (a few batches per request),
+  so sequences arrive increasing, as the replay check needs. A receiver that falls behind
+  answers late; the sender waits, and its spool (on disk) holds the rest: memory stays bounded
+  and nothing is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import logging
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from peer.errors import FedstreamError, InvalidInput, Unavailable
+from peer.spool import read_reader_offset, write_reader_offset
+
+if TYPE_CHECKING:
+    from peer.federation import Federation
+
+__all__ = ["MIRROR_PREFIX", "Mirrors"]
+
+log = logging.getLogger(__name__)
+
+MIRROR_PREFIX = "mirror-"
+MAX_BATCHES_PER_REQUEST = 16
+MAX_BYTES_PER_REQUEST = 8 * 1024 * 1024
+RETRY_MAX_S = 5.0
+
+
+def arrow_bytes(table: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+class Mirrors:
+    """The mirrors this peer sends (one task each, restarted from the spools on start)."""
+
+    def __init__(self, fed: Federation) -> None:
+        self.fed = fed
+        self._tasks: dict[tuple[str, bytes], asyncio.Task[None]] = {}
+        self._tg: asyncio.TaskGroup | None = None
+        self.sent_batches = 0
+
+    def origin(self, stream: str) -> str:
+        return f"m:{self.fed.node_id.hex()[:16]}:{stream}"
+
+    async def run(self) -> None:
+        """Run every mirror until cancelled; start the ones recorded in the spools."""
+        async with asyncio.TaskGroup() as tg:
+            self._tg = tg
+            spools = self.fed.peer.spool_set()
+            for stream in spools.streams():
+                for reader in spools.get(stream).readers():
+                    if reader.startswith(MIRROR_PREFIX):
+                        with contextlib.suppress(ValueError):
+                            self._launch(stream, bytes.fromhex(reader[len(MIRROR_PREFIX) :]))
+            await asyncio.Event().wait()
+
+    def start(self, stream: str, target: bytes) -> None:
+        """Mirror ``stream`` (hosted here) to ``target`` from now on (idempotent)."""
+        spool = self.fed.peer.spool_set().get(stream)
+        spool.register_reader(MIRROR_PREFIX + target.hex())
+        self._launch(stream, target)
+
+    def stop(self, stream: str, target: bytes) -> None:
+        task = self._tasks.pop((stream, target), None)
+        if task is not None:
+            task.cancel()
+        with contextlib.suppress(KeyError):
+            self.fed.peer.spool_set().get(stream).unregister_reader(MIRROR_PREFIX + target.hex())
+
+    def stop_stream(self, stream: str) -> None:
+        for key in [k for k in self._tasks if k[0] == stream]:
+            self.stop(*key)
+
+    def _launch(self, stream: str, target: bytes) -> None:
+        key = (stream, target)
+        if key in self._tasks and not self._tasks[key].done():
+            return
+        if self._tg is None:
+            return  # run() starts it from the spool's readers
+        self._tasks[key] = self._tg.create_task(self._pump(stream, target))
+
+    def describe(self) -> list[dict[str, Any]]:
+        spools = self.fed.peer.spool_set()
+        out = []
+        for (stream, target), task in sorted(self._tasks.items()):
+            if task.done():
+                continue
+            spool = spools.get(stream)
+            try:
+                acked = read_reader_offset(spool.directory, MIRROR_PREFIX + target.hex())
+            except KeyError:
+                continue
+            out.append(
+                {"stream": stream, "to": target.hex()[:16], "acked": acked, "latest": spool.latest}
+            )
+        return out
+
+    async def _pump(self, stream: str, target: bytes) -> None:
+        spool = self.fed.peer.spool_set().get(stream)
+        reader = MIRROR_PREFIX + target.hex()
+        loop = asyncio.get_running_loop()
+        wake = asyncio.Event()
+
+        def on_append(_offset: int) -> None:
+            loop.call_soon_threadsafe(wake.set)
+
+        spool.add_listener(on_append)
+        origin = self.origin(stream)
+        backoff = 0.1
+        try:
+            while True:
+                wake.clear()
+                try:
+                    acked = read_reader_offset(spool.directory, reader)
+                except KeyError:
+                    return  # unregistered: the mirror was stopped
+                start = max(acked, spool.earliest - 1)
+                if spool.latest <= start:
+                    await wake.wait()
+                    continue
+                batches = await asyncio.to_thread(_read_chunk, spool, start)
+                if not batches:
+                    await wake.wait()
+                    continue
+                frame = {
+                    "op": "mirror_append",
+                    "stream": stream,
+                    "origin": origin,
+                    "batches": [[offset, body] for offset, body in batches],
+                }
+                try:
+                    await self.fed.call(target, frame)
+                except Unavailable as exc:
+                    log.info("mirror of %s to %s waits: %s", stream, target.hex()[:12], exc)
+                    await asyncio.sleep(backoff)
+                    backoff = min(RETRY_MAX_S, backoff * 2)
+                    continue
+                except FedstreamError as exc:
+                    log.warning("mirror of %s to %s refused: %s", stream, target.hex()[:12], exc)
+                    await asyncio.sleep(RETRY_MAX_S)
+                    continue
+                backoff = 0.1
+                last = batches[-1][0]
+                self.sent_batches += len(batches)
+                await asyncio.to_thread(
+                    write_reader_offset, spool.directory, reader, last, fsync=spool.fsync
+                )
+        finally:
+            spool.remove_listener(on_append)
+
+
+def _read_chunk(spool: Any, start: int) -> list[tuple[int, bytes]]:
+    """The batches after ``start``: at most MAX_BATCHES_PER_REQUEST and about
+    MAX_BYTES_PER_REQUEST (always at least one)."""
+    end = min(spool.latest, start + MAX_BATCHES_PER_REQUEST)
+    out: list[tuple[int, bytes]] = []
+    size = 0
+    for offset, table in spool.read(start, end, skip_trimmed=True):
+        body = arrow_bytes(table)
+        if out and size + len(body) > MAX_BYTES_PER_REQUEST:
+            break
+        out.append((offset, body))
+        size += len(body)
+    return out
+
+
+def parse_mirror_batches(frame: dict[str, Any]) -> list[tuple[int, bytes]]:
+    raw = frame.get("batches")
+    if not isinstance(raw, list) or not raw:
+        raise InvalidInput("mirror_append: batches must be a non-empty list")
+    out = []
+    for item in raw:
+        if (
+            not isinstance(item, list)
+            or len(item) != 2
+            or not isinstance(item[0], int)
+            or not isinstance(item[1], bytes)
+        ):
+            raise InvalidInput("mirror_append: each batch is [offset, arrow bytes]")
+        out.append((item[0], item[1]))
+    return out
