@@ -102,6 +102,8 @@ class AnnouncedBatches:
         aclose = getattr(self._batches, "aclose", None)
         if aclose is not None:
             await aclose()
+
+
 _PART_FIELDS_BYTES = 32  # room for "part"/"parts" in a split batch frame
 _UNLIMITED = 2**32 - 1
 

@@ -151,7 +151,8 @@ class Coordinator:
         fragments = plan.get("fragments", [])
         if not isinstance(fragments, list):
             raise InvalidInput(f"query {name}: malformed plan")
-        for fragment in fragments:
+        # downstream first: a fragment stops before the ones feeding it
+        for fragment in reversed(fragments):
             await self.fed.call_site(
                 bytes.fromhex(fragment["site"]),
                 {"op": "fragment_status", "fragment": fragment["name"], "status": status},

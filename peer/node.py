@@ -440,15 +440,19 @@ class Peer:
             if status == "DELETED":
                 return {"query": fragment, "status": status}  # gone already
             raise NotFound(f"no fragment {fragment} on this peer", query=fragment)
-        outputs = list(self._check(catalog.query(fragment).query).outputs)
+        outputs = [s for box in catalog.query(fragment).query.boxes for s in box.outputs]
         reply = await self.set_query_status_local(fragment, status)
         if status == "DELETED":
-            await self._drop_streams(outputs, tombstone=True)
             still_read = {
                 s
                 for name in catalog.query_names()
-                for s in self._check(catalog.query(name).query).inputs
+                for box in catalog.query(name).query.boxes
+                for s in box.inputs
             }
+            await self._drop_streams(
+                [s for s in outputs if s not in still_read and s in catalog.stream_names()],
+                tombstone=True,
+            )
             unused = [s for s in catalog.replicas() if s not in still_read]
             await self._drop_streams(unused, tombstone=False)
         return reply

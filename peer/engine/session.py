@@ -37,6 +37,9 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.driver.host": "127.0.0.1",
     "spark.sql.adaptive.enabled": "false",
+    # A box's output folded several times re-plans the boxes before it; a reused shuffle of a
+    # stateful box would leave the other copies without a watermark (they never emit).
+    "spark.sql.exchange.reuse": "false",
     # A runtime error (division by zero, overflow) must not kill a long-running streaming
     # query: outside ANSI mode Spark yields NULL, as Aurora's expressions did.
     "spark.sql.ansi.enabled": "false",

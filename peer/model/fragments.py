@@ -65,6 +65,28 @@ def topological_boxes(query: Query) -> list[Box]:
     return order
 
 
+def _ordered(groups: list[list[Box]], producer: dict[str, Box]) -> list[list[Box]]:
+    """Groups ordered so that each comes after the groups making its inputs (fragments are
+    installed in this order); a cycle between groups is refused."""
+    group_of = {box.name: i for i, boxes in enumerate(groups) for box in boxes}
+    needs = [
+        {
+            group_of[producer[s].name]
+            for b in boxes
+            for s in b.inputs
+            if s in producer and group_of[producer[s].name] != i
+        }
+        for i, boxes in enumerate(groups)
+    ]
+    done: list[int] = []
+    while len(done) < len(groups):
+        ready = [i for i in range(len(groups)) if i not in done and needs[i] <= set(done)]
+        if not ready:
+            raise QueryError("the query's placement makes its fragments feed each other in a loop")
+        done.append(ready[0])
+    return [groups[i] for i in done]
+
+
 def fragment_query(
     query: Query,
     *,
@@ -93,17 +115,31 @@ def fragment_query(
             name = parent[name]
         return name
 
+    # Boxes downstream of an aggregate (within what would be one fragment): a join there
+    # starts a new fragment. In one Spark query the join's other input would hold the global
+    # watermark at zero until it sees a tuple, and the aggregate would never emit.
+    after_aggregate: dict[str, bool] = {}
     for box in order:
         for stream in box.inputs:
             upstream = producer.get(stream)
-            if upstream is not None and site[upstream.name] == site[box.name]:
-                parent[root(box.name)] = root(upstream.name)
+            if upstream is None or site[upstream.name] != site[box.name]:
+                continue
+            if box.type == "join" and after_aggregate[upstream.name]:
+                continue
+            parent[root(box.name)] = root(upstream.name)
+        after_aggregate[box.name] = box.type == "aggregate" or any(
+            after_aggregate[producer[s].name]
+            for s in box.inputs
+            if s in producer
+            and site[producer[s].name] == site[box.name]
+            and root(producer[s].name) == root(box.name)
+        )
 
     groups: dict[str, list[Box]] = {}
     for box in order:
         groups.setdefault(root(box.name), []).append(box)
     fragments = []
-    for n, boxes in enumerate(groups.values()):
+    for n, boxes in enumerate(_ordered(list(groups.values()), producer)):
         written = {s for b in boxes for s in b.outputs}
         inputs: list[str] = []
         for b in boxes:
