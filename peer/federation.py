@@ -200,12 +200,13 @@ class Federation:
     # catalog records
     async def stream_record(self, stream: str) -> dict[str, Any]:
         value = await self._read(f"stream:{stream}")
-        if value is None:
+        if value is None or value.get("deleted"):
             raise NotFound(f"unknown stream {stream}", stream=stream)
         return value
 
     async def stream_record_or_none(self, stream: str) -> dict[str, Any] | None:
-        return await self._read(f"stream:{stream}", fresh=True)
+        value = await self._read(f"stream:{stream}", fresh=True)
+        return None if value is None or value.get("deleted") else value
 
     async def query_pointer(self, name: str) -> dict[str, Any] | None:
         return await self._read(f"query:{name}", fresh=True)
@@ -218,6 +219,8 @@ class Federation:
             self._read(f"query:{name}"),
             self._read(f"schema:{name}"),
         )
+        if stream is not None and stream.get("deleted"):
+            stream = None
         if stream is not None:
             host = await self.host_of(name)
             member = self.overlay.member(host)
