@@ -1,0 +1,146 @@
+"""Mirrors carry a spool to a replica exactly once, one request at a time, keeping on disk
+what the receiver has not acknowledged (real spools; the peer link is a fake)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from peer.errors import Unavailable
+from peer.mirror import MIRROR_PREFIX, Mirrors, parse_mirror_batches
+from peer.spool import Spool, SpoolSet, read_reader_offset
+
+SCHEMA = pa.schema([("x", pa.int64())])
+TARGET = bytes(range(20))
+
+
+def table(start: int, n: int = 10) -> pa.Table:
+    return pa.table({"x": pa.array(range(start, start + n), pa.int64())})
+
+
+class FakePeer:
+    def __init__(self, spools: SpoolSet) -> None:
+        self.spools = spools
+
+    def spool_set(self) -> SpoolSet:
+        return self.spools
+
+
+class FakeFed:
+    """Delivers mirror_append into a real receiving spool; can stall, or lose acks."""
+
+    node_id = bytes(20)
+
+    def __init__(self, sender: SpoolSet, receiver: Spool) -> None:
+        self.peer = FakePeer(sender)
+        self.receiver = receiver
+        self.open = asyncio.Event()
+        self.open.set()
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.calls = 0
+        self.lose_ack_on: set[int] = set()
+
+    async def call(self, target: bytes, frame: dict[str, Any]) -> dict[str, Any]:
+        assert target == TARGET and frame["op"] == "mirror_append"
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await self.open.wait()
+            self.calls += 1
+            for seq, body in parse_mirror_batches(frame):
+                t = pa.ipc.open_stream(body).read_all()
+                self.receiver.append(t, origin=frame["origin"], seq=seq)
+            if self.calls in self.lose_ack_on:
+                raise Unavailable("the acknowledgement was lost")
+            return {"last": frame["batches"][-1][0]}
+        finally:
+            self.in_flight -= 1
+
+
+def received(spool: Spool) -> list[int]:
+    return [x for _, t in spool.read(spool.earliest - 1, spool.latest) for x in t["x"].to_pylist()]
+
+
+async def run_until(mirrors: Mirrors, done: Any, timeout_s: float = 20) -> None:
+    runner = asyncio.create_task(mirrors.run())
+    try:
+        async with asyncio.timeout(timeout_s):
+            while not done():
+                await asyncio.sleep(0.02)
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+
+
+def test_exactly_once_across_lost_acks_and_a_stalled_receiver(tmp_path: Path) -> None:
+    sender = SpoolSet(tmp_path / "a", fsync=False)
+    source = sender.create("s", SCHEMA)
+    replica = Spool(tmp_path / "b" / "s", SCHEMA, fsync=False)
+    for i in range(40):
+        source.append(table(i * 10))
+
+    async def go() -> FakeFed:
+        fed = FakeFed(sender, replica)
+        fed.lose_ack_on = {1, 3}
+        mirrors = Mirrors(fed)  # type: ignore[arg-type]
+        fed.open.clear()  # the receiver stalls at first
+        runner = asyncio.create_task(mirrors.run())
+        await asyncio.sleep(0.05)
+        mirrors.start("s", TARGET)
+        await asyncio.sleep(0.3)
+        # stalled: one request waits, nothing is acknowledged, the rest stays on disk
+        assert fed.in_flight == 1
+        assert read_reader_offset(source.directory, MIRROR_PREFIX + TARGET.hex()) == -1
+        assert source.trim() == 0
+        fed.open.set()
+        async with asyncio.timeout(20):
+            while len(received(replica)) < 400:
+                await asyncio.sleep(0.02)
+        for i in range(40, 50):  # later appends follow
+            source.append(table(i * 10))
+        async with asyncio.timeout(20):
+            while len(received(replica)) < 500:
+                await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+        return fed
+
+    fed = asyncio.run(go())
+    assert received(replica) == list(range(500))  # lost acks were re-sent and dropped once
+    assert fed.max_in_flight == 1
+    assert read_reader_offset(source.directory, MIRROR_PREFIX + TARGET.hex()) == source.latest
+    assert source.trim() > 0  # acknowledged batches may go now
+
+
+def test_mirrors_restart_from_the_spool_and_stop_cleanly(tmp_path: Path) -> None:
+    sender = SpoolSet(tmp_path / "a", fsync=False)
+    source = sender.create("s", SCHEMA)
+    replica = Spool(tmp_path / "b" / "s", SCHEMA, fsync=False)
+    for i in range(5):
+        source.append(table(i * 10))
+    fed = FakeFed(sender, replica)
+    first = Mirrors(fed)  # type: ignore[arg-type]
+
+    async def start_once() -> None:
+        runner = asyncio.create_task(first.run())
+        await asyncio.sleep(0.05)
+        first.start("s", TARGET)
+        async with asyncio.timeout(10):
+            while len(received(replica)) < 50:
+                await asyncio.sleep(0.02)
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+
+    asyncio.run(start_once())
+    for i in range(5, 8):
+        source.append(table(i * 10))
+    again = Mirrors(fed)  # type: ignore[arg-type]  # a restart: found in the spool's readers
+    asyncio.run(run_until(again, lambda: len(received(replica)) >= 80))
+    assert received(replica) == list(range(80))
+    again.stop("s", TARGET)
+    assert not [r for r in source.readers() if r.startswith(MIRROR_PREFIX)]
