@@ -228,7 +228,10 @@ class Catalog:
         overlay: tuple[str, int],
         api: tuple[str, int],
         lease_s: float,
+        mirrors: list[bytes] | None = None,
     ) -> Placement:
+        """Write our lease on ``stream``; ``mirrors`` are the peers its tuples are mirrored to
+        (a successor taking the stream over carries on mirroring to them)."""
         until = time.time() + lease_s
         await self.write(
             f"place:{stream}",
@@ -238,6 +241,7 @@ class Catalog:
                 "ov": list(overlay),
                 "api": list(api),
                 "until": until,
+                "mirrors": list(mirrors or []),
             },
             as_node=True,
             expiry_s=lease_s,

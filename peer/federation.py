@@ -104,6 +104,7 @@ class Federation:
             (overlay.config.host, overlay.port),
             self.peer.api_addr,
             self.lease_s,
+            self.mirrors.targets(stream),
         )
 
     async def resume(self) -> None:
@@ -195,7 +196,11 @@ class Federation:
                 raise Unavailable(f"stream {stream} is a query result; it cannot move here")
             schema = parse_schema(record["schema"])
             log.warning("taking over stream %s (its host is gone)", stream)
+            previous = await self._read(f"place:{stream}", fresh=True) or {}
             await self.host(stream, schema, None, taking_over=True)
+            for target in previous.get("mirrors", []):
+                if isinstance(target, bytes) and len(target) == 20 and target != self.node_id:
+                    self.mirrors.start(stream, target)  # the fragments reading it go on
 
     # catalog records
     async def stream_record(self, stream: str) -> dict[str, Any]:
@@ -464,6 +469,8 @@ class Federation:
             if stream not in self.hosted:
                 raise Unavailable(f"this peer does not host stream {stream}", stream=stream)
             self.mirrors.start(stream, target)
+            with contextlib.suppress(CatalogError):
+                await self._renew(stream)  # the lease lists its mirrors, for a successor
             return {"stream": stream, "to": target.hex()}
         if op == "unmirror":
             stream, target = _str(frame, "stream"), _node(frame, "to")

@@ -86,6 +86,9 @@ class Mirrors:
         spool.register_reader(MIRROR_PREFIX + target.hex())
         self._launch(stream, target)
 
+    def targets(self, stream: str) -> list[bytes]:
+        return sorted(t for (s, t), task in self._tasks.items() if s == stream and not task.done())
+
     def stop(self, stream: str, target: bytes) -> None:
         task = self._tasks.pop((stream, target), None)
         if task is not None:
