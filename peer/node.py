@@ -477,12 +477,7 @@ class Peer:
         return self._spools()
 
     async def set_query_status_local(self, name: str, status: str) -> dict[str, Any]:
-        status = status.upper()
-        if status not in QUERY_STATUSES:
-            raise InvalidInput(
-                f"unknown query status {status!r} (one of {', '.join(QUERY_STATUSES)})",
-                status=status,
-            )
+        status = _checked_status(status)
         catalog = self._catalog()
         entry = catalog.query(name)
         if status == "RUNNING" and entry.status != "RUNNING":
@@ -625,12 +620,7 @@ class Peer:
         return await self.fed.coordinator.create(parse_query(query))
 
     async def set_query_status(self, name: str, status: str) -> dict[str, Any]:
-        status = status.upper()
-        if status not in QUERY_STATUSES:
-            raise InvalidInput(
-                f"unknown query status {status!r} (one of {', '.join(QUERY_STATUSES)})",
-                status=status,
-            )
+        status = _checked_status(status)
         if self.fed is not None:
             pointer = await self.fed.query_pointer(name)
             if pointer is not None and not pointer.get("deleted"):
@@ -691,6 +681,16 @@ def _query_inputs(query: Query) -> list[str]:
 
 def parsed_dict(query: Query) -> dict[str, Any]:
     return query_to_dict(query)
+
+
+def _checked_status(status: str) -> str:
+    status = status.upper()
+    if status not in QUERY_STATUSES:
+        raise InvalidInput(
+            f"unknown query status {status!r} (one of {', '.join(QUERY_STATUSES)})",
+            status=status,
+        )
+    return status
 
 
 def _read_range(spool: Any, start: int, end: int) -> list[tuple[int, Any]]:
