@@ -35,6 +35,7 @@ from peer.errors import (
     FedstreamError,
     InvalidInput,
     NotFound,
+    Unavailable,
 )
 from peer.model.plan import CheckedQuery, check_query
 from peer.model.query import Query, parse_query, query_to_dict
@@ -78,6 +79,11 @@ class PeerConfig:
     suspect_after_s: float = 3.0
     dead_after_s: float = 8.0
     lease_s: float = 20.0
+    # Backpressure: how many batches a stream may hold that its slowest reader (a query, a
+    # mirror to another peer) has not taken; beyond it, pushes and mirrored appends wait
+    # (up to backlog_wait_s, then a retriable error) and queries writing it read no input.
+    max_backlog_batches: int = 1000
+    backlog_wait_s: float = 30.0
 
 
 class Peer:
@@ -120,6 +126,7 @@ class Peer:
                 max_rows_per_batch=self.config.max_rows_per_batch,
                 fuse_stateless=self.config.fuse_stateless,
                 lane_after=self.config.lane_after,
+                max_backlog=self.config.max_backlog_batches,
             )
             await self.engine.start(spark)
             await self._resume_queries()
@@ -428,8 +435,27 @@ class Peer:
                     kept += 1
             return kept
 
+        await self._room(stream, spool)
         kept = await asyncio.to_thread(land)
         return {"stream": stream, "last": batches[-1][0], "kept": kept}
+
+    async def _room(self, stream: str, spool: Any) -> None:
+        """Wait while the stream's slowest reader is too far behind (backpressure): the
+        writer (a client, or the peer mirroring to us) slows down instead of our disk and
+        memory filling up; after backlog_wait_s it gets a retriable error."""
+        limit = self.config.max_backlog_batches
+        if limit <= 0 or spool.backlog() <= limit:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.backlog_wait_s
+        while spool.backlog() > limit:
+            if loop.time() >= deadline:
+                raise Unavailable(
+                    f"stream {stream} is backlogged: its slowest reader is more than {limit} "
+                    "batches behind; retry later",
+                    stream=stream,
+                )
+            await asyncio.sleep(0.05)
 
     async def fragment_status(self, fragment: str, status: str) -> dict[str, Any]:
         """A distributed query's status change, for one fragment here; DELETED also drops
@@ -509,6 +535,8 @@ class Peer:
         def land() -> tuple[int, int | None]:
             table = batch_from_wire(entry.schema, payload)
             return table.num_rows, spool.append(table, origin=producer, seq=seq)
+
+        await self._room(stream, spool)
 
         count, offset = await asyncio.to_thread(land)
         return {

@@ -113,6 +113,22 @@ def trimmed_through(directory: Path) -> int:
     return _load_state(directory)[0]
 
 
+def backlog(directory: Path) -> int:
+    """How many batches of the spool in ``directory`` its slowest registered reader has not
+    committed (0 without readers). Reads only file names and the small offset files."""
+    offsets = []
+    for path in (directory / READERS_DIR).glob("*.offset"):
+        if path.with_suffix(".paused").exists():
+            continue  # a stopped query: it holds its data back from trimming, not its writers
+        with contextlib.suppress(OSError, ValueError):
+            offsets.append(int(path.read_text().strip()))
+    if not offsets:
+        return 0
+    present = list_offsets(directory)
+    latest = present[-1] if present else trimmed_through(directory)
+    return max(0, latest - min(offsets))
+
+
 def reader_path(directory: Path, reader_id: str) -> Path:
     if not _READER_ID.match(reader_id):
         raise ValueError(f"invalid spool reader id {reader_id!r} (letters, digits, _ . - only)")
@@ -363,6 +379,27 @@ class Spool:
         """Forget a reader. Stop its streaming query first, or its next commit re-registers it."""
         with contextlib.suppress(FileNotFoundError):
             reader_path(self.directory, reader_id).unlink()
+        self.pause_reader(reader_id, False)
+
+    def backlog(self) -> int:
+        """Batches the slowest registered reader has not committed yet."""
+        floors = []
+        for reader_id in self.readers():
+            if reader_path(self.directory, reader_id).with_suffix(".paused").exists():
+                continue
+            with contextlib.suppress(KeyError, ValueError):
+                floors.append(self.committed(reader_id))
+        return max(0, self._latest - min(floors)) if floors else 0
+
+    def pause_reader(self, reader_id: str, paused: bool = True) -> None:
+        """A paused reader (a stopped query) still keeps its data from being trimmed, but no
+        longer counts for backpressure."""
+        marker = reader_path(self.directory, reader_id).with_suffix(".paused")
+        if paused:
+            marker.touch()
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                marker.unlink()
 
     def readers(self) -> list[str]:
         return sorted(p.stem for p in (self.directory / READERS_DIR).glob("*.offset"))

@@ -80,8 +80,12 @@ class Engine:
         max_rows_per_batch: int = 200_000,
         fuse_stateless: bool = True,
         lane_after: int = 1,
+        max_backlog: int = 0,
     ) -> None:
         self.spools = spools
+        # Backpressure: a query reads no new input while a reader of one of its result
+        # spools is more than this many batches behind (0: off).
+        self.max_backlog = max_backlog
         self.checkpoint_root = checkpoint_root
         self.master = master
         self.conf = dict(conf or {})
@@ -130,7 +134,12 @@ class Engine:
         self.spark = await self._call(build)
 
     def _source(
-        self, key: str, readers: list[tuple[str, str]], *, with_seq: bool
+        self,
+        key: str,
+        readers: list[tuple[str, str]],
+        *,
+        with_seq: bool,
+        hold_back: list[Path] | None = None,
     ) -> Callable[[str, Schema], DataFrame]:
         from peer.engine.source import read_stream
 
@@ -141,6 +150,7 @@ class Engine:
             spool = self.spools.get(stream)
             reader = f"{key}-{len(readers)}"
             spool.register_reader(reader)
+            spool.pause_reader(reader, False)
             readers.append((stream, reader))
             return read_stream(
                 spark,
@@ -149,6 +159,8 @@ class Engine:
                 reader,
                 with_seq=with_seq,
                 max_rows=self.max_rows_per_batch,
+                hold_back=hold_back,
+                max_backlog=self.max_backlog,
             )
 
         return make
@@ -197,7 +209,10 @@ class Engine:
 
         def start() -> RunningQuery:
             readers: list[tuple[str, str]] = []
-            source = self._source(key, readers, with_seq=needs_arrival_order(checked))
+            hold_back = [self.spools.get(s).directory for s in checked.outputs]
+            source = self._source(
+                key, readers, with_seq=needs_arrival_order(checked), hold_back=hold_back
+            )
             compiled = compile_query(checked, source)
             running: RunningQuery | None = None
 
@@ -240,6 +255,9 @@ class Engine:
         running = self.running.pop(name, None)
         if running is None:
             return
+        for stream, reader in running.readers:  # no backpressure from a stopped query
+            with contextlib.suppress(KeyError):
+                self.spools.get(stream).pause_reader(reader)
 
         def stop() -> None:
             # A stop during a batch sometimes logs an InterruptedException from the stream

@@ -124,6 +124,11 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 f"startingOffset must be 'earliest' or 'latest', not {self.starting!r}"
             )
         self.fsync = not _flag(options.get("nofsync"))
+        # Backpressure: while a reader of one of these (output) spools is more than
+        # maxBacklog batches behind, plan no new data; the input waits on disk.
+        hold = options.get("holdback") or ""
+        self.hold_back = [Path(p) for p in hold.split(os.pathsep) if p]
+        self.max_backlog = int(options.get("maxbacklog", "0") or 0)
         from pyspark.sql.pandas.types import to_arrow_schema
 
         # Exactly what Spark checks returned batches against (field order, tz, nullability).
@@ -153,6 +158,10 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         begin = int(start["offset"])
+        if self.max_backlog > 0 and any(
+            fmt.backlog(d) > self.max_backlog for d in self.hold_back
+        ):
+            return {"offset": begin}
         max_rows = max_files = max_bytes = None
         if isinstance(limit, ReadMaxRows):
             max_rows = limit.max_rows
@@ -290,8 +299,12 @@ def read_stream(
     with_seq: bool = False,
     max_rows: int = DEFAULT_MAX_ROWS,
     num_partitions: int = DEFAULT_PARTITIONS,
+    hold_back: list[Path] | None = None,
+    max_backlog: int = 0,
 ) -> DataFrame:
-    """A streaming DataFrame over a spool; register ``reader_id`` on the spool first."""
+    """A streaming DataFrame over a spool; register ``reader_id`` on the spool first. With
+    ``hold_back`` (the query's output spools) and ``max_backlog``, no new input is read
+    while a reader of an output spool is more than ``max_backlog`` batches behind."""
     return (
         spark.readStream.format(SOURCE_NAME)
         .option("path", str(spool_dir))
@@ -300,5 +313,7 @@ def read_stream(
         .option("withSeq", "true" if with_seq else "false")
         .option("maxRowsPerBatch", str(max_rows))
         .option("numPartitions", str(num_partitions))
+        .option("holdBack", os.pathsep.join(str(p) for p in hold_back or []))
+        .option("maxBacklog", str(max_backlog))
         .load()
     )

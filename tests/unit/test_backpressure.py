@@ -1,0 +1,89 @@
+"""Backpressure: a stream's slowest reader bounds what its writers may add (no JVM: the Spark
+source's planning is called directly, the peer runs without an engine)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.types import LongType, StructField, StructType
+
+from peer.client import Client
+from peer.engine.source import SpoolStreamReader
+from peer.errors import Unavailable
+from peer.node import PeerConfig
+from peer.spool import Spool, backlog, write_reader_offset
+from peer.testing import PeerThread
+
+SCHEMA = pa.schema([("x", pa.int64())])
+
+
+def fill(spool: Spool, n: int) -> None:
+    for i in range(n):
+        spool.append(pa.table({"x": pa.array([i], pa.int64())}))
+
+
+def test_backlog_counts_the_slowest_active_reader(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "s", SCHEMA, fsync=False)
+    assert spool.backlog() == 0  # no readers: nothing to wait for
+    fill(spool, 10)
+    spool.register_reader("fast")
+    spool.register_reader("slow")
+    write_reader_offset(spool.directory, "fast", 8, fsync=False)
+    write_reader_offset(spool.directory, "slow", 2, fsync=False)
+    assert spool.backlog() == backlog(spool.directory) == 7
+    spool.pause_reader("slow")  # a stopped query keeps its data but holds nobody back
+    assert spool.backlog() == backlog(spool.directory) == 1
+    assert spool.trim() == 3  # ...and still protects what it has not read
+    spool.pause_reader("slow", False)
+    assert spool.backlog() == 7
+
+
+def test_a_query_reads_no_input_while_its_output_is_backlogged(tmp_path: Path) -> None:
+    source = Spool(tmp_path / "in", SCHEMA, fsync=False)
+    output = Spool(tmp_path / "out", SCHEMA, fsync=False)
+    fill(source, 5)
+    fill(output, 6)
+    output.register_reader("downstream")  # at -1: 6 batches behind
+    options = {
+        "path": str(source.directory),
+        "holdBack": str(output.directory),
+        "maxBacklog": "4",
+        "maxRowsPerBatch": "0",
+    }
+    reader = SpoolStreamReader(options, StructType([StructField("x", LongType())]))
+    start = {"offset": -1}
+    assert reader.latestOffset(start, reader.getDefaultReadLimit()) == start
+    write_reader_offset(output.directory, "downstream", 3, fsync=False)  # 2 behind now
+    assert reader.latestOffset(start, reader.getDefaultReadLimit()) == {"offset": 4}
+
+
+def test_pushes_wait_for_a_lagging_reader_then_fail_retriably(tmp_path: Path) -> None:
+    config = PeerConfig(
+        data_dir=tmp_path / "p",
+        port=0,
+        engine=False,
+        overlay=False,
+        max_backlog_batches=3,
+        backlog_wait_s=0.5,
+    )
+    with PeerThread(config) as peer:
+
+        async def go() -> None:
+            async with Client("127.0.0.1", peer.port) as c:
+                await c.create_schema({"name": "n", "fields": [{"name": "x", "type": "long"}]})
+                await c.create_stream("s", "n")
+                spool = peer.peer.spools.get("s")  # type: ignore[union-attr]
+                spool.register_reader("lagging")
+                for i in range(4):
+                    await c.push("s", {"columns": {"x": [i]}})
+                with pytest.raises(Unavailable, match="backlogged"):
+                    await c.push("s", {"columns": {"x": [4]}})
+                assert spool.latest == 3  # the refused batch was not kept
+                write_reader_offset(spool.directory, "lagging", 2, fsync=False)
+                await c.push("s", {"columns": {"x": [4]}})
+                assert spool.latest == 4
+
+        asyncio.run(go())
