@@ -274,6 +274,7 @@ async def cmd_join(args: argparse.Namespace) -> int:
         gossip_interval_s=args.gossip_interval,
         suspect_after_s=args.suspect_after,
         dead_after_s=args.dead_after,
+        max_backlog_batches=args.max_backlog,
     )
     node = Peer(config)
     loop = asyncio.get_running_loop()
@@ -550,6 +551,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gossip-interval", type=float, default=1.0, help="seconds")
     p.add_argument("--suspect-after", type=float, default=3.0, help="seconds of silence")
     p.add_argument("--dead-after", type=float, default=8.0, help="seconds of silence")
+    p.add_argument(
+        "--max-backlog",
+        type=int,
+        default=1000,
+        metavar="BATCHES",
+        help="backpressure: batches a stream may hold that its slowest reader has not taken",
+    )
     p.add_argument("--spark-master", default="local[*]")
     p.add_argument("--no-engine", action="store_true", help="serve without Spark")
     p.add_argument(
