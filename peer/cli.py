@@ -275,6 +275,7 @@ async def cmd_join(args: argparse.Namespace) -> int:
         suspect_after_s=args.suspect_after,
         dead_after_s=args.dead_after,
         max_backlog_batches=args.max_backlog,
+        backlog_wait_s=args.backlog_wait,
     )
     node = Peer(config)
     loop = asyncio.get_running_loop()
@@ -557,6 +558,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=1000,
         metavar="BATCHES",
         help="backpressure: batches a stream may hold that its slowest reader has not taken",
+    )
+    p.add_argument(
+        "--backlog-wait",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="how long a push waits for room before a retriable refusal",
     )
     p.add_argument("--spark-master", default="local[*]")
     p.add_argument("--no-engine", action="store_true", help="serve without Spark")

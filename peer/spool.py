@@ -121,12 +121,26 @@ def backlog(directory: Path) -> int:
         if path.with_suffix(".paused").exists():
             continue  # a stopped query: it holds its data back from trimming, not its writers
         with contextlib.suppress(OSError, ValueError):
-            offsets.append(int(path.read_text().strip()))
+            offsets.append(max(int(path.read_text().strip()), _taken(path)))
     if not offsets:
         return 0
     present = list_offsets(directory)
     latest = present[-1] if present else trimmed_through(directory)
     return max(0, latest - min(offsets))
+
+
+def _taken(offset_path: Path) -> int:
+    try:
+        return int(offset_path.with_suffix(".taken").read_text().strip())
+    except (OSError, ValueError):
+        return -1
+
+
+def write_taken(directory: Path, reader_id: str, offset: int) -> None:
+    """Record that ``reader_id`` has taken (planned a batch up to) ``offset``: it counts for
+    backpressure at once, while its commit (what trimming waits for) comes a batch later."""
+    path = reader_path(directory, reader_id).with_suffix(".taken")
+    _atomic_write(path, str(offset).encode(), fsync=False)
 
 
 def reader_path(directory: Path, reader_id: str) -> Path:
@@ -377,18 +391,21 @@ class Spool:
 
     def unregister_reader(self, reader_id: str) -> None:
         """Forget a reader. Stop its streaming query first, or its next commit re-registers it."""
-        with contextlib.suppress(FileNotFoundError):
-            reader_path(self.directory, reader_id).unlink()
+        path = reader_path(self.directory, reader_id)
+        for leftover in (path, path.with_suffix(".taken")):
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
         self.pause_reader(reader_id, False)
 
     def backlog(self) -> int:
         """Batches the slowest registered reader has not committed yet."""
         floors = []
         for reader_id in self.readers():
-            if reader_path(self.directory, reader_id).with_suffix(".paused").exists():
+            path = reader_path(self.directory, reader_id)
+            if path.with_suffix(".paused").exists():
                 continue
             with contextlib.suppress(KeyError, ValueError):
-                floors.append(self.committed(reader_id))
+                floors.append(max(self.committed(reader_id), _taken(path)))
         return max(0, self._latest - min(floors)) if floors else 0
 
     def pause_reader(self, reader_id: str, paused: bool = True) -> None:

@@ -154,6 +154,8 @@ class LaneStreamReader(DataSourceStreamReader):
                     break
                 last, rows = last + 1, rows + n
             end[name] = last
+            if last > begin:  # taken: counts for backpressure before the commit
+                fmt.write_taken(self.dirs[i], self.streams[i]["reader"], last)
         for key in [k for k in self._rows if k[1] <= end.get(self.names[k[0]], -1)]:
             del self._rows[key]
         return {"o": end}

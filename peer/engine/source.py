@@ -190,6 +190,8 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return {"offset": begin}
         for offset in [o for o in self._rows if o <= begin]:
             del self._rows[offset]
+        if self.reader_id is not None and end > begin:
+            fmt.write_taken(self.directory, self.reader_id, end)  # for backpressure
         return {"offset": end}
 
     def _check_not_trimmed(self, begin: int) -> None:

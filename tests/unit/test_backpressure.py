@@ -14,7 +14,7 @@ from peer.client import Client
 from peer.engine.source import SpoolStreamReader
 from peer.errors import Unavailable
 from peer.node import PeerConfig
-from peer.spool import Spool, backlog, write_reader_offset
+from peer.spool import Spool, backlog, write_reader_offset, write_taken
 from peer.testing import PeerThread
 
 SCHEMA = pa.schema([("x", pa.int64())])
@@ -39,6 +39,10 @@ def test_backlog_counts_the_slowest_active_reader(tmp_path: Path) -> None:
     assert spool.trim() == 3  # ...and still protects what it has not read
     spool.pause_reader("slow", False)
     assert spool.backlog() == 7
+    # what a query has taken into a batch counts at once (its commit comes a batch later,
+    # and a query with no new input would never commit: no deadlock at a small bound)
+    write_taken(spool.directory, "slow", 9)
+    assert spool.backlog() == backlog(spool.directory) == 1
 
 
 def test_a_query_reads_no_input_while_its_output_is_backlogged(tmp_path: Path) -> None:
