@@ -67,6 +67,10 @@ class Example:
     generate: Callable[[int, int, int], dict[str, Rows]]  # (seed, size, minutes)
     show: Mapping[str, Sequence[str]]  # output stream -> fields shown live
     size_name: str
+    # output stream -> (which of its tuples the live view shows, what that means)
+    show_only: Mapping[str, tuple[Callable[[Mapping[str, Any]], bool], str]] = dataclasses.field(
+        default_factory=dict
+    )
 
 
 def _traffic(seed: int, size: int, minutes: int) -> dict[str, Rows]:
@@ -97,6 +101,7 @@ EXAMPLES: dict[str, Example] = {
             "tow_dispatch": ("truck_id", "car_id", "seg", "truck_t", "car_t"),
         },
         "cars",
+        {"toll_notifications": (lambda row: bool(row.get("toll")), "toll > 0")},
     ),
     "intrusion": Example(
         "intrusion",
@@ -140,6 +145,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--minutes", type=int, default=20, help="minutes of event time to generate (default 20)"
     )
+    p.add_argument(
+        "--keep", action="store_true", help="keep the work directory (keys, peer data and logs)"
+    )
     p.add_argument("--seed", type=int, default=SEED, help=argparse.SUPPRESS)
     p.add_argument("--tuples", type=int, default=None, help=argparse.SUPPRESS)  # old: sets --cars
     p.add_argument(
@@ -159,6 +167,7 @@ def main(args: argparse.Namespace) -> int:
         seed=args.seed,
         tuples=args.tuples,
         spike=args.spike,
+        keep=args.keep,
     )
 
 
@@ -172,6 +181,7 @@ def run_demo(
     seed: int = SEED,
     tuples: int | None = None,
     spike: bool = False,
+    keep: bool = False,
 ) -> int:
     from rich.console import Console
 
@@ -207,6 +217,7 @@ def run_demo(
         size=size,
         minutes=minutes,
         seed=seed,
+        keep=keep,
     )
     return demo.run()
 
@@ -257,6 +268,7 @@ class PushState:
     rows: int = 0
     retries: int = 0
     done: bool = False
+    finished_at: float = 0.0
     last_error: str = ""
 
 
@@ -285,8 +297,10 @@ class Demo:
         size: int,
         minutes: int,
         seed: int,
+        keep: bool = False,
     ) -> None:
         self.console = console
+        self.keep = keep
         self.ex = example
         self.n = peers
         self.duration_s = duration_s
@@ -334,10 +348,12 @@ class Demo:
             self._stop_peers()
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
-            if code == 0:
+            if code in (0, 130) and not self.keep:  # a failure keeps its logs
                 shutil.rmtree(self.workdir, ignore_errors=True)
             else:
-                self.console.print(f"peer logs and data kept in {self.workdir}", soft_wrap=True)
+                self.console.print(
+                    f"keys, peer data and logs kept in {self.workdir}", soft_wrap=True
+                )
         return code
 
     def _elapsed(self) -> float:
@@ -445,7 +461,7 @@ class Demo:
                 for i, s in enumerate(cut)
             ]
             await self._show(pushers)
-            pushed_s = time.monotonic() - t0
+            pushed_s = max(p.finished_at for p in self.pushes.values()) - t0
             self.phase = "checking"
             return await self._check(clients, want, inputs, pushed_s)
         finally:
@@ -488,11 +504,13 @@ class Demo:
         query = module.query(self.ex.name, self.nodes)
         made = await client.create_query(query)
         self.fragments = list(made.get("fragments", []))
+        placed = self._elapsed()
         await client.start_query(self.ex.name)
         by_node = {p.node_id: name for p, name in zip(self.procs, self.names, strict=True)}
         self.console.print(
-            f"query [bold]{self.ex.name}[/] submitted by {self.names[0]} and started: "
-            f"{len(self.fragments)} fragments",
+            f"query [bold]{self.ex.name}[/] submitted by {self.names[0]}: "
+            f"{len(self.fragments)} fragments placed ({placed:.0f} s), "
+            f"started on their peers ({self._elapsed():.0f} s)",
             soft_wrap=True,
         )
         for name in self.names:
@@ -516,7 +534,9 @@ class Demo:
             try:
                 self.status[i] = await asyncio.wait_for(c.status(), 5)
                 self.status_error[i] = ""
-            except Exception as exc:
+            except TimeoutError:
+                self.status_error[i] = "slow"
+            except Exception as exc:  # connection lost: try again next round
                 self.status_error[i] = type(exc).__name__
                 with contextlib.suppress(Exception):
                     await c.close()
@@ -539,6 +559,9 @@ class Demo:
                     async for batch in c.subscribe(stream, start="earliest"):
                         rows = batch.rows()
                         state.count += len(rows)
+                        if stream in self.ex.show_only:
+                            keep = self.ex.show_only[stream][0]
+                            rows = [r for r in rows if keep(r)]
                         state.latest.extend(rows[-LATEST:])
                         state.changed_at = time.monotonic()
                         state.error = ""
@@ -590,6 +613,7 @@ class Demo:
                 state.rows += len(rows)
                 self.pushed_via[i] += 1
             state.done = True
+            state.finished_at = time.monotonic()
         finally:
             for c in clients.values():
                 with contextlib.suppress(Exception):
@@ -672,30 +696,35 @@ class Demo:
                 if m.get("node_id") == node:
                     load = m.get("load") or {}
                     text = f"cpu {float(load.get('cpu', 0.0)):.2f}"
+                    counts = []
                     if "queries" in load:
-                        text += f", {int(load['queries'])} q"
+                        q = int(load["queries"])
+                        counts.append(f"{q} quer{'y' if q == 1 else 'ies'}")
                     if "streams" in load:
-                        text += f", {int(load['streams'])} s"
+                        k = int(load["streams"])
+                        counts.append(f"{k} stream{'' if k == 1 else 's'}")
+                    if counts:
+                        text += "\n" + ", ".join(counts)
                     return str(m.get("state", "?")), text
         return "?", ""
 
-    def _fragments(self, st: Mapping[str, Any]) -> list[str]:
+    def _fragments(self, st: Mapping[str, Any] | None) -> list[str]:
         out = []
-        for q in st.get("queries", []):
+        for q in st.get("queries", []) if st else []:
             if not str(q.get("name", "")).startswith(self.ex.name):
                 continue
             text = f"{q['name']} {q.get('status', '?')}"
             if "batches" in q:
-                text += f" {q['batches']} b, {q.get('rows_out', 0)} out"
+                text += f": {q['batches']} batches, {q.get('rows_out', 0)} out"
             if q.get("error"):
                 text += f" error: {str(q['error'])[:60]}"
             out.append(text)
         return out
 
-    def _mirrors(self, st: Mapping[str, Any]) -> list[str]:
+    def _mirrors(self, st: Mapping[str, Any] | None) -> list[str]:
         return [
-            f"{m['stream']}→{self._who(str(m.get('to', '')))} {m.get('acked')}/{m.get('latest')}"
-            for m in st.get("mirrors", [])
+            f"{m['stream']} → {self._who(str(m.get('to', '')))} {m.get('acked')}/{m.get('latest')}"
+            for m in (st.get("mirrors", []) if st else [])
         ]
 
     def _render(self) -> RenderableType:
@@ -707,32 +736,36 @@ class Demo:
         head = Text.assemble(
             ("fedstream demo", "bold"),
             f" · {self.ex.name} on {self.n} peer{'s' if self.n > 1 else ''} · ",
-            (self.phase, "cyan"),
+            (self.phase, "bold cyan"),
             f" · {self._elapsed():.0f} s",
         )
         peers = Table(title="peers", title_justify="left", expand=True)
-        for col in ("participant", "node", "gossip", "load", "fragments", "hosts", "mirrors"):
-            peers.add_column(col, overflow="fold")
-        peers.add_column("pushes in", justify="right")
+        peers.add_column("peer", no_wrap=True)
+        peers.add_column("gossip", no_wrap=True)
+        peers.add_column("boxes / fragments", ratio=3)
+        peers.add_column("hosts", ratio=2, overflow="fold")
+        peers.add_column("mirrors (acked/latest)", ratio=3, overflow="fold")
+        peers.add_column("pushes in", justify="right", no_wrap=True)
         for i, (p, name) in enumerate(zip(self.procs, self.names, strict=True)):
             st = self.status[i]
             state, load = self._gossip(i)
             if self.status_error[i]:
-                state += f" ({self.status_error[i]})"
-            style = "green" if state == "alive" else "yellow"
+                state += f" (status: {self.status_error[i]})"
+            boxes = [b for b, who in self.nodes.items() if who == name]
+            work = Text(", ".join(boxes) or "-", style="dim")
+            for line in self._fragments(st):
+                work.append("\n" + line, style="red" if "error" in line else "")
             peers.add_row(
-                name,
-                p.node_id[:8],
-                Text(state, style=style),
-                load,
-                "\n".join(self._fragments(st)) if st else "",
+                Text.assemble((name, "bold"), "\n", (p.node_id[:8], "dim")),
+                Text.assemble((state, "green" if state == "alive" else "yellow"), "\n", load),
+                work,
                 "\n".join(st.get("hosted", [])) if st else "",
-                "\n".join(self._mirrors(st)) if st else "",
+                "\n".join(self._mirrors(st)),
                 str(self.pushed_via[i]),
             )
-        streams = Table(title="streams", title_justify="left", expand=True)
+        streams = Table(title="streams", title_justify="left")
         for col in ("stream", "host", "progress", "notes"):
-            streams.add_column(col, overflow="fold")
+            streams.add_column(col)
         for ps in self.pushes.values():
             notes = f"{ps.retries} retries" if ps.retries else ""
             if ps.retries and ps.last_error:
@@ -753,7 +786,10 @@ class Demo:
             )
         latest = []
         for stream, fields in self.ex.show.items():
-            t = Table(*fields, title=f"latest {stream}", title_justify="left")
+            title = f"latest {stream}"
+            if stream in self.ex.show_only:
+                title += f" ({self.ex.show_only[stream][1]})"
+            t = Table(*fields, title=title, title_justify="left", min_width=len(title))
             for row in list(self.outputs[stream].latest):
                 t.add_row(*(_cell(row.get(f)) for f in fields))
             latest.append(t)
@@ -762,12 +798,13 @@ class Demo:
     def _line(self) -> str:
         ins = ", ".join(f"{p.stream} {p.batches}/{p.total_batches}" for p in self.pushes.values())
         outs = ", ".join(f"{o.stream} {o.count}/{o.expected}" for o in self.outputs.values())
-        frags = []
-        for st, name in zip(self.status, self.names, strict=True):
-            if st is not None:
-                frags.append(f"{name}: " + ("; ".join(self._fragments(st)) or "-"))
-        return f"[{self._elapsed():4.0f} s] {self.phase} | in: {ins} | out: {outs} | " + " | ".join(
-            frags
+        frags = [
+            f"{name}: " + ("; ".join(self._fragments(st)) or "-")
+            for st, name in zip(self.status, self.names, strict=True)
+            if st is not None
+        ]
+        return " | ".join(
+            [f"[{self._elapsed():4.0f} s] {self.phase}", f"in: {ins}", f"out: {outs}", *frags]
         )
 
     # -- the check ------------------------------------------------------------------------------
