@@ -3,9 +3,10 @@
 
 Usage (from the repository root)::
 
-    .venv/bin/python scripts/bpm_sim.py                 # 995 nodes, full sweep, plots
-    .venv/bin/python scripts/bpm_sim.py --quick         # 200 nodes, fewer points, ~10 s
-    .venv/bin/python scripts/bpm_sim.py --nodes 995 --seeds 10 --json bpm.json
+    .venv/bin/python scripts/bpm_sim.py                 # 995 nodes, full sweep, plots, ~3 min
+    .venv/bin/python scripts/bpm_sim.py --quick         # 200 nodes, fewer points, seconds
+    .venv/bin/python scripts/bpm_sim.py --seeds 5 --json bpm.json
+    .venv/bin/python scripts/bpm_sim.py --replot bpm.json   # tables and plots again, no runs
 
 Every decision is made by ``contracts.bpm`` (``choose_offer``, ``accept``,
 ``remember_outcome``), the code a peer's brain runs; this script only keeps the books.
@@ -397,7 +398,8 @@ def summarise(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def markdown(rows: list[dict[str, Any]]) -> str:
+def markdown_long(rows: list[dict[str, Any]]) -> str:
+    """Every measure of every point, one row per (scenario, C, W)."""
     out = []
     for sc in dict.fromkeys(r["scenario"] for r in rows):
         rr = [r for r in rows if r["scenario"] == sc]
@@ -428,6 +430,48 @@ def markdown(rows: list[dict[str, Any]]) -> str:
                 f"| {r['last_move_round']:g} | {r['moves']:.0f} | {r['load_moved']:.1f} "
                 f"| {r['converged']:.0%} |"
             )
+    return "\n".join(out)
+
+
+def _sig(x: float) -> str:
+    return "0" if x == 0 else f"{x:.3g}"
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """One table per scenario: a row per C, a column per W."""
+    out = []
+    widths = sorted({r["width"] for r in rows})
+    for sc in dict.fromkeys(r["scenario"] for r in rows):
+        rr = {(r["contracts"], r["width"]): r for r in rows if r["scenario"] == sc}
+        first = next(iter(rr.values()))
+        overloaded = first["final_with_room"] is not None
+        spec = SCENARIOS.get(sc)
+        where = (
+            f"; {spec.hot_fraction:.0%} of the nodes start at 1-{spec.hot_max:g}x capacity"
+            if spec
+            else ""
+        )
+        out.append(
+            f"\n**{sc}** (total load {first['total_load']:.2f} of capacity{where}; "
+            f"initial excess {first['initial_excess']:.1f}). Each cell: "
+            + ("nodes with room left" if overloaded else "runs ending acceptable")
+            + " · final excess load · rounds to the last move · moves\n"
+        )
+        out.append("| C | " + " | ".join(f"W = {w:g}" for w in widths) + " |")
+        out.append("|---" * (len(widths) + 1) + "|")
+        for c in sorted({k[0] for k in rr}):
+            cells = []
+            for w in widths:
+                r = rr.get((c, w))
+                if r is None:
+                    cells.append("")
+                    continue
+                head = f"{r['final_with_room']:.1f}" if overloaded else f"{r['success']:.0%}"
+                cells.append(
+                    f"{head} · {_sig(r['final_excess'])} · {r['last_move_round']:g} "
+                    f"· {r['moves']:.0f}"
+                )
+            out.append(f"| {c} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
@@ -579,6 +623,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", type=Path, help="write every run (with per-round series) here")
     p.add_argument("--out-dir", type=Path, default=ROOT / "docs" / "img")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--long", action="store_true", help="print every measure of every point")
+    p.add_argument(
+        "--replot", type=Path, metavar="JSON", help="tables and plots from a --json file, no runs"
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.nodes, args.seeds = min(args.nodes, 200), min(args.seeds, 2)
@@ -614,6 +662,13 @@ def specs(args: argparse.Namespace) -> Iterator[RunSpec]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.replot:
+        saved = json.loads(args.replot.read_text())
+        print(markdown_long(saved["rows"]) if args.long else markdown(saved["rows"]))
+        if not args.no_plots:
+            for path in plot(saved["runs"], saved["rows"], args.out_dir):
+                print(f"wrote {path}", file=sys.stderr)
+        return 0
     todo = list(specs(args))
     started = time.monotonic()
     print(
@@ -633,7 +688,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = summarise(results)
     print(f"# bpm_sim ({machine()}), {elapsed:.0f} s wall")
     print("command: " + " ".join(["scripts/bpm_sim.py", *(argv or sys.argv[1:])]))
-    print(markdown(rows))
+    print(markdown_long(rows) if args.long else markdown(rows))
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "runs": results}, indent=1))
     if not args.no_plots:
