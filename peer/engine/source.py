@@ -158,9 +158,7 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         begin = int(start["offset"])
-        if self.max_backlog > 0 and any(
-            fmt.backlog(d) > self.max_backlog for d in self.hold_back
-        ):
+        if self.max_backlog > 0 and any(fmt.backlog(d) > self.max_backlog for d in self.hold_back):
             return {"offset": begin}
         max_rows = max_files = max_bytes = None
         if isinstance(limit, ReadMaxRows):
