@@ -280,3 +280,14 @@ def md_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def jsonable(obj: Any) -> Any:
+    """``obj`` with NaN as None and infinity as "inf", so that json.dumps writes valid JSON."""
+    if isinstance(obj, float):
+        return None if obj != obj else ("inf" if obj == float("inf") else obj)
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [jsonable(v) for v in obj]
+    return obj

@@ -1162,16 +1162,6 @@ async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     return results
 
 
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return None if obj != obj else ("inf" if obj == float("inf") else obj)
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_jsonable(v) for v in obj]
-    return obj
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     PEER_ARGS[:] = args.peer_args.split()
@@ -1195,7 +1185,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nbusiest processes after: {results['busy_after']}")
     print(f"elapsed {results['elapsed_s']:.0f} s")
     if args.json:
-        Path(args.json).write_text(json.dumps(_jsonable(results), indent=1))
+        Path(args.json).write_text(json.dumps(bc.jsonable(results), indent=1))
     return 0
 
 
