@@ -425,6 +425,7 @@ async def run_dht(system: DhtSystem, args: argparse.Namespace) -> dict[str, Any]
         "system": system.label,
         "n": topo.n,
         "rpc_timeout_s": system.timeout_s,
+        "load_before": bc.load_average(),
     }
     limit = args.get_limit
     try:
@@ -492,6 +493,7 @@ async def run_dht(system: DhtSystem, args: argparse.Namespace) -> dict[str, Any]
                 puts.add(*await _timed(put, limit))
             result["churn_put"] = puts.as_dict()
         result["stats"] = system.stats()
+        result["load_after"] = bc.load_average()
     finally:
         system.stop_all()
     return result
@@ -635,6 +637,7 @@ async def _wait_members(client: Client, alive: int, timeout_s: float = 60) -> No
 async def push_part(
     args: argparse.Namespace, work: Path, started: list[PeerProcess]
 ) -> dict[str, Any]:
+    load_before = bc.load_average()
     trust, keys = _participants(work / "push")
     names = list(keys)
 
@@ -705,6 +708,8 @@ async def push_part(
                     runs.append(run)
         status = await forwarded.status()
     return {
+        "load_before": load_before,
+        "load_after": bc.load_average(),
         "host": host.node_id,
         "forwarder": forwarder.node_id,
         "forwarded_count": status.get("forwarded"),
@@ -762,6 +767,7 @@ def dht_table(results: list[dict[str, Any]]) -> str:
         "cached lookup p50 / p99",
         "30 % killed, pass 1: ok, p50 / p99",
         "pass 2: ok, p50 / p99",
+        "load (1 min) before / after",
     ]
     late = any("churn_put" in r for r in results)
     if late:
@@ -779,6 +785,7 @@ def dht_table(results: list[dict[str, Any]]) -> str:
                 _pair(r["cached"]) + ("" if r["system"] == "ours" else " (local copy)"),
                 f"{_success(r['churn1'])}, {_pair(r['churn1'])}",
                 f"{_success(r['churn2'])}, {_pair(r['churn2'])}",
+                f"{r['load_before'].split()[0]} / {r['load_after'].split()[0]}",
             ]
         )
         if late:
@@ -856,6 +863,8 @@ def push_table(result: dict[str, Any]) -> str:
     ratio = rates["forwarded"] / rates["direct"]
     return (
         bc.md_table(header, rows)
+        + f"\n\nLoad average (1 min) before / after: {result['load_before'].split()[0]} / "
+        f"{result['load_after'].split()[0]}."
         + f"\n\nForwarded / direct throughput: **{ratio:.2f}x** (forwarding costs "
         f"{100 * (1 - ratio):.0f} % of direct throughput; aim: under 20 %, "
         f"{_met(ratio > 0.8)})."
