@@ -276,6 +276,11 @@ async def cmd_join(args: argparse.Namespace) -> int:
         dead_after_s=args.dead_after,
         max_backlog_batches=args.max_backlog,
         backlog_wait_s=args.backlog_wait,
+        contracts_dir=Path(args.contracts) if args.contracts else None,
+        capacity=args.capacity,
+        bpm_period_s=args.bpm_period,
+        offer_margin=args.offer_margin,
+        accept_margin=args.accept_margin,
     )
     node = Peer(config)
     loop = asyncio.get_running_loop()
@@ -292,6 +297,10 @@ async def cmd_join(args: argparse.Namespace) -> int:
             raise Unavailable(f"cannot join the overlay: {exc}") from exc
         if isinstance(exc, IdentityError):
             raise UsageError(f"identity: {exc}") from exc
+        from contracts.contract import ContractError
+
+        if isinstance(exc, ContractError):
+            raise UsageError(f"--contracts: {exc}") from exc
         raise
     address: dict[str, Any] = {"host": host, "port": node.port, "pid": os.getpid()}
     if node.overlay is not None:
@@ -547,7 +556,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="overlay address of a peer to join through (repeat: tried in turn)",
     )
     p.add_argument("--http")
-    p.add_argument("--contracts")
+    p.add_argument(
+        "--contracts",
+        metavar="DIR",
+        help="directory of signed contract files (*.toml): partners this peer shares load with",
+    )
+    p.add_argument(
+        "--capacity",
+        type=float,
+        metavar="CORES",
+        help="CPU cores this peer's load is measured against (default: all of them)",
+    )
+    p.add_argument("--bpm-period", type=float, default=5.0, help="seconds between load checks")
+    p.add_argument("--offer-margin", type=float, default=0.05, help="offer above price*(1+margin)")
+    p.add_argument(
+        "--accept-margin", type=float, default=0.05, help="accept below price*(1-margin)"
+    )
     p.add_argument("--trust", help="directory of trusted participants' public keys (NAME.pub)")
     p.add_argument("--gossip-interval", type=float, default=1.0, help="seconds")
     p.add_argument("--suspect-after", type=float, default=3.0, help="seconds of silence")

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from peer.api import READY, AnnouncedBatches, ApiServer, api_server_tls, is_loopback
 
 if TYPE_CHECKING:
+    from contracts.book import ContractBook
     from overlay.identity import NodeIdentity, TrustStore
     from overlay.node import Overlay
     from peer.federation import Federation
@@ -84,6 +85,14 @@ class PeerConfig:
     # (up to backlog_wait_s, then a retriable error) and queries writing it read no input.
     max_backlog_batches: int = 1000
     backlog_wait_s: float = 30.0
+    # Federation (issue 5): signed contracts with partners, and the bounded-price brain.
+    contracts_dir: Path | None = None
+    capacity: float | None = None  # cores this peer offers; default: os.cpu_count()
+    bpm_period_s: float = 5.0
+    offer_margin: float = 0.05
+    accept_margin: float = 0.05
+    offer_timeout_s: float = 10.0
+    brain: bool = True  # run the brain when there are contracts
 
 
 class Peer:
@@ -102,6 +111,7 @@ class Peer:
         self.fed: Federation | None = None
         self.identity: NodeIdentity | None = None
         self.trust: TrustStore | None = None
+        self.book: ContractBook | None = None
         self._stopping = asyncio.Event()
         self._cpu_mark = (time.monotonic(), time.process_time())
 
@@ -161,6 +171,33 @@ class Peer:
         self.trust = self.identity.trust_store()
         if config.trust_dir is not None:
             self.trust.load_dir(config.trust_dir)
+        if config.contracts_dir is not None:
+            self._load_contracts(config.contracts_dir)
+
+    def _load_contracts(self, directory: Path) -> None:
+        """The valid contracts of ``directory`` that involve our participant; each partner's
+        key becomes trusted (its peers may link to us). A refused file is logged with its
+        reason and never used."""
+        from datetime import UTC, datetime
+
+        from contracts.book import ContractBook
+        from overlay.identity import IdentityError
+
+        identity, trust = self.identity, self.trust
+        assert identity is not None and trust is not None
+        me = identity.participant
+        book = ContractBook.load_dir(
+            directory, me, datetime.now(UTC), known_keys={me: identity.participant_pub}
+        )
+        for refusal in book.refused:
+            log.warning("contract %s refused: %s", refusal.path.name, refusal.error)
+        for name, key in book.public_keys().items():
+            try:
+                trust.add(name, key)
+            except IdentityError as exc:
+                log.warning("contract partner %s not trusted: %s", name, exc)
+        log.info("%d contract(s) with %s", len(book.contracts), ", ".join(book.partners()))
+        self.book = book
 
     async def _start_overlay(self) -> None:
         from overlay.node import Overlay, OverlayConfig
