@@ -93,6 +93,17 @@ class Placement:
     overlay: tuple[str, int]
     api: tuple[str, int]
     until: float
+    # set by a host handing the stream over to another peer (a fragment moved, issue 5): the
+    # new host, which publishes its own lease once this short one has run out
+    moved_to: bytes | None = None
+
+
+def _moved_to(value: Any) -> bytes | None:
+    if value is None:
+        return None
+    if not isinstance(value, bytes) or len(value) != 20:
+        raise ValueError("moved_to must be a node id")
+    return value
 
 
 def pack(value: dict[str, Any]) -> bytes:
@@ -229,6 +240,7 @@ class Catalog:
         api: tuple[str, int],
         lease_s: float,
         mirrors: list[bytes] | None = None,
+        moved_to: bytes | None = None,
     ) -> Placement:
         """Write our lease on ``stream``; ``mirrors`` are the peers its tuples are mirrored to
         (a successor taking the stream over carries on mirroring to them)."""
@@ -242,11 +254,12 @@ class Catalog:
                 "api": list(api),
                 "until": until,
                 "mirrors": list(mirrors or []),
+                **({"moved_to": moved_to} if moved_to is not None else {}),
             },
             as_node=True,
             expiry_s=lease_s,
         )
-        return Placement(stream, node_id, overlay, api, until)
+        return Placement(stream, node_id, overlay, api, until, moved_to)
 
     async def placement(self, stream: str, *, fresh: bool = False) -> Placement | None:
         value = await self.read(f"place:{stream}", fresh=fresh)
@@ -259,6 +272,7 @@ class Catalog:
                 (str(value["ov"][0]), int(value["ov"][1])),
                 (str(value["api"][0]), int(value["api"][1])),
                 float(value["until"]),
+                _moved_to(value.get("moved_to")),
             )
         except (KeyError, IndexError, TypeError, ValueError):
             raise CatalogError(f"placement record of {stream} is malformed") from None

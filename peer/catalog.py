@@ -26,6 +26,8 @@ CREATE TABLE IF NOT EXISTS schemas (name TEXT PRIMARY KEY, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS streams (name TEXT PRIMARY KEY, schema TEXT NOT NULL,
                                     derived_from TEXT);
 CREATE TABLE IF NOT EXISTS replicas (stream TEXT PRIMARY KEY, source TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS moved (fragment TEXT PRIMARY KEY, site TEXT NOT NULL,
+                                  at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS queries (name TEXT PRIMARY KEY, body TEXT NOT NULL,
                                     status TEXT NOT NULL, incarnation TEXT NOT NULL,
                                     placement TEXT);
@@ -195,6 +197,16 @@ class LocalCatalog:
 
     def replicas(self) -> dict[str, str]:
         return dict(self._rows("SELECT stream, source FROM replicas"))
+
+    # fragments moved away to another peer (issue 5): requests for them are forwarded there
+    def add_moved(self, fragment: str, site: str, at: float) -> None:
+        self._write("INSERT OR REPLACE INTO moved VALUES (?, ?, ?)", (fragment, site, at))
+
+    def moved(self) -> dict[str, str]:
+        return dict(self._rows("SELECT fragment, site FROM moved"))
+
+    def forget_moved(self, fragment: str) -> None:
+        self._write("DELETE FROM moved WHERE fragment = ?", (fragment,))
 
     def remove_stream(self, name: str) -> None:
         """Forget a stream (its spool is the caller's to drop)."""

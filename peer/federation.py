@@ -63,6 +63,8 @@ class Federation:
         self.overlay = overlay
         self.lease_s = lease_s
         self.hosted: set[str] = set()  # streams this peer hosts (appends, renews the lease)
+        self.moved_streams: dict[str, bytes] = {}  # streams handed over to another peer
+        self._background: set[asyncio.Task[None]] = set()
         self._slots: asyncio.Queue[int] = asyncio.Queue()
         self._slot_seq = [0] * FORWARD_SLOTS
         for slot in range(FORWARD_SLOTS):
@@ -92,6 +94,47 @@ class Federation:
             if not taking_over:
                 raise
             log.info("lease of %s not yet free; publishing it when it lapses", stream)
+
+    def adopt(self, stream: str) -> None:
+        """Host ``stream``, handed over by its previous host (a moved fragment's result): our
+        lease goes out as soon as the storing nodes let it (the handover record is short)."""
+        self.hosted.add(stream)
+        self.moved_streams.pop(stream, None)
+        task = asyncio.create_task(self._claim(stream))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _claim(self, stream: str) -> None:
+        deadline = time.monotonic() + 3 * self.lease_s
+        while stream in self.hosted:
+            try:
+                await self._renew(stream)
+                return
+            except CatalogError as exc:
+                if time.monotonic() > deadline:
+                    log.warning("lease of %s still not ours: %s", stream, exc)
+                    return
+            await asyncio.sleep(0.5)
+
+    async def hand_over(self, stream: str, target: bytes, handover_s: float) -> None:
+        """Stop hosting ``stream``: a short last lease names ``target`` as its new host."""
+        self.hosted.discard(stream)
+        self.moved_streams[stream] = target
+        overlay = self.overlay
+        assert overlay.catalog is not None
+        try:
+            await overlay.catalog.place(
+                stream,
+                self.node_id,
+                overlay.identity.cert,
+                (overlay.config.host, overlay.port),
+                self.peer.api_addr,
+                handover_s,
+                [],
+                moved_to=target,
+            )
+        except CatalogError as exc:
+            log.warning("handover record of %s not published: %s", stream, exc)
 
     async def _renew(self, stream: str) -> Placement:
         overlay = self.overlay
@@ -148,6 +191,7 @@ class Federation:
         if (
             placement is not None
             and placement.node_id != self.node_id
+            and placement.moved_to != self.node_id  # handed over to us: ours once it lapses
             and placement.until > time.time()
             and self.overlay.is_live(placement.node_id)
         ):
@@ -170,7 +214,11 @@ class Federation:
         """The node id of the peer that hosts ``stream`` now (maybe us)."""
         if stream in self.hosted:
             return self.node_id
+        if stream in self.moved_streams:
+            return self.moved_streams[stream]
         placement = await self._placement(stream, fresh=fresh)
+        if placement is not None and placement.moved_to is not None:
+            return placement.moved_to
         if placement is not None and placement.node_id != self.node_id:
             state = self.overlay.state_of(placement.node_id)
             if state in ("alive", "suspect") or (state is None and placement.until > time.time()):
@@ -413,8 +461,43 @@ class Federation:
                 await asyncio.sleep(0.5)
 
     async def relay(self, stream: str, start: str) -> AsyncIterator[dict[str, Any]]:
-        host = await self.host_of(stream)
+        """A subscription served by the stream's host, here or over a link. When the stream
+        moves to another peer (its producing fragment moved, with the same offsets), the
+        relay carries on there after the last offset it delivered."""
+        ready = False
+        last: int | None = None
+        deadline: float | None = None
+        while True:
+            host = await self.host_of(stream, fresh=deadline is not None)
+            begin = start if last is None else f"after:{last}"
+            try:
+                async for item in self._relay_once(host, stream, begin):
+                    if item.get("ready"):
+                        if last is None and isinstance(item.get("after"), int):
+                            last = item["after"]  # where the host started us
+                        if ready:
+                            continue
+                        ready = True
+                    elif isinstance(item.get("offset"), int):
+                        last = item["offset"]
+                    deadline = None
+                    yield item
+                return
+            except Unavailable as exc:
+                if not (exc.details.get("moved") or stream in self.moved_streams):
+                    raise
+                if deadline is None:
+                    deadline = time.monotonic() + FORWARD_DEADLINE_S
+                elif time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+
+    async def _relay_once(
+        self, host: bytes, stream: str, start: str
+    ) -> AsyncIterator[dict[str, Any]]:
         if host == self.node_id:
+            if stream not in self.hosted:
+                raise Unavailable(f"stream {stream} is moving", stream=stream, moved=True)
             async for item in self.peer.subscribe_local(stream, start):
                 yield item
             return
@@ -468,14 +551,19 @@ class Federation:
             stream, target = _str(frame, "stream"), _node(frame, "to")
             if stream not in self.hosted:
                 raise Unavailable(f"this peer does not host stream {stream}", stream=stream)
-            self.mirrors.start(stream, target)
+            after = frame.get("after")
+            if after is not None and (not isinstance(after, int) or after < -1):
+                raise InvalidInput("mirror: after must be an offset (an integer >= -1)")
+            self.mirrors.start(stream, target, after)
             with contextlib.suppress(CatalogError):
                 await self._renew(stream)  # the lease lists its mirrors, for a successor
             return {"stream": stream, "to": target.hex()}
         if op == "unmirror":
             stream, target = _str(frame, "stream"), _node(frame, "to")
-            self.mirrors.stop(stream, target)
-            return {"stream": stream, "to": target.hex()}
+            if stream not in self.peer.spool_set():
+                raise NotFound(f"no stream {stream} on this peer", stream=stream)
+            acked = await self.mirrors.detach(stream, target)
+            return {"stream": stream, "to": target.hex(), "acked": acked}
         if op == "mirror_append":
             stream, origin = _str(frame, "stream"), _str(frame, "origin")
             return await peer.append_mirrored(stream, origin, parse_mirror_batches(frame))
@@ -486,7 +574,11 @@ class Federation:
             raise InvalidInput(f"unknown peer stream {frame.get('op')!r}")
         stream = _str(frame, "stream")
         if stream not in self.hosted:
-            raise Unavailable(f"this peer does not host stream {stream}", stream=stream)
+            raise Unavailable(
+                f"this peer does not host stream {stream}",
+                stream=stream,
+                moved=stream in self.moved_streams,
+            )
         return self.peer.subscribe_local(stream, _str(frame, "start"))
 
     async def on_member(self, event: Any) -> None:

@@ -44,6 +44,9 @@ __all__ = ["MIRROR_PREFIX", "Mirrors"]
 log = logging.getLogger(__name__)
 
 MIRROR_PREFIX = "mirror-"
+# A moved stream keeps the origin its first host mirrored it under (the receivers' replay
+# memory is keyed by it); the file in its spool directory says which.
+ORIGIN_FILE = "mirror-origin"
 MAX_BATCHES_PER_REQUEST = 16
 MAX_BYTES_PER_REQUEST = 8 * 1024 * 1024
 RETRY_MAX_S = 5.0
@@ -66,6 +69,11 @@ class Mirrors:
         self.sent_batches = 0
 
     def origin(self, stream: str) -> str:
+        """The event-id origin of ``stream``'s mirrored batches: this peer's, or that of the
+        peer the stream moved here from (its offsets, and so its seqs, carried on)."""
+        with contextlib.suppress(KeyError, OSError):
+            spool = self.fed.peer.spool_set().get(stream)
+            return (spool.directory / ORIGIN_FILE).read_text().strip()
         return f"m:{self.fed.node_id.hex()[:16]}:{stream}"
 
     async def run(self) -> None:
@@ -80,11 +88,45 @@ class Mirrors:
                             self._launch(stream, bytes.fromhex(reader[len(MIRROR_PREFIX) :]))
             await asyncio.Event().wait()
 
-    def start(self, stream: str, target: bytes) -> None:
-        """Mirror ``stream`` (hosted here) to ``target`` from now on (idempotent)."""
+    def start(self, stream: str, target: bytes, after: int | None = None) -> None:
+        """Mirror ``stream`` (hosted here) to ``target`` from now on (idempotent); a new
+        mirror starts after offset ``after`` when given (what the target holds already)."""
         spool = self.fed.peer.spool_set().get(stream)
-        spool.register_reader(MIRROR_PREFIX + target.hex())
+        reader = MIRROR_PREFIX + target.hex()
+        if after is not None and reader not in spool.readers():
+            write_reader_offset(spool.directory, reader, after, fsync=spool.fsync)
+        spool.register_reader(reader)
         self._launch(stream, target)
+
+    def resume_stream(self, stream: str) -> None:
+        """(Re)start the mirrors recorded as readers of ``stream``'s spool."""
+        for reader in self.fed.peer.spool_set().get(stream).readers():
+            if reader.startswith(MIRROR_PREFIX):
+                with contextlib.suppress(ValueError):
+                    self._launch(stream, bytes.fromhex(reader[len(MIRROR_PREFIX) :]))
+
+    async def pause(self, stream: str, target: bytes | None = None) -> None:
+        """Stop pumping ``stream`` (to ``target``, or to all) and wait until no request is in
+        flight; the readers stay, so ``resume_stream`` or another peer carries on."""
+        keys = [k for k in self._tasks if k[0] == stream and target in (None, k[1])]
+        tasks = [self._tasks.pop(k) for k in keys]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def detach(self, stream: str, target: bytes) -> int:
+        """Stop mirroring ``stream`` to ``target`` for good; the last offset it acknowledged."""
+        await self.pause(stream, target)
+        spool = self.fed.peer.spool_set().get(stream)
+        reader = MIRROR_PREFIX + target.hex()
+        try:
+            acked = read_reader_offset(spool.directory, reader)
+        except KeyError:
+            acked = -1
+        spool.unregister_reader(reader)
+        return acked
 
     def targets(self, stream: str) -> list[bytes]:
         return sorted(t for (s, t), task in self._tasks.items() if s == stream and not task.done())

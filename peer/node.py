@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from overlay.identity import NodeIdentity, TrustStore
     from overlay.node import Overlay
     from peer.federation import Federation
+    from peer.move import Mover
 from peer.catalog import QUERY_STATUSES, LocalCatalog, QueryEntry
 from peer.errors import (
     AlreadyExists,
@@ -112,6 +113,10 @@ class Peer:
         self.identity: NodeIdentity | None = None
         self.trust: TrustStore | None = None
         self.book: ContractBook | None = None
+        self.mover: Mover | None = None
+        self.brain: Any = None  # peer.brain.Brain when there are contracts
+        self._frozen: set[str] = set()  # replica streams being moved away: no appends
+        self._landing: dict[str, int] = {}  # mirrored appends under way, per stream
         self._stopping = asyncio.Event()
         self._cpu_mark = (time.monotonic(), time.process_time())
 
@@ -228,8 +233,27 @@ class Peer:
         )
         self.fed = Federation(self, self.overlay, lease_s=config.lease_s)
         self.overlay.on_member = self.fed.on_member
+        from peer.move import Mover
+
+        self.mover = Mover(self)
+        if self.book is not None and config.brain:
+            self.brain = self._make_brain()
         await self.overlay.start()
         await self.fed.resume()
+
+    def _make_brain(self) -> Any:
+        from contracts.bpm import BpmConfig
+        from peer.brain import Brain
+
+        config = self.config
+        bpm = BpmConfig(
+            period_s=config.bpm_period_s,
+            offer_timeout_s=config.offer_timeout_s,
+            offer_margin=config.offer_margin,
+            accept_margin=config.accept_margin,
+        )
+        capacity = config.capacity or float(os.cpu_count() or 1)
+        return Brain(self, self.book, bpm, capacity)
 
     @property
     def api_addr(self) -> tuple[str, int]:
@@ -249,6 +273,8 @@ class Peer:
                     tg.create_task(self.fed.overlay.run())
                     tg.create_task(self.fed.renew_loop())
                     tg.create_task(self.fed.mirrors.run())
+                    if self.brain is not None:
+                        tg.create_task(self.brain.run())
                 await self._stopping.wait()
                 raise _Stop
         except* _Stop:
@@ -303,7 +329,9 @@ class Peer:
         self._cpu_mark = (now, cpu)
         share = (cpu - last[1]) / (now - last[0]) if now > last[0] else 0.0
         catalog = self._catalog()
+        brain = {} if self.brain is None else self.brain.load_figures()
         return {
+            **brain,
             "cpu": round(share, 3),
             "streams": float(len(self.fed.hosted) if self.fed is not None else 0),
             "queries": float(len(catalog.query_names())),
@@ -344,6 +372,55 @@ class Peer:
 
     def _check(self, query: Any) -> CheckedQuery:
         return check_query(query, self._catalog().stream_schemas())
+
+    # what peer.move and peer.brain use
+    def local_catalog(self) -> LocalCatalog:
+        return self._catalog()
+
+    def checked(self, query: Any) -> CheckedQuery:
+        return self._check(query)
+
+    def freeze(self, stream: str) -> None:
+        """Refuse mirrored appends to ``stream`` (a replica whose reader is moving away)."""
+        self._frozen.add(stream)
+
+    def thaw(self, stream: str) -> None:
+        self._frozen.discard(stream)
+
+    async def drained(self, stream: str, timeout_s: float = 30.0) -> None:
+        """Wait until no mirrored append to ``stream`` is landing."""
+        async with asyncio.timeout(timeout_s):
+            while self._landing.get(stream):
+                await asyncio.sleep(0.01)
+
+    def movable_fragments(self) -> list[tuple[str, tuple[str, ...]]]:
+        return [] if self.mover is None else self.mover.movable()
+
+    async def engine_busy_seconds(self) -> dict[str, float]:
+        if self.engine is None:
+            return {}
+        result: dict[str, float] = await self.engine.busy_seconds()
+        return result
+
+    def input_backlog(self) -> int:
+        """Batches waiting in the inputs of this peer's own streaming queries."""
+        if self.engine is None:
+            return 0
+        spools, total = self._spools(), 0
+        for running in list(self.engine.running.values()):
+            for stream, reader in running.readers:
+                with contextlib.suppress(KeyError, ValueError, OSError):
+                    spool = spools.get(stream)
+                    total += max(0, spool.latest - spool.committed(reader))
+        return total
+
+    async def move_fragment(
+        self, name: str, target: bytes, *, contract: str, load: float = 0.0, price: float = 0.0
+    ) -> dict[str, Any]:
+        """Move fragment ``name``, with its state, to peer ``target`` (peer.move)."""
+        if self.mover is None:
+            raise Conflict("this peer is not in an overlay: fragments cannot move")
+        return await self.mover.move_out(name, target, contract=contract, load=load, price=price)
 
     # the client API (peer.api.PeerService)
     async def create_schema(self, schema: str | dict[str, Any]) -> dict[str, Any]:
@@ -472,8 +549,14 @@ class Peer:
                     kept += 1
             return kept
 
+        if stream in self._frozen:
+            raise Unavailable(f"stream {stream} is moving to another peer", stream=stream)
         await self._room(stream, spool)
-        kept = await asyncio.to_thread(land)
+        self._landing[stream] = self._landing.get(stream, 0) + 1
+        try:
+            kept = await asyncio.to_thread(land)
+        finally:
+            self._landing[stream] -= 1
         return {"stream": stream, "last": batches[-1][0], "kept": kept}
 
     async def _room(self, stream: str, spool: Any) -> None:
@@ -500,6 +583,15 @@ class Peer:
         status = status.upper()
         catalog = self._catalog()
         if catalog.find_query(fragment) is None:
+            site = catalog.moved().get(fragment)
+            if site is not None and self.fed is not None:  # it moved on: tell it there
+                reply = await self.fed.call(
+                    bytes.fromhex(site),
+                    {"op": "fragment_status", "fragment": fragment, "status": status},
+                )
+                if status == "DELETED":
+                    await asyncio.to_thread(catalog.forget_moved, fragment)
+                return reply
             if status == "DELETED":
                 return {"query": fragment, "status": status}  # gone already
             raise NotFound(f"no fragment {fragment} on this peer", query=fragment)
@@ -585,9 +677,11 @@ class Peer:
 
     async def subscribe_local(self, stream: str, start: str) -> AsyncIterator[dict[str, Any]]:
         self._catalog().stream(stream)
-        if start not in ("latest", "earliest"):
+        after = _after_offset(start)  # "after:N": a relay resuming where it was (moves)
+        if start not in ("latest", "earliest") and after is None:
             raise InvalidInput(f"subscribe: start must be latest or earliest, not {start!r}")
         spool = self._spools().get(stream)
+        spools = self._spools()
         loop = asyncio.get_running_loop()
         wake = asyncio.Event()
 
@@ -596,13 +690,24 @@ class Peer:
 
         spool.add_listener(on_append)
         try:
-            position = spool.latest if start == "latest" else spool.earliest - 1
-            yield READY  # the start position is fixed: the subscribe reply may go out
+            if after is not None:
+                position = after
+            else:
+                position = spool.latest if start == "latest" else spool.earliest - 1
+            # the start position is fixed: the subscribe reply may go out
+            yield {**READY, "after": position}
             while True:
                 wake.clear()
                 latest = spool.latest
                 if latest <= position:
-                    await wake.wait()
+                    if stream not in spools:  # moved away (peer.move) or dropped
+                        raise Unavailable(
+                            f"stream {stream} is no longer here; subscribe again",
+                            stream=stream,
+                            moved=True,
+                        )
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(wake.wait(), 1.0)
                     continue
                 end = min(latest, position + SUBSCRIBE_CHUNK)
                 position = max(position, spool.earliest - 1)  # skip what was trimmed meanwhile
@@ -672,6 +777,8 @@ class Peer:
                     "replicas": self._catalog().replicas(),
                     "mirrors": self.fed.mirrors.describe(),
                     "forwarded": self.fed.forwarded,
+                    "moved": self._catalog().moved(),
+                    **({"brain": self.brain.status()} if self.brain is not None else {}),
                 }
                 if self.fed is not None
                 else {}
@@ -708,7 +815,7 @@ class Peer:
     def subscribe(self, stream: str, start: str) -> AsyncIterator[dict[str, Any]]:
         if start not in ("latest", "earliest"):
             raise InvalidInput(f"subscribe: start must be latest or earliest, not {start!r}")
-        if self.fed is None or stream in self.fed.hosted:
+        if self.fed is None:
             return AnnouncedBatches(self.subscribe_local(stream, start))
         return AnnouncedBatches(self.fed.relay(stream, start))
 
@@ -727,6 +834,22 @@ class Peer:
     # requests from other peers (overlay.node.PeerHandler)
     async def handle_link(self, link: Any, frame: dict[str, Any]) -> dict[str, Any]:
         assert self.fed is not None
+        op = frame.get("op")
+        sender = str(link.remote_participant)
+        if isinstance(op, str) and op.startswith("move_"):
+            if self.mover is None:
+                raise Conflict("this peer takes no fragments")
+            return await self.mover.handle(frame, sender)
+        if op == "offer":
+            if self.brain is None:
+                return {"accepted": [], "reason": "this peer holds no contracts"}
+            reply: dict[str, Any] = await self.brain.handle_offer(frame, sender=sender)
+            return reply
+        if op == "lookup":
+            name = frame.get("name")
+            site = self._catalog().moved().get(name) if isinstance(name, str) else None
+            if site is not None and self._catalog().find_query(str(name)) is None:
+                return await self.fed.call(bytes.fromhex(site), frame)
         return await self.fed.handle_link(frame)
 
     def stream_link(self, link: Any, frame: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
@@ -756,6 +879,16 @@ def _checked_status(status: str) -> str:
             status=status,
         )
     return status
+
+
+def _after_offset(start: str) -> int | None:
+    if not start.startswith("after:"):
+        return None
+    try:
+        value = int(start[6:])
+    except ValueError:
+        return None
+    return value if value >= -1 else None
 
 
 def _read_range(spool: Any, start: int, end: int) -> list[tuple[int, Any]]:

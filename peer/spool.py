@@ -458,6 +458,42 @@ class Spool:
                 offset_path(self.directory, offset).unlink()
         return len(doomed)
 
+    # ----------------------------------------------------------------------- moving
+
+    def export(
+        self,
+        dest: Path,
+        *,
+        after: int,
+        through: int | None = None,
+        readers: list[str] | None = None,
+        seqs: dict[str, int] | None = None,
+    ) -> int:
+        """Write a copy of this spool to the new directory ``dest``, for another peer: the
+        files with offsets in ``(after, through]`` (to the latest by default), the given
+        readers' offset files (all by default), and a state file that keeps the offsets
+        where they are (the copy's next append gets ``through + 1``) and the replay memory
+        (highest seq per origin, plus ``seqs``). Returns ``through``. The files are
+        immutable once written, so copying them while appends go on is safe."""
+        with self._lock:
+            through = self._latest if through is None else min(through, self._latest)
+            after = max(after, self._earliest - 1)
+            memory = dict(self._seqs)
+        for origin, seq in (seqs or {}).items():
+            memory[origin] = max(memory.get(origin, -1), seq)
+        dest.mkdir(parents=True)
+        (dest / READERS_DIR).mkdir()
+        shutil.copy2(self.directory / SCHEMA_FILE, dest / SCHEMA_FILE)
+        for offset in range(after + 1, through + 1):
+            shutil.copy2(offset_path(self.directory, offset), offset_path(dest, offset))
+        for reader_id in self.readers() if readers is None else readers:
+            with contextlib.suppress(FileNotFoundError):
+                shutil.copy2(reader_path(self.directory, reader_id), reader_path(dest, reader_id))
+        # trimmed_through = after: the copy's latest is ``through`` even with no file in it
+        state = {"trimmed_through": min(after, through), "seqs": memory}
+        _atomic_write(dest / STATE_FILE, json.dumps(state).encode(), fsync=self.fsync)
+        return through
+
     # ----------------------------------------------------------------------- listeners
 
     def _aged_out(self, cutoff_ns: int) -> int:
@@ -535,6 +571,22 @@ class SpoolSet:
             if self.fsync:
                 _fsync_dir(self.root)
             spool = Spool(final, schema, fsync=self.fsync)
+            self._spools[stream] = spool
+            return spool
+
+    def adopt(self, stream: str, directory: Path) -> Spool:
+        """Take in a spool exported by another peer (``Spool.export``) as ``stream``'s."""
+        with self._lock:
+            if stream in self._spools:
+                raise ValueError(f"stream {stream!r} already has a spool here")
+            _atomic_write(
+                directory / STREAM_FILE, json.dumps({"stream": stream}).encode(), fsync=False
+            )
+            final = self.root / stream_dirname(stream)
+            os.rename(directory, final)
+            if self.fsync:
+                _fsync_dir(self.root)
+            spool = Spool(final, load_schema(final), fsync=self.fsync)
             self._spools[stream] = spool
             return spool
 

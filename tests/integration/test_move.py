@@ -1,0 +1,241 @@
+"""A running fragment moves, with its Spark state, to a partner's peer (issue 5).
+
+Two peers of two participants that trust each other only through a signed contract (no
+--trust directory) share this test process's Spark session. A filter + windowed aggregate runs
+on peer A; mid-stream it moves to peer B (checkpoint, uncommitted input, result spool). Pushes
+go on through both peers, a subscription opened on A before the move goes on across it, and
+both end equal to plain Python: no window lost, none twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from contracts import contract as ct
+from contracts.keys import generate, load_private
+from overlay.identity import raw_public
+from overlay.membership import stream_target
+from peer.client import Client
+from peer.errors import FedstreamError
+from peer.node import PeerConfig
+from peer.testing import PeerThread, collect
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(600)]
+
+SCHEMA = {
+    "name": "mtick",
+    "fields": [
+        {"name": "k", "type": "int"},
+        {"name": "v", "type": "long"},
+        {"name": "t", "type": "long"},
+    ],
+}
+
+
+def query(source: str) -> dict[str, Any]:
+    return {
+        "name": "mover",
+        "boxes": [
+            {
+                "name": "keep",
+                "type": "filter",
+                "node": "alpha",
+                "inputs": [source],
+                "outputs": ["kept"],
+                "params": {"expression.0": "v >= 0"},
+            },
+            {
+                "name": "per_key",
+                "type": "aggregate",
+                "node": "alpha",
+                "inputs": ["kept"],
+                "outputs": ["moved_out"],
+                "params": {
+                    "aggregate-function.0": "sum(v)",
+                    "aggregate-function-output-name.0": "s",
+                    "aggregate-function.1": "count()",
+                    "aggregate-function-output-name.1": "n",
+                    "window-size": "10",
+                    "advance": "10",
+                    "order-on-field": "t",
+                    "group-by": "k",
+                },
+            },
+        ],
+    }
+
+
+BATCHES = 45
+
+
+def make_batches(seed: int = 5) -> list[dict[str, list[int]]]:
+    rng = random.Random(seed)
+    batches, t = [], 0
+    for _ in range(BATCHES):
+        ts = []
+        for _ in range(30):
+            t += rng.randrange(0, 2)
+            ts.append(t)
+        batches.append(
+            {
+                "k": [rng.randrange(3) for _ in ts],
+                "v": [rng.randrange(-10, 50) for _ in ts],
+                "t": ts,
+            }
+        )
+    batches.append({"k": [0], "v": [0], "t": [batches[-1]["t"][-1] + 100]})
+    return batches
+
+
+def reference(batches: list[dict[str, list[int]]]) -> Counter[tuple[int, ...]]:
+    watermark = max(max(b["t"]) for b in batches)
+    acc: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0])
+    for b in batches:
+        for k, v, t in zip(b["k"], b["v"], b["t"], strict=True):
+            if v >= 0:
+                cell = acc[(t // 10 * 10, k)]
+                cell[0] += v
+                cell[1] += 1
+    return Counter(
+        (s, s + 10, k, total, n) for (s, k), (total, n) in acc.items() if s + 10 <= watermark
+    )
+
+
+def write_contract(tmp_path: Path) -> tuple[dict[str, Path], str, Path]:
+    keys = {}
+    for name in ("alpha", "beta"):
+        keys[name], _pub = generate(name, tmp_path / "keys")
+    priv = {n: load_private(p) for n, p in keys.items()}
+    made = ct.create(
+        "alpha",
+        raw_public(priv["alpha"].public_key()),
+        "beta",
+        raw_public(priv["beta"].public_key()),
+        price=2.0,
+        days=1,
+    )
+    signed = ct.sign(ct.sign(made, priv["alpha"]), priv["beta"])
+    directory = tmp_path / "contracts"
+    directory.mkdir()
+    ct.dump(signed, directory / "alpha-beta.toml")
+    return keys, signed.id, directory
+
+
+@pytest.fixture
+def pair(tmp_path: Path, spark: Any) -> Iterator[tuple[PeerThread, PeerThread, str]]:
+    keys, contract_id, contracts = write_contract(tmp_path)
+    fast = {"gossip_interval_s": 0.3, "suspect_after_s": 3.0, "dead_after_s": 8.0}
+    started: list[PeerThread] = []
+    try:
+        for name in ("alpha", "beta"):
+            bootstrap = []
+            if started:
+                a = started[0].peer
+                assert a.overlay is not None
+                bootstrap = [("127.0.0.1", a.overlay.port)]
+            config = PeerConfig(
+                data_dir=tmp_path / name,
+                port=0,
+                participant=name,
+                key_path=keys[name],
+                contracts_dir=contracts,
+                bootstrap=bootstrap,
+                brain=False,
+                **fast,  # type: ignore[arg-type]
+            )
+            started.append(PeerThread(config, spark).__enter__())
+        yield started[0], started[1], contract_id
+    finally:
+        for p in reversed(started):
+            p.close()
+
+
+async def push(port: int, stream: str, batches: list[dict[str, list[int]]], first: int) -> None:
+    async with Client("127.0.0.1", port, timeout_s=60) as c:
+        for i, columns in enumerate(batches, first):
+            for _ in range(60):
+                try:
+                    await c.push(stream, {"columns": columns}, producer="mover-test", seq=i)
+                    break
+                except FedstreamError:
+                    await asyncio.sleep(0.5)
+            else:
+                raise AssertionError(f"batch {i} never acknowledged")
+            await asyncio.sleep(0.02)
+
+
+def test_a_fragment_moves_with_its_state_and_the_output_stays_exact(
+    pair: tuple[PeerThread, PeerThread, str],
+) -> None:
+    a, b, contract_id = pair
+    assert a.peer.overlay is not None and b.peer.overlay is not None
+    a_id, b_id = a.peer.overlay.node_id, b.peer.overlay.node_id
+    # the partners trust each other through the contract alone
+    assert a.peer.trust is not None and a.peer.trust.is_trusted(b.peer.identity.participant_pub)
+
+    def closest(name: str) -> bytes:
+        t = int.from_bytes(stream_target(name), "big")
+        return min((a_id, b_id), key=lambda n: int.from_bytes(n, "big") ^ t)
+
+    source = next(f"mticks{i}" for i in range(1000) if closest(f"mticks{i}") == a_id)
+    batches = make_batches()
+    want = reference(batches)
+    third = BATCHES // 3
+
+    async def scenario() -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+        async with Client("127.0.0.1", a.port, timeout_s=120) as cl:
+            async with asyncio.timeout(60):
+                while len((await cl.status())["overlay"]["members"]) < 2:
+                    await asyncio.sleep(0.2)
+            await cl.create_schema(SCHEMA)
+            await cl.create_stream(source, "mtick")
+            await cl.create_query(query(source))
+            await cl.start_query("mover")
+        # a subscriber on A from the start: it must go on across the move
+        early = Client("127.0.0.1", a.port, timeout_s=120)
+        await early.__aenter__()
+        watcher = asyncio.create_task(
+            collect(early, "moved_out", sum(want.values()), timeout_s=400, settle_s=3)
+        )
+        await push(a.port, source, batches[:third], 0)
+        async with Client("127.0.0.1", b.port, timeout_s=120) as cl:
+            first = await collect(cl, "moved_out", 1, timeout_s=120)
+            assert first, "no result before the move"
+        await push(a.port, source, batches[third : 2 * third], third)
+        loop = asyncio.get_running_loop()
+        moved = await loop.run_in_executor(
+            None,
+            lambda: a.call(a.peer.move_fragment("mover", b_id, contract=contract_id), 180),
+        )
+        await push(b.port, source, batches[2 * third :], 2 * third)
+        async with Client("127.0.0.1", b.port, timeout_s=120) as cl:
+            rows = await collect(cl, "moved_out", sum(want.values()), timeout_s=300, settle_s=3)
+        try:
+            seen = await watcher
+        finally:
+            await early.__aexit__(None, None, None)
+        return moved, rows, seen
+
+    started = time.monotonic()
+    moved, rows, seen = asyncio.run(scenario())
+    print("move:", moved, "test took", round(time.monotonic() - started, 1), "s")
+    assert moved["to"] == b_id.hex() and moved["pause_s"] > 0
+    # A let go of it, B runs it with the state it had
+    assert a.peer.local_catalog().find_query("mover") is None
+    assert a.peer.local_catalog().moved() == {"mover": b_id.hex()}
+    assert b.peer.local_catalog().query("mover").status == "RUNNING"
+    assert "moved_out" in b.peer.fed.hosted and "moved_out" not in a.peer.fed.hosted
+
+    def as_counter(got: list[dict[str, Any]]) -> Counter[tuple[int, ...]]:
+        return Counter((r["window_start"], r["window_end"], r["k"], r["s"], r["n"]) for r in got)
+
+    assert as_counter(rows) == want
+    assert as_counter(seen) == want
