@@ -239,3 +239,129 @@ def test_a_fragment_moves_with_its_state_and_the_output_stays_exact(
 
     assert as_counter(rows) == want
     assert as_counter(seen) == want
+
+
+def chain_query(source: str) -> dict[str, Any]:
+    """filter on gamma -> aggregate on alpha (the one that moves) -> map on gamma."""
+    q = query(source)
+    q["name"] = "relay"
+    q["boxes"][0]["node"] = "gamma"
+    q["boxes"][1]["outputs"] = ["agg_mid"]
+    q["boxes"].append(
+        {
+            "name": "twice",
+            "type": "map",
+            "node": "gamma",
+            "inputs": ["agg_mid"],
+            "outputs": ["relay_out"],
+            "params": {
+                "expression.0": "window_start",
+                "output-field-name.0": "window_start",
+                "expression.1": "window_end",
+                "output-field-name.1": "window_end",
+                "expression.2": "k",
+                "output-field-name.2": "k",
+                "expression.3": "s * 2",
+                "output-field-name.3": "s",
+                "expression.4": "n",
+                "output-field-name.4": "n",
+            },
+        }
+    )
+    return q
+
+
+@pytest.fixture
+def trio(tmp_path: Path, spark: Any) -> Iterator[list[PeerThread]]:
+    keys, contract_id, contracts = write_contract(tmp_path)
+    keys["gamma"], _ = generate("gamma", tmp_path / "keys")
+    trust = tmp_path / "trust"
+    trust.mkdir()
+    (trust / "gamma.pub").write_bytes((tmp_path / "keys" / "gamma.pub").read_bytes())
+    trust_all = tmp_path / "trust_all"
+    trust_all.mkdir()
+    for name in keys:
+        (trust_all / f"{name}.pub").write_bytes((tmp_path / "keys" / f"{name}.pub").read_bytes())
+    started: list[PeerThread] = []
+    try:
+        for name in ("alpha", "beta", "gamma"):
+            bootstrap = []
+            if started:
+                a = started[0].peer
+                assert a.overlay is not None
+                bootstrap = [("127.0.0.1", a.overlay.port)]
+            config = PeerConfig(
+                data_dir=tmp_path / name,
+                port=0,
+                participant=name,
+                key_path=keys[name],
+                contracts_dir=contracts if name != "gamma" else None,
+                trust_dir=trust if name != "gamma" else trust_all,
+                bootstrap=bootstrap,
+                brain=False,
+                gossip_interval_s=0.3,
+            )
+            started.append(PeerThread(config, spark).__enter__())
+        started[0].contract_id = contract_id  # type: ignore[attr-defined]
+        yield started
+    finally:
+        for p in reversed(started):
+            p.close()
+
+
+def test_a_middle_fragment_moves_and_its_upstream_and_downstream_follow(
+    trio: list[PeerThread],
+) -> None:
+    """The moving fragment reads a replica mirrored from gamma and feeds a fragment on gamma:
+    gamma's mirror diverts to the new peer, and the new peer mirrors back under the old
+    origin, so gamma's copy has no gap and no duplicate."""
+    a, b, g = trio
+    ids = [p.peer.overlay.node_id for p in trio]  # type: ignore[union-attr]
+
+    def closest(name: str) -> bytes:
+        t = int.from_bytes(stream_target(name), "big")
+        return min(ids, key=lambda n: int.from_bytes(n, "big") ^ t)
+
+    source = next(f"rticks{i}" for i in range(1000) if closest(f"rticks{i}") == ids[2])
+    batches = make_batches(seed=11)
+    want = Counter((s, e, k, 2 * total, n) for (s, e, k, total, n) in reference(batches).elements())
+    third = BATCHES // 3
+
+    async def scenario() -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+        async with Client("127.0.0.1", g.port, timeout_s=120) as cl:
+            async with asyncio.timeout(60):
+                while len((await cl.status())["overlay"]["members"]) < 3:
+                    await asyncio.sleep(0.2)
+            await cl.create_schema(SCHEMA)
+            await cl.create_stream(source, "mtick")
+            made = await cl.create_query(chain_query(source))
+            await cl.start_query("relay")
+        await push(g.port, source, batches[:third], 0)
+        async with Client("127.0.0.1", g.port, timeout_s=120) as cl:
+            assert await collect(cl, "relay_out", 1, timeout_s=120), "no result before the move"
+        await push(g.port, source, batches[third : 2 * third], third)
+        middle = next(f["name"] for f in made["fragments"] if f["site"] == ids[0].hex())
+        loop = asyncio.get_running_loop()
+        moved = await loop.run_in_executor(
+            None,
+            lambda: a.call(
+                a.peer.move_fragment(middle, ids[1], contract=a.contract_id),  # type: ignore[attr-defined]
+                180,
+            ),
+        )
+        await push(a.port, source, batches[2 * third :], 2 * third)
+        async with Client("127.0.0.1", g.port, timeout_s=120) as cl:
+            rows = await collect(cl, "relay_out", sum(want.values()), timeout_s=300, settle_s=3)
+            # the query's status goes through the old site's forward to the new one
+            looked = await cl.lookup_object("relay")
+        return moved, rows, looked
+
+    moved, rows, looked = asyncio.run(scenario())
+    print("move:", moved)
+    got = Counter((r["window_start"], r["window_end"], r["k"], r["s"], r["n"]) for r in rows)
+    assert got == want
+    assert looked["status"] == "RUNNING", looked
+    mirrors = {(m["stream"], m["to"]) for m in g.peer.fed.mirrors.describe()}  # type: ignore[union-attr]
+    assert any(to == ids[1].hex()[:16] for _s, to in mirrors), mirrors
+    assert not any(to == ids[0].hex()[:16] for _s, to in mirrors), mirrors
+    assert b.peer.local_catalog().query(moved["fragment"]).status == "RUNNING"
