@@ -153,7 +153,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--spike",
         action="store_true",
-        help="(not yet) a load spike that makes a participant move boxes to a partner",
+        help="a load spike on one participant: its boxes move, with their state, to its "
+        "contract partner (3 peers; --duration is the spike's length, default 40 s)",
+    )
+    p.add_argument(
+        "--summary", metavar="FILE", help="with --spike: write what happened as JSON to FILE"
     )
 
 
@@ -168,6 +172,7 @@ def main(args: argparse.Namespace) -> int:
         tuples=args.tuples,
         spike=args.spike,
         keep=args.keep,
+        summary=args.summary,
     )
 
 
@@ -182,6 +187,7 @@ def run_demo(
     tuples: int | None = None,
     spike: bool = False,
     keep: bool = False,
+    summary: str | None = None,
 ) -> int:
     from rich.console import Console
 
@@ -204,10 +210,16 @@ def run_demo(
         else:
             size = 60 if example == "traffic" else 20
     if spike:
-        console.print(
-            "[yellow]--spike: load moves between participants are not built yet; "
-            "running without a spike[/]"
-        )
+        from peer.spike import Spike
+
+        find_java()
+        return Spike(
+            console,
+            duration_s=40.0 if duration_s is None else max(duration_s, 5.0),
+            keep=keep,
+            summary=Path(summary) if summary else None,
+            live=console.is_terminal,
+        ).run()
     find_java()  # the same actionable message as `peer join`, before any process starts
     demo = Demo(
         console,
