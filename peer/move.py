@@ -486,11 +486,11 @@ class Mover:
         raise Unauthorized(f"no valid contract {manifest['contract'][:8]} with {sender} here")
 
     async def _install(self, move_id: str, incoming: _Incoming) -> dict[str, Any]:
-        peer, fed = self.peer, self.peer.fed
-        assert fed is not None
         manifest = incoming.manifest
         if incoming.size != manifest["size"] or incoming.digest.hexdigest() != manifest["sha256"]:
             raise InvalidInput("move_install: the data does not match the manifest's hash")
+        peer, fed = self.peer, self.peer.fed
+        assert fed is not None
         started = time.monotonic()
         name = manifest["fragment"]
         where = incoming.path.parent

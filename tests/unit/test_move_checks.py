@@ -1,0 +1,281 @@
+"""peer.move's receiving side against hostile input: manifests, chunks, senders, tars.
+
+No JVM: a fake peer with a real contract book, real spools and a real local catalog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import tarfile
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from contracts import contract as ct
+from contracts.book import ContractBook
+from contracts.keys import generate, load_private
+from overlay.identity import raw_public
+from peer.catalog import LocalCatalog
+from peer.errors import Conflict, FedstreamError, InvalidInput, NotFound, Unauthorized
+from peer.move import Mover, _check_manifest, _extract
+from peer.spool import SpoolSet
+
+SCHEMA = {"name": "tk", "fields": [{"name": "k", "type": "int"}, {"name": "t", "type": "long"}]}
+DEFINITION = {
+    "name": "frag",
+    "boxes": [
+        {
+            "name": "keep",
+            "type": "filter",
+            "inputs": ["src"],
+            "outputs": ["out"],
+            "params": {"expression.0": "k > 0"},
+        }
+    ],
+}
+
+
+def manifest(contract_id: str = "c" * 32, **changes: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "id": uuid.uuid4().hex,
+        "fragment": "frag",
+        "definition": DEFINITION,
+        "incarnation": "abcd1234",
+        "box_types": ["filter"],
+        "inputs": {"src": {"dir": "in0", "schema": SCHEMA, "source": "00" * 20}},
+        "outputs": {"out": {"dir": "out0", "schema": SCHEMA}},
+        "size": 100,
+        "sha256": "0" * 64,
+        "contract": contract_id,
+        "load": 0.3,
+        "price": 2.0,
+        "from_node": "11" * 20,
+    }
+    base.update(changes)
+    return base
+
+
+def test_a_good_manifest_passes() -> None:
+    assert _check_manifest(manifest())["fragment"] == "frag"
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"id": "../../etc"}, "id"),
+        ({"size": 0}, "size"),
+        ({"size": 10**12}, "size"),
+        ({"size": True}, "size"),
+        ({"load": float("nan")}, "load"),
+        ({"price": -1.0}, "price"),
+        ({"fragment": "other"}, "definition"),
+        ({"box_types": ["aggregate"]}, "box_types"),
+        ({"inputs": {"src": {"dir": "../x", "schema": SCHEMA, "source": "00"}}}, "dir"),
+        ({"inputs": {"src": {"dir": "in0", "schema": SCHEMA}}}, "source"),
+        ({"outputs": ["out"]}, "outputs"),
+        ({"contract": 5}, "contract"),
+    ],
+)
+def test_a_bad_manifest_is_refused_with_a_reason(change: dict[str, Any], words: str) -> None:
+    with pytest.raises(InvalidInput) as err:
+        _check_manifest(manifest(**change))
+    assert words in err.value.message
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner),
+        max_leaves=12,
+    )
+)
+def test_garbage_manifests_raise_invalid_input_only(junk: Any) -> None:
+    with pytest.raises(InvalidInput):
+        _check_manifest(junk)
+
+
+@settings(max_examples=100)
+@given(st.dictionaries(st.sampled_from(sorted(manifest())), st.none() | st.integers()))
+def test_manifests_with_fields_replaced_never_pass_unchecked(junk: dict[str, Any]) -> None:
+    bad = {**manifest(), **junk}
+    try:
+        _check_manifest(bad)
+    except InvalidInput:
+        return
+    # what passed must still be well-typed where it matters
+    assert isinstance(bad["size"], int) and isinstance(bad["id"], str)
+
+
+def test_a_tar_with_a_path_out_of_its_directory_is_refused(tmp_path: Path) -> None:
+    evil = tmp_path / "evil.tar"
+    with tarfile.open(evil, "w") as tar:
+        info = tarfile.TarInfo("../../escaped")
+        data = b"boom"
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    where = tmp_path / "in"
+    where.mkdir()
+    with pytest.raises(tarfile.TarError):
+        _extract(evil, where)
+    assert not (tmp_path.parent / "escaped").exists()
+
+
+# -- the receiving Mover with a fake peer ---------------------------------------------------
+
+
+@pytest.fixture
+def receiver(tmp_path: Path) -> tuple[Mover, str]:
+    privs = {}
+    for name in ("alpha", "beta"):
+        key, _ = generate(name, tmp_path / "keys")
+        privs[name] = load_private(key)
+    made = ct.create(
+        "alpha",
+        raw_public(privs["alpha"].public_key()),
+        "beta",
+        raw_public(privs["beta"].public_key()),
+        price=2.0,
+        b_accepts=["filter", "map"],
+        days=1,
+    )
+    (tmp_path / "contracts").mkdir()
+    ct.dump(
+        ct.sign(ct.sign(made, privs["alpha"]), privs["beta"]), tmp_path / "contracts" / "ab.toml"
+    )
+    from datetime import UTC, datetime
+
+    book = ContractBook.load_dir(
+        tmp_path / "contracts",
+        "beta",
+        datetime.now(UTC),
+        known_keys={"beta": raw_public(privs["beta"].public_key())},
+    )
+    assert len(book.contracts) == 1
+    catalog = LocalCatalog(tmp_path / "catalog.sqlite")
+    spools = SpoolSet(tmp_path / "spool")
+    peer = SimpleNamespace(
+        data_dir=tmp_path / "data",
+        engine=object(),
+        fed=None,
+        book=book,
+        local_catalog=lambda: catalog,
+        spool_set=lambda: spools,
+    )
+    return Mover(peer), made.id  # type: ignore[arg-type]
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_a_partner_under_contract_may_begin_a_move(receiver: tuple[Mover, str]) -> None:
+    mover, cid = receiver
+    reply = run(mover.handle({"op": "move_begin", "manifest": manifest(cid)}, "alpha"))
+    assert reply["ready"] and mover.busy
+
+
+def test_no_contract_no_move(receiver: tuple[Mover, str]) -> None:
+    mover, cid = receiver
+    with pytest.raises(Unauthorized):
+        run(mover.handle({"op": "move_begin", "manifest": manifest(cid)}, "gamma"))
+    with pytest.raises(Unauthorized):  # a contract id we do not hold
+        run(mover.handle({"op": "move_begin", "manifest": manifest("d" * 32)}, "alpha"))
+    assert not mover.busy
+
+
+def test_a_box_kind_the_contract_does_not_cover_is_refused(receiver: tuple[Mover, str]) -> None:
+    mover, cid = receiver
+    agg = {
+        "name": "frag",
+        "boxes": [
+            {
+                "name": "agg",
+                "type": "aggregate",
+                "inputs": ["src"],
+                "outputs": ["out"],
+                "params": {
+                    "aggregate-function.0": "count()",
+                    "aggregate-function-output-name.0": "n",
+                    "window-size": "10",
+                    "advance": "10",
+                    "order-on-field": "t",
+                },
+            }
+        ],
+    }
+    bad = manifest(cid, definition=agg, box_types=["aggregate"])
+    with pytest.raises(Unauthorized) as err:
+        run(mover.handle({"op": "move_begin", "manifest": bad}, "alpha"))
+    assert "aggregate" in err.value.message
+    assert not mover.busy
+
+
+def test_chunks_from_another_sender_or_beyond_the_size_are_refused(
+    receiver: tuple[Mover, str],
+) -> None:
+    mover, cid = receiver
+    m = manifest(cid, size=10)
+
+    async def go() -> None:
+        await mover.handle({"op": "move_begin", "manifest": m}, "alpha")
+        with pytest.raises(NotFound):
+            await mover.handle({"op": "move_chunk", "move": m["id"], "data": b"x"}, "gamma")
+        with pytest.raises(InvalidInput):
+            await mover.handle({"op": "move_chunk", "move": m["id"], "data": "text"}, "alpha")
+        await mover.handle({"op": "move_chunk", "move": m["id"], "data": b"x" * 6}, "alpha")
+        with pytest.raises(InvalidInput):
+            await mover.handle({"op": "move_chunk", "move": m["id"], "data": b"x" * 6}, "alpha")
+        # refused and forgotten: the lock is free for the next move
+        assert not mover.busy
+        with pytest.raises(NotFound):
+            await mover.handle({"op": "move_install", "move": m["id"]}, "alpha")
+
+    run(go())
+
+
+def test_data_that_does_not_match_the_hash_is_not_installed(
+    receiver: tuple[Mover, str],
+) -> None:
+    mover, cid = receiver
+    body = b"not the tar that was announced"
+    m = manifest(cid, size=len(body), sha256=hashlib.sha256(b"other").hexdigest())
+
+    async def go() -> None:
+        await mover.handle({"op": "move_begin", "manifest": m}, "alpha")
+        await mover.handle({"op": "move_chunk", "move": m["id"], "data": body}, "alpha")
+        with pytest.raises(InvalidInput) as err:
+            await mover.handle({"op": "move_install", "move": m["id"]}, "alpha")
+        assert "hash" in err.value.message
+
+    run(go())
+    assert not mover.busy
+    catalog = mover.peer.local_catalog()
+    assert catalog.find_query("frag") is None and catalog.stream_names() == []
+
+
+def test_a_second_move_waits_for_the_first(receiver: tuple[Mover, str]) -> None:
+    mover, cid = receiver
+
+    async def go() -> None:
+        await mover.handle({"op": "move_begin", "manifest": manifest(cid)}, "alpha")
+        with pytest.raises(FedstreamError):
+            await mover.handle({"op": "move_begin", "manifest": manifest(cid)}, "alpha")
+
+    run(go())
+
+
+def test_a_name_already_here_is_a_conflict(receiver: tuple[Mover, str]) -> None:
+    mover, cid = receiver
+    from peer.model.schema import parse_schema, to_arrow_schema
+
+    mover.peer.spool_set().create("src", to_arrow_schema(parse_schema(SCHEMA)))
+    with pytest.raises(Conflict):
+        run(mover.handle({"op": "move_begin", "manifest": manifest(cid)}, "alpha"))
