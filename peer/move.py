@@ -143,6 +143,21 @@ class Mover:
 
     # ------------------------------------------------------------------ sending
 
+    def _why_not_there(self, name: str, target: bytes) -> str | None:
+        """The target holds a stream of the fragment already (it hosts an input, or runs a
+        fragment reading an output): its copy has other offsets than ours."""
+        peer = self.peer
+        catalog, spools = peer.local_catalog(), peer.spool_set()
+        checked = peer.checked(catalog.query(name).query)
+        replicas = catalog.replicas()
+        for stream in checked.inputs:
+            if replicas.get(stream) == target.hex():
+                return f"the target hosts its input {stream}"
+        for stream in checked.outputs:
+            if MIRROR_PREFIX + target.hex() in spools.get(stream).readers():
+                return f"the target reads its result stream {stream}"
+        return None
+
     async def move_out(
         self,
         name: str,
@@ -160,7 +175,7 @@ class Mover:
         if self.lock.locked():
             raise Unavailable("another move is in flight on this peer; retry later")
         async with self.lock:
-            reason = self.why_not(name)
+            reason = self.why_not(name) or self._why_not_there(name, target)
             if reason is not None:
                 raise Conflict(f"fragment {name} cannot move: {reason}", query=name)
             return await self._move_out(name, target, contract, load, price)
