@@ -310,6 +310,47 @@ class Engine:
 
         return await self._call(ask)
 
+    async def busy_seconds(self) -> dict[str, float]:
+        """Seconds each query with its own streaming query has spent running micro-batches,
+        cumulative while this engine runs (the brain's load per fragment, peer.load). Lane
+        members share one streaming query and cannot move: they are left out.
+
+        Spark keeps the last ``spark.sql.streaming.numRecentProgressUpdates`` (100) progress
+        reports per query; each trigger's ``triggerExecution`` time is added once, the newest
+        report counted being remembered by its trigger start time and batch id. The time is
+        used rather than the batch id alone because an idle trigger reports the id of the
+        batch still to come. Between two calls more than 100 triggers go partly uncounted."""
+        running = dict(self.running)  # snapshot on the loop, which owns the dict
+        # Kept on the engine across calls, created on first use: query name -> ((trigger
+        # start, batch id) of the newest report counted, seconds so far).
+        busy: dict[str, tuple[tuple[str, int], float]] = self.__dict__.setdefault("_busy", {})
+
+        def ask() -> dict[str, float]:
+            for name in list(busy):
+                if name not in running:
+                    del busy[name]
+            out: dict[str, float] = {}
+            for name, query in running.items():
+                newest, total = busy.get(name, (("", -1), 0.0))
+                try:
+                    progress = query.handle.recentProgress
+                except Exception as exc:  # a query that died: no new batches to count
+                    log.debug("query %s: no progress: %s", name, error_line(exc))
+                    progress = []
+                for report in progress:
+                    stamp, batch = report.get("timestamp"), report.get("batchId")
+                    ms = (report.get("durationMs") or {}).get("triggerExecution")
+                    if not (isinstance(stamp, str) and isinstance(batch, int)):
+                        continue
+                    if (stamp, batch) <= newest or not isinstance(ms, int | float) or ms < 0:
+                        continue
+                    newest, total = (stamp, batch), total + ms / 1000.0
+                busy[name] = (newest, total)
+                out[name] = total
+            return out
+
+        return await self._call(ask)
+
     async def failed(self) -> dict[str, str]:
         """Queries whose streaming query died, with the reason."""
         running = list(self.running.items())  # snapshot on the loop, which owns the dict

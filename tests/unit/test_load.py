@@ -1,0 +1,218 @@
+"""peer.load: CPU of the peer's process tree, its split among fragments, and the engine's
+busy time per query (from Spark's progress reports, faked here: no JVM)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import psutil
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from peer.load import LoadMeter, fragment_loads
+
+# Spins until it has used 0.5 s of CPU (however busy the machine), says so, then idles until
+# its stdin closes: the test reads the meter while the child is alive and idle.
+SPIN = """
+import sys, time
+while time.process_time() < 0.5:
+    pass
+print("spun", flush=True)
+sys.stdin.read()
+"""
+
+
+class Clock:
+    """Wall time between samples, set by the test (the cores are CPU seconds per second)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def spawn() -> Iterator[Callable[[], subprocess.Popen[str]]]:
+    """Start spinning children; each is killed and reaped at the end of the test."""
+    children: list[subprocess.Popen[str]] = []
+
+    def start() -> subprocess.Popen[str]:
+        child = subprocess.Popen(
+            [sys.executable, "-c", SPIN], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        children.append(child)
+        return child
+
+    yield start
+    for child in children:
+        if child.poll() is None:
+            child.kill()
+        child.wait()
+        for stream in (child.stdin, child.stdout):
+            if stream is not None:
+                stream.close()
+
+
+def spun(child: subprocess.Popen[str]) -> None:
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "spun"
+
+
+def test_the_first_sample_only_sets_the_mark() -> None:
+    assert LoadMeter().sample() == 0.0
+
+
+def test_a_child_started_after_the_mark_counts_all_its_cpu(
+    spawn: Callable[[], subprocess.Popen[str]],
+) -> None:
+    clock = Clock()
+    meter = LoadMeter(clock=clock)
+    assert meter.sample() == 0.0
+    spun(spawn())
+    clock.now += 1.0
+    # The child used at least 0.5 s of CPU in the 1 s the clock says passed.
+    assert meter.sample() > 0.3
+
+
+def test_a_child_there_before_it_was_first_seen_counts_from_then(
+    spawn: Callable[[], subprocess.Popen[str]],
+) -> None:
+    spun(spawn())  # its 0.5 s of CPU were spent before the meter existed
+    clock = Clock()
+    meter = LoadMeter(clock=clock)
+    meter.sample()
+    clock.now += 1.0
+    assert meter.sample() < 0.3  # the idle child adds (almost) nothing now
+
+
+def test_a_vanished_child_does_not_make_a_negative_sample(
+    spawn: Callable[[], subprocess.Popen[str]],
+) -> None:
+    clock = Clock()
+    meter = LoadMeter(clock=clock)
+    meter.sample()
+    child = spawn()
+    spun(child)
+    clock.now += 1.0
+    assert meter.sample() > 0.3
+    child.kill()
+    child.wait()
+    clock.now += 1.0
+    assert meter.sample() >= 0.0
+
+
+def test_a_process_that_cannot_be_read_is_skipped() -> None:
+    class Gone:
+        pid = 123456
+
+        def children(self, recursive: bool) -> list[Any]:
+            raise psutil.NoSuchProcess(self.pid)
+
+        def oneshot(self) -> Any:
+            raise psutil.AccessDenied(self.pid)
+
+    meter = LoadMeter(Gone())  # type: ignore[arg-type]
+    assert meter.sample() == 0.0
+    assert meter.sample() == 0.0
+
+
+def test_a_clock_that_did_not_move_gives_zero() -> None:
+    clock = Clock()
+    meter = LoadMeter(clock=clock)
+    meter.sample()
+    assert meter.sample() == 0.0
+
+
+# -- fragment_loads ------------------------------------------------------------------------------
+
+shares = st.dictionaries(
+    st.text(min_size=1, max_size=8), st.floats(0.0, 5.0, allow_nan=False), max_size=8
+)
+cores = st.floats(0.0, 64.0, allow_nan=False)
+
+
+@given(cores, shares)
+def test_fragment_loads_never_add_up_to_more_than_was_measured(
+    cpu: float, busy: dict[str, float]
+) -> None:
+    loads = fragment_loads(cpu, busy)
+    assert set(loads) == set(busy)
+    assert all(load >= 0 for load in loads.values())
+    assert math.fsum(loads.values()) <= cpu * (1 + 1e-9) + 1e-12
+
+
+@given(cores, shares)
+def test_fragment_loads_are_proportional_to_busy_time(cpu: float, busy: dict[str, float]) -> None:
+    loads = fragment_loads(cpu, busy)
+    total = math.fsum(busy.values())
+    for name, share in busy.items():
+        assert loads[name] == pytest.approx(cpu * share / max(total, 1.0), rel=1e-9, abs=1e-12)
+    if total >= 1.0:  # busy all the period between them: all the CPU is theirs
+        assert math.fsum(loads.values()) == pytest.approx(cpu, rel=1e-9, abs=1e-12)
+
+
+def test_idle_time_stays_unattributed() -> None:
+    assert fragment_loads(4.0, {"a": 0.25, "b": 0.25}) == {"a": 1.0, "b": 1.0}
+    assert fragment_loads(4.0, {"a": 1.5, "b": 0.5}) == {"a": 3.0, "b": 1.0}
+
+
+def test_nonsense_inputs_count_as_nothing() -> None:
+    assert fragment_loads(math.nan, {"a": 1.0}) == {"a": 0.0}
+    assert fragment_loads(2.0, {"a": -1.0, "b": math.inf, "c": 1.0}) == {
+        "a": 0.0,
+        "b": 0.0,
+        "c": 2.0,
+    }
+
+
+# -- Engine.busy_seconds -------------------------------------------------------------------------
+
+
+def progress(stamp: str, batch: int, ms: float) -> dict[str, Any]:
+    return {"timestamp": stamp, "batchId": batch, "durationMs": {"triggerExecution": ms}}
+
+
+def test_engine_counts_each_trigger_once(tmp_path: Path) -> None:
+    from peer.engine.runner import Engine
+    from peer.spool import SpoolSet
+
+    engine = Engine(SpoolSet(tmp_path / "spool", fsync=False), tmp_path / "checkpoints")
+    reports: list[dict[str, Any]] = [
+        progress("2026-01-01T00:00:00.000Z", 0, 400),
+        progress("2026-01-01T00:00:00.500Z", 1, 600),
+    ]
+    broken = SimpleNamespace()  # a query whose handle fails: counted as no new batches
+    engine.running = {
+        "q": SimpleNamespace(handle=SimpleNamespace(recentProgress=reports)),  # type: ignore[dict-item]
+    }
+
+    async def main() -> list[dict[str, float]]:
+        seen = [await engine.busy_seconds()]
+        # The same reports again, an idle trigger reporting the next batch's id, then that
+        # batch itself: only what is new counts.
+        reports.append(progress("2026-01-01T00:00:01.000Z", 2, 5))
+        reports.append(progress("2026-01-01T00:00:02.000Z", 2, 1000))
+        seen.append(await engine.busy_seconds())
+        engine.running["lost"] = broken  # type: ignore[assignment]
+        seen.append(await engine.busy_seconds())
+        del engine.running["q"]
+        seen.append(await engine.busy_seconds())
+        return seen
+
+    try:
+        first, second, third, fourth = asyncio.run(main())
+    finally:
+        engine._executor.shutdown(wait=True)
+    assert first == {"q": pytest.approx(1.0)}
+    assert second == {"q": pytest.approx(2.005)}
+    assert third == {"q": pytest.approx(2.005), "lost": 0.0}
+    assert fourth == {"lost": 0.0}
