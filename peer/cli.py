@@ -237,6 +237,52 @@ async def cmd_status(args: argparse.Namespace) -> int:
                     load,
                 )
             console.print(members)
+        brain = status.get("brain")
+        if brain:
+            from datetime import datetime
+
+            util, load = brain.get("utilisation"), brain.get("load")
+            measured = (
+                "not measured yet"
+                if util is None
+                else f"utilisation={util:.0%}  load={load:.2f} cores"
+            )
+            offering = brain.get("offer_in_flight")
+            console.print(
+                f"brain: {measured}  capacity={brain['capacity']:g} cores"
+                + (f"  offering to {offering}" if offering else "")
+            )
+            contracts = Table("contract", "partner", "price", "partner takes", "valid")
+            for c in brain.get("contracts", []):
+                contracts.add_row(
+                    c["id"][:8],
+                    c["partner"],
+                    f"{c['price']:g}",
+                    ", ".join(c.get("kinds", [])),
+                    "yes" if c.get("valid", True) else "no",
+                )
+            console.print(contracts)
+            for r in brain.get("refused_contracts", []):
+                console.print(f"contract file {r['file']} refused: {r['message']}")
+            ledger = Table("time", "dir", "fragment", "partner")
+            for column in ("contract", "load", "price", "duration", "pause"):
+                ledger.add_column(column, no_wrap=True)
+            for e in brain.get("ledger", []):
+                when = datetime.fromtimestamp(e["t"]).strftime("%m-%d %H:%M")
+                duration, pause = e.get("duration_s"), e.get("pause_s")
+                ledger.add_row(
+                    when,
+                    e["direction"],
+                    e["fragment"],
+                    e.get("partner") or "",
+                    (e.get("contract") or "")[:8],
+                    f"{e.get('load', 0):.3g}",
+                    f"{e.get('price', 0):g}",
+                    "" if duration is None else f"{duration:.0f}s",
+                    "" if pause is None else f"{pause:.2f}s",
+                    style=None if e.get("ok") else "red",
+                )
+            console.print(ledger)
         return 0
 
     return await _with_client(args, go)
