@@ -22,8 +22,10 @@ carries out what they decide and keeps the ledger. Every ``period_s`` the brain 
 3. *Move.* The fragments the partner accepted (only those that were offered) move one at a
    time, each recorded in the ledger. A refusal, an unanswered offer or a failed move puts the
    partner last in the refusal memory (``bpm.remember_outcome``); refusals are forgotten after
-   ``FORGET_REFUSAL_ROUNDS`` rounds. After a move, no offer is made until a whole measured
-   period lies after it: the period that saw the move still counts the load that left.
+   ``FORGET_REFUSAL_ROUNDS`` rounds. A fragment whose move failed is not offered again for as
+   many rounds: a failed move pauses the fragment, and what made it fail may well last. After
+   a move, no offer is made until a whole measured period lies after it: the period that saw
+   the move still counts the load that left.
 
 The other side, :meth:`Brain.handle_offer`, validates an offer (malformed: ``InvalidInput``),
 refuses one that no valid contract with its sender allows, and takes with ``bpm.accept`` what
@@ -68,7 +70,8 @@ __all__ = ["Brain", "BrainPeer", "kind_of"]
 log = logging.getLogger(__name__)
 
 OVERLOAD_BACKLOG = 20  # input batches waiting, and growing: the peer is falling behind
-FORGET_REFUSAL_ROUNDS = 10  # a partner that refused is tried in its turn again after this
+FORGET_REFUSAL_ROUNDS = 10  # a partner that refused, a fragment that failed to move: after this
+# they are tried again in their turn
 EXPECT_ROUNDS = 10  # an accepted box that has not arrived after this no longer holds us up
 LEDGER_SHOWN = 50  # ledger entries in status()
 MAX_NAME_CHARS = 256
@@ -162,6 +165,7 @@ class Brain:
         self._round = 0
         self._refused: tuple[str, ...] = ()  # bpm refusal memory, oldest refusal first
         self._refused_round: dict[str, int] = {}
+        self._failed_round: dict[str, int] = {}  # fragments whose move failed, and when
         self._offer_to: str | None = None  # partner of the offer in flight
         self._moving: str | None = None  # fragment of the move out in flight
         self._moved_at: float | None = None  # when the last move out ended
@@ -194,6 +198,9 @@ class Brain:
             return None  # the period measured still holds load that moved away
         now = self.clock()
         options = self._options(state, now)
+        if self._failed_round:
+            boxes = tuple(b for b in state.boxes if b.name not in self._failed_round)
+            state = PeerState(state.load, boxes, state.capacity)
         offer = choose_offer(
             state,
             [view for view, _, _ in options],
@@ -269,6 +276,9 @@ class Brain:
             self._refused = tuple(p for p in self._refused if p not in old)
             for partner in old:
                 del self._refused_round[partner]
+        for name, r in list(self._failed_round.items()):
+            if self._round - r >= FORGET_REFUSAL_ROUNDS:
+                del self._failed_round[name]
 
     def _remember(self, partner: str, *, accepted: bool) -> None:
         self._refused = remember_outcome(self._refused, partner, accepted=accepted)
@@ -380,6 +390,7 @@ class Brain:
             await self._record(entry)
             if error is not None:
                 log.warning("fragment %s did not move to %s: %s", box.name, offer.partner, error)
+                self._failed_round[box.name] = self._round
                 return moved, True
             moved += 1
             log.info(

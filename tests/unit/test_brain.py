@@ -474,6 +474,25 @@ def test_a_failed_move_stops_the_others_and_is_ledgered(tmp_path: Path) -> None:
     assert a.brain.status()["refused_partners"] == ["b"]
 
 
+def test_a_fragment_that_failed_to_move_is_not_offered_again_for_a_while(tmp_path: Path) -> None:
+    net = Net(tmp_path, [signed("a", "b", 2.0, cid="ab")])
+    a, b, c = overloaded(net)
+    a.fail_moves = {"f1"}
+
+    async def main() -> None:
+        await measured(net, a, b, c, b_cores=0.0)
+        for _ in range(11):
+            b.brain._expected.clear()  # b forgets what it took (the fake moves never arrive)
+            load_round(a, b, c, b_cores=0.0)
+            await net.round(b, c, a)
+
+    asyncio.run(main())
+    offered = [[box[0] for box in frame["boxes"]] for _, frame in a.fed.calls]
+    assert offered[0][0] == "f1"
+    assert all("f1" not in boxes for boxes in offered[1:-1])
+    assert "f1" in offered[-1]  # forgotten after FORGET_REFUSAL_ROUNDS rounds
+
+
 def test_only_offered_boxes_move_whatever_the_reply_says(tmp_path: Path) -> None:
     net = Net(tmp_path, [signed("a", "b", 2.0, cid="ab")])
     a, b, c = overloaded(net)
