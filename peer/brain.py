@@ -70,8 +70,9 @@ __all__ = ["Brain", "BrainPeer", "kind_of"]
 log = logging.getLogger(__name__)
 
 OVERLOAD_BACKLOG = 20  # input batches waiting, and growing: the peer is falling behind
-FORGET_REFUSAL_ROUNDS = 10  # a partner that refused, a fragment that failed to move: after this
-# they are tried again in their turn
+# After this many rounds, a partner that refused and a fragment that failed to move are tried
+# again in their turn.
+FORGET_REFUSAL_ROUNDS = 10
 EXPECT_ROUNDS = 10  # an accepted box that has not arrived after this no longer holds us up
 LEDGER_SHOWN = 50  # ledger entries in status()
 MAX_NAME_CHARS = 256
