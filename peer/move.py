@@ -153,6 +153,11 @@ class Mover:
         for stream in checked.inputs:
             if replicas.get(stream) == target.hex():
                 return f"the target hosts its input {stream}"
+            if (
+                stream not in replicas
+                and MIRROR_PREFIX + target.hex() in spools.get(stream).readers()
+            ):
+                return f"the target holds a copy of its input {stream} already"
         for stream in checked.outputs:
             if MIRROR_PREFIX + target.hex() in spools.get(stream).readers():
                 return f"the target reads its result stream {stream}"
@@ -375,7 +380,7 @@ class Mover:
                 )
             except FedstreamError as exc:
                 log.error("mirror of %s to this peer not restored: %s", stream, exc)
-        for stream in hosted_inputs:
+        for stream in hosted_inputs:  # the mirror readers this move made (none was there)
             with contextlib.suppress(KeyError):
                 await fed.mirrors.detach(stream, target)
         for stream in outputs:
@@ -541,10 +546,17 @@ class Mover:
             fed.mirrors.resume_stream(stream)
         brain = getattr(peer, "brain", None)
         if brain is not None:
-            with contextlib.suppress(Exception):
-                brain.note_arrival(
-                    name, incoming.sender, manifest["contract"], manifest["load"], manifest["price"]
+            try:
+                await brain.note_arrival(
+                    name,
+                    incoming.sender,
+                    manifest["contract"],
+                    manifest["load"],
+                    manifest["price"],
+                    from_node=bytes.fromhex(manifest["from_node"]),
                 )
+            except (ValueError, OSError) as exc:
+                log.error("ledger entry for arriving fragment %s not written: %s", name, exc)
         log.info("fragment %s arrived from %s and resumed", name, incoming.sender)
         return {"fragment": name, "resume_s": round(resume_s, 3)}
 

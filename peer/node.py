@@ -195,7 +195,10 @@ class Peer:
             directory, me, datetime.now(UTC), known_keys={me: identity.participant_pub}
         )
         for refusal in book.refused:
-            log.warning("contract %s refused: %s", refusal.path.name, refusal.error)
+            if refusal.reason == "not-a-party":  # another pair's contract: not ours to use
+                log.debug("contract %s: %s", refusal.path.name, refusal.error)
+            else:
+                log.warning("contract %s refused: %s", refusal.path.name, refusal.error)
         for name, key in book.public_keys().items():
             try:
                 trust.add(name, key)
@@ -253,6 +256,7 @@ class Peer:
             accept_margin=config.accept_margin,
         )
         capacity = config.capacity or float(os.cpu_count() or 1)
+        assert self.book is not None
         return Brain(self, self.book, bpm, capacity)
 
     @property
