@@ -232,7 +232,9 @@ class Spike:
             await self._push(source, "warm-up", 8.0, rows=200, pause_s=0.25)
             await self._push(source, "spike", self.duration_s, rows=self.rows, pause_s=0.0)
             await self._push(source, "cool-down", 16.0, rows=100, pause_s=0.5)
-            closing = {"k": [0], "v": [0], "t": [self.t + 100]}
+            # closes every window: it must pass every filter, since each fragment's
+            # watermark comes from the tuples that reach it
+            closing = {"k": [0], "v": [49], "t": [self.t + 100]}
             await self._send(source, closing)
             self.phase = "checking"
             result = await self._check()
