@@ -45,6 +45,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import re
 import shutil
 import tarfile
 import time
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+_READER = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
 CHUNK_BYTES = 4 * 1024 * 1024
 MAX_MOVE_BYTES = 8 * 1024**3
 HANDOVER_S = 3.0  # the old host's last lease on a moved result stream
@@ -144,24 +146,39 @@ class Mover:
     # ------------------------------------------------------------------ sending
 
     def _why_not_there(self, name: str, target: bytes) -> str | None:
-        """The target holds a stream of the fragment already (it hosts an input, or runs a
-        fragment reading an output): its copy has other offsets than ours."""
+        """Why the fragment cannot go to ``target`` (checked before anything stops)."""
         peer = self.peer
         catalog, spools = peer.local_catalog(), peer.spool_set()
         checked = peer.checked(catalog.query(name).query)
         replicas = catalog.replicas()
         for stream in checked.inputs:
-            if replicas.get(stream) == target.hex():
-                return f"the target hosts its input {stream}"
-            if (
-                stream not in replicas
-                and MIRROR_PREFIX + target.hex() in spools.get(stream).readers()
-            ):
-                return f"the target holds a copy of its input {stream} already"
+            if replicas.get(stream) == target.hex() and not spools.get(stream).aligned():
+                # the target hosts it, but our copy numbers its batches otherwise
+                return f"the target hosts its input {stream}, with other offsets than ours"
         for stream in checked.outputs:
             if MIRROR_PREFIX + target.hex() in spools.get(stream).readers():
                 return f"the target reads its result stream {stream}"
         return None
+
+    def _input_modes(self, name: str, target: bytes) -> dict[str, str]:
+        """How each input gets to ``target``: ``copy`` (its uncommitted files travel and
+        become a replica there) or ``local`` (the target holds the stream with our offsets
+        already: it hosts it, or it holds a mirror of it that we send; only the reader
+        offsets travel)."""
+        peer = self.peer
+        catalog, spools = peer.local_catalog(), peer.spool_set()
+        checked = peer.checked(catalog.query(name).query)
+        replicas = catalog.replicas()
+        modes = {}
+        for stream in checked.inputs:
+            if replicas.get(stream) == target.hex() or (
+                stream not in replicas
+                and (MIRROR_PREFIX + target.hex() in spools.get(stream).readers())
+            ):
+                modes[stream] = "local"
+            else:
+                modes[stream] = "copy"
+        return modes
 
     async def move_out(
         self,
@@ -199,14 +216,42 @@ class Mover:
             readers.setdefault(stream, []).append(reader)
         replicas = catalog.replicas()
         replica_inputs = [s for s in checked.inputs if s in replicas]
-        hosted_inputs = [s for s in checked.inputs if s not in replicas]
+        modes = self._input_modes(name, target)
+        # hosted here, and new at the target: mirrored there from the copy's end on
+        hosted_inputs = [s for s in checked.inputs if s not in replicas and modes[s] == "copy"]
         outputs = list(checked.outputs)
         move_id = uuid.uuid4().hex
         stage = self.root / f"out-{move_id}"
         detached: dict[str, tuple[bytes, int]] = {}  # replica input -> (its host, acked)
+        manifest: dict[str, Any] = {
+            "id": move_id,
+            "fragment": name,
+            "definition": query_to_dict(entry.query),
+            "incarnation": entry.incarnation,
+            "box_types": sorted({b.type for b in entry.query.boxes}),
+            "contract": contract,
+            "load": load,
+            "price": price,
+            "from_node": fed.node_id.hex(),
+            "inputs": {
+                s: {
+                    "dir": f"in{i}",
+                    "mode": modes[s],
+                    "schema": catalog.stream(s).schema.to_dict(),
+                    "source": replicas.get(s, fed.node_id.hex()),
+                }
+                for i, s in enumerate(checked.inputs)
+            },
+            "outputs": {
+                s: {"dir": f"out{i}", "schema": catalog.stream(s).schema.to_dict()}
+                for i, s in enumerate(outputs)
+            },
+        }
+        # the target checks the contract and its streams before anything stops here
+        await fed.call(target, {"op": "move_begin", "manifest": manifest})
         started = time.monotonic()
-        await engine.stop_query(name)  # the pause starts
         try:
+            await engine.stop_query(name)  # the pause starts
             for stream in replica_inputs:
                 peer.freeze(stream)
             for stream in replica_inputs:
@@ -219,27 +264,10 @@ class Mover:
             for stream in outputs:
                 await fed.mirrors.pause(stream)
             own_origin = {s: fed.mirrors.origin(s) for s in hosted_inputs + outputs}
-            manifest = await asyncio.to_thread(
-                self._export,
-                stage,
-                name,
-                entry,
-                checked,
-                readers,
-                replica_inputs,
-                hosted_inputs,
-                outputs,
-                own_origin,
-                target,
+            sealed = await asyncio.to_thread(
+                self._export, stage, manifest, entry, readers, hosted_inputs, own_origin, target
             )
-            manifest.update(
-                id=move_id,
-                contract=contract,
-                load=load,
-                price=price,
-                from_node=fed.node_id.hex(),
-            )
-            reply = await self._ship(target, stage / "move.tar", manifest)
+            reply = await self._ship(target, stage / "move.tar", sealed)
         except BaseException as exc:
             await self._undo(name, target, detached, hosted_inputs, outputs, replica_inputs)
             shutil.rmtree(stage, ignore_errors=True)
@@ -251,6 +279,8 @@ class Mover:
         pause_s = time.monotonic() - started
         # Q runs it now: send it what P held back, and let go.
         for stream, (host, acked) in detached.items():
+            if host == target:
+                continue  # the target hosts it: the fragment reads the original there
             try:
                 await fed.call(
                     host,
@@ -264,8 +294,9 @@ class Mover:
                 await fed._renew(stream)
         for stream in outputs:
             await fed.hand_over(stream, target, HANDOVER_S)
+        kept = [s for s in checked.inputs if s not in replicas]  # we go on hosting these
         await asyncio.to_thread(
-            self._release, name, entry.incarnation, readers, hosted_inputs, replica_inputs, outputs
+            self._release, name, entry.incarnation, readers, kept, replica_inputs, outputs
         )
         await asyncio.to_thread(catalog.add_moved, name, target.hex(), time.time())
         for stream in replica_inputs:
@@ -276,34 +307,36 @@ class Mover:
             "fragment": name,
             "to": target.hex(),
             "pause_s": round(pause_s, 3),
-            "bytes": manifest["size"],
+            "bytes": sealed["size"],
             "resume_s": reply.get("resume_s"),
         }
 
     def _export(
         self,
         stage: Path,
-        name: str,
+        manifest: dict[str, Any],
         entry: Any,
-        checked: Any,
         readers: dict[str, list[str]],
-        replica_inputs: list[str],
         hosted_inputs: list[str],
-        outputs: list[str],
         own_origin: dict[str, str],
         target: bytes,
     ) -> dict[str, Any]:
-        peer, fed = self.peer, self.peer.fed
-        assert fed is not None
-        catalog, spools = peer.local_catalog(), peer.spool_set()
+        """Write the tar; what ``move_install`` says besides it (size, hash, reader offsets
+        of the inputs the target holds already)."""
+        peer = self.peer
+        spools = peer.spool_set()
         tree = stage / "tree"
+        name = manifest["fragment"]
         shutil.copytree(peer.engine.checkpoint_dir(name, entry.incarnation), tree / "checkpoint")
-        inputs: dict[str, Any] = {}
-        replicas = catalog.replicas()
-        for i, stream in enumerate(replica_inputs + hosted_inputs):
+        offsets: dict[str, dict[str, int]] = {}
+        for stream, info in manifest["inputs"].items():
             spool = spools.get(stream)
             ids = readers.get(stream, [])
-            floor = min((spool.committed(r) for r in ids), default=spool.latest)
+            committed = {r: spool.committed(r) for r in ids}
+            if info["mode"] == "local":
+                offsets[stream] = committed
+                continue
+            floor = min(committed.values(), default=spool.latest)
             seqs = {}
             through = spool.latest
             if stream in hosted_inputs:
@@ -312,27 +345,12 @@ class Mover:
                 write_reader_offset(
                     spool.directory, MIRROR_PREFIX + target.hex(), through, fsync=spool.fsync
                 )
-            spool.export(tree / f"in{i}", after=floor, through=through, readers=ids, seqs=seqs)
-            inputs[stream] = {
-                "dir": f"in{i}",
-                "schema": catalog.stream(stream).schema.to_dict(),
-                "source": replicas.get(stream, fed.node_id.hex()),
-            }
-        outs: dict[str, Any] = {}
-        for i, stream in enumerate(outputs):
+            spool.export(tree / info["dir"], after=floor, through=through, readers=ids, seqs=seqs)
+        for stream, info in manifest["outputs"].items():
             spool = spools.get(stream)
             mirror_readers = [r for r in spool.readers() if r.startswith(MIRROR_PREFIX)]
-            spool.export(tree / f"out{i}", after=-1, readers=mirror_readers)
-            (tree / f"out{i}" / ORIGIN_FILE).write_text(own_origin[stream])
-            outs[stream] = {"dir": f"out{i}", "schema": catalog.stream(stream).schema.to_dict()}
-        manifest = {
-            "fragment": name,
-            "definition": query_to_dict(entry.query),
-            "incarnation": entry.incarnation,
-            "box_types": sorted({b.type for b in entry.query.boxes}),
-            "inputs": inputs,
-            "outputs": outs,
-        }
+            spool.export(tree / info["dir"], after=-1, readers=mirror_readers)
+            (tree / info["dir"] / ORIGIN_FILE).write_text(own_origin[stream])
         tar_path = stage / "move.tar"
         with tarfile.open(tar_path, "w") as tar:
             tar.add(tree, arcname="tree")
@@ -340,22 +358,17 @@ class Mover:
         with tar_path.open("rb") as f:
             while block := f.read(1 << 20):
                 digest.update(block)
-        manifest["size"] = tar_path.stat().st_size
-        manifest["sha256"] = digest.hexdigest()
-        return manifest
+        return {"size": tar_path.stat().st_size, "sha256": digest.hexdigest(), "offsets": offsets}
 
-    async def _ship(
-        self, target: bytes, tar_path: Path, manifest: dict[str, Any]
-    ) -> dict[str, Any]:
+    async def _ship(self, target: bytes, tar_path: Path, sealed: dict[str, Any]) -> dict[str, Any]:
         fed = self.peer.fed
         assert fed is not None
-        move_id = manifest["id"]
-        await fed.call(target, {"op": "move_begin", "manifest": manifest})
+        move_id = tar_path.parent.name.removeprefix("out-")
         with tar_path.open("rb") as f:
             while block := await asyncio.to_thread(f.read, CHUNK_BYTES):
                 await fed.call(target, {"op": "move_chunk", "move": move_id, "data": block})
         async with asyncio.timeout(INSTALL_TIMEOUT_S):
-            return await fed.call(target, {"op": "move_install", "move": move_id})
+            return await fed.call(target, {"op": "move_install", "move": move_id, **sealed})
 
     async def _undo(
         self,
@@ -419,31 +432,32 @@ class Mover:
         if op == "move_begin":
             return await self._begin(frame.get("manifest"), sender)
         if op == "move_abort":
-            for key, incoming in list(self._incoming.items()):
-                if incoming.sender == sender and incoming.manifest.get("fragment") == frame.get(
+            for key, pending in list(self._incoming.items()):
+                if pending.sender == sender and pending.manifest.get("fragment") == frame.get(
                     "fragment"
                 ):
                     self._drop_incoming(key)
             return {"aborted": True}
         move_id = frame.get("move")
-        incoming = self._incoming.get(move_id) if isinstance(move_id, str) else None
-        if incoming is None or incoming.sender != sender:
+        found = self._incoming.get(move_id) if isinstance(move_id, str) else None
+        if found is None or found.sender != sender or not isinstance(move_id, str):
             raise NotFound(f"no move {move_id!r} from {sender} is under way here")
+        incoming = found
         incoming.touched = time.monotonic()
         if op == "move_chunk":
             data = frame.get("data")
             if not isinstance(data, bytes) or not data:
                 raise InvalidInput("move_chunk: data must be non-empty bytes")
-            if incoming.size + len(data) > int(incoming.manifest["size"]):
+            if incoming.size + len(data) > MAX_MOVE_BYTES:
                 self._drop_incoming(move_id)
-                raise InvalidInput("move_chunk: more bytes than the manifest announced")
+                raise InvalidInput(f"move_chunk: a move carries at most {MAX_MOVE_BYTES} bytes")
             await asyncio.to_thread(_append, incoming.path, data)
             incoming.digest.update(data)
             incoming.size += len(data)
             return {"move": move_id, "received": incoming.size}
         if op == "move_install":
             try:
-                return await self._install(move_id, incoming)
+                return await self._install(_check_install(frame, incoming), incoming)
             finally:
                 self._drop_incoming(move_id)
         raise InvalidInput(f"unknown move request {op!r}")
@@ -469,8 +483,19 @@ class Mover:
         name = checked_manifest["fragment"]
         if catalog.find_query(name) is not None:
             raise Conflict(f"a query named {name} runs here already", query=name)
-        for stream in [*checked_manifest["inputs"], *checked_manifest["outputs"]]:
-            if stream in peer.spool_set():
+        spools, hosted = peer.spool_set(), peer.fed.hosted if peer.fed is not None else set()
+        for stream, info in checked_manifest["inputs"].items():
+            if info["mode"] == "copy" and stream in spools:
+                raise Conflict(f"this peer holds stream {stream} already", stream=stream)
+            if info["mode"] == "local" and not (
+                stream in hosted or (stream in spools and spools.get(stream).aligned())
+            ):
+                raise Conflict(
+                    f"this peer holds no copy of stream {stream} with the sender's offsets",
+                    stream=stream,
+                )
+        for stream in checked_manifest["outputs"]:
+            if stream in spools:
                 raise Conflict(f"this peer holds stream {stream} already", stream=stream)
         if self.lock.locked():
             raise Unavailable("this peer has a move in flight; retry later")
@@ -505,10 +530,10 @@ class Mover:
             )
         raise Unauthorized(f"no valid contract {manifest['contract'][:8]} with {sender} here")
 
-    async def _install(self, move_id: str, incoming: _Incoming) -> dict[str, Any]:
+    async def _install(self, sealed: dict[str, Any], incoming: _Incoming) -> dict[str, Any]:
         manifest = incoming.manifest
-        if incoming.size != manifest["size"] or incoming.digest.hexdigest() != manifest["sha256"]:
-            raise InvalidInput("move_install: the data does not match the manifest's hash")
+        if incoming.size != sealed["size"] or incoming.digest.hexdigest() != sealed["sha256"]:
+            raise InvalidInput("move_install: the data does not match the announced hash")
         peer, fed = self.peer, self.peer.fed
         assert fed is not None
         started = time.monotonic()
@@ -521,7 +546,20 @@ class Mover:
         incarnation = manifest["incarnation"]
 
         def land() -> None:
+            for stream, offsets in sealed["offsets"].items():  # streams held here already
+                spool = spools.get(stream)
+                if offsets and min(offsets.values()) < spool.earliest - 1:
+                    raise Conflict(
+                        f"stream {stream}: this peer trimmed what the fragment has yet to read",
+                        stream=stream,
+                    )
+            for stream, offsets in sealed["offsets"].items():
+                spool = spools.get(stream)
+                for reader, offset in offsets.items():
+                    write_reader_offset(spool.directory, reader, offset, fsync=spool.fsync)
             for stream, info in manifest["inputs"].items():
+                if info["mode"] == "local":
+                    continue
                 schema = parse_schema(info["schema"])
                 spools.adopt(stream, tree / info["dir"])
                 catalog.add_stream(stream, schema, None)
@@ -582,11 +620,8 @@ def _check_manifest(manifest: Any) -> dict[str, Any]:
             raise InvalidInput(f"move_begin: manifest field {key!r} is missing or mistyped")
         return value
 
-    for key in ("id", "fragment", "incarnation", "contract", "sha256", "from_node"):
+    for key in ("id", "fragment", "incarnation", "contract", "from_node"):
         need(key, str)
-    size = need("size", int)
-    if not 0 < size <= MAX_MOVE_BYTES:
-        raise InvalidInput(f"move_begin: size must be in 1..{MAX_MOVE_BYTES}")
     if not all(c in "0123456789abcdef" for c in manifest["id"]) or len(manifest["id"]) != 32:
         raise InvalidInput("move_begin: id must be 32 hex digits")
     for key in ("load", "price"):
@@ -611,7 +646,34 @@ def _check_manifest(manifest: Any) -> dict[str, Any]:
             parse_schema(info.get("schema") or {})
             if key == "inputs" and not isinstance(info.get("source"), str):
                 raise InvalidInput(f"move_begin: inputs.{stream}.source must be a node id")
+            if key == "inputs" and info.get("mode") not in ("copy", "local"):
+                raise InvalidInput(f"move_begin: inputs.{stream}.mode must be copy or local")
     return manifest
+
+
+def _check_install(frame: dict[str, Any], incoming: _Incoming) -> dict[str, Any]:
+    """size, sha256 and reader offsets of a ``move_install``; InvalidInput if mistyped."""
+    size, digest, offsets = frame.get("size"), frame.get("sha256"), frame.get("offsets")
+    if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= MAX_MOVE_BYTES:
+        raise InvalidInput("move_install: size must be a positive byte count")
+    if not isinstance(digest, str):
+        raise InvalidInput("move_install: sha256 must be a hex string")
+    if not isinstance(offsets, dict):
+        raise InvalidInput("move_install: offsets must be a map")
+    local = {s for s, i in incoming.manifest["inputs"].items() if i["mode"] == "local"}
+    if set(offsets) != local:
+        raise InvalidInput("move_install: offsets must name exactly the inputs held here")
+    for stream, readers in offsets.items():
+        if not isinstance(readers, dict) or not all(
+            isinstance(r, str)
+            and _READER.fullmatch(r)
+            and isinstance(o, int)
+            and not isinstance(o, bool)
+            and o >= -1
+            for r, o in readers.items()
+        ):
+            raise InvalidInput(f"move_install: offsets.{stream} must map reader ids to offsets")
+    return {"size": size, "sha256": digest, "offsets": offsets}
 
 
 __all__ = ["Mover"]

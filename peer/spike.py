@@ -123,28 +123,16 @@ class Spike:
 
     # -- set-up -------------------------------------------------------------------------------
     def _prepare(self) -> dict[str, list[str]]:
-        from contracts import contract as ct
-        from contracts.keys import generate, load_private
-        from overlay.identity import raw_public
+        from peer.testing import signed_contracts
 
+        keys_by_name, _ids = signed_contracts(
+            self.work, [("alpha", "beta", 20.0), ("beta", "gamma", 1000.0)]
+        )
         keys, trust, contracts = self.work / "keys", self.work / "trust", self.work / "contracts"
-        for d in (trust, contracts):
-            d.mkdir(parents=True, exist_ok=True)
-        priv = {}
+        trust.mkdir(parents=True, exist_ok=True)
         for name in NAMES:
-            key, pub = generate(name, keys, overwrite=True)
+            pub = keys_by_name[name].with_suffix(".pub")
             (trust / pub.name).write_bytes(pub.read_bytes())
-            priv[name] = load_private(key)
-        for a, b, price in (("alpha", "beta", 20.0), ("beta", "gamma", 1000.0)):
-            made = ct.create(
-                a,
-                raw_public(priv[a].public_key()),
-                b,
-                raw_public(priv[b].public_key()),
-                price=price,
-                days=1,
-            )
-            ct.dump(ct.sign(ct.sign(made, priv[a]), priv[b]), contracts / f"{a}-{b}.toml")
         capacity = {"alpha": "0.5", "beta": "2", "gamma": "2"}
         return {
             name: [
@@ -222,7 +210,7 @@ class Spike:
                 while len((await cl.status())["overlay"]["members"]) < 3:
                     await asyncio.sleep(0.3)
             await cl.create_schema(SCHEMA)
-            await cl.create_stream(source, SCHEMA["name"])
+            await cl.create_stream(source, "spike_tick")
             for i in range(QUERIES):
                 await cl.create_query(spike_query(i, source))
                 await cl.start_query(f"spike{i}")

@@ -335,6 +335,16 @@ class Spool:
         assert origin is not None and seq is not None
         return seq <= self._seqs.get(origin, -1)
 
+    def aligned(self) -> bool:
+        """Whether this replica numbers its batches as its host does: the last batch came
+        from a mirror and its sequence (the host's offset) is its offset here. A replica
+        made by a move is; one started on a host that had trimmed is not."""
+        with self._lock:
+            return any(
+                origin.startswith("m:") and seq == self._latest
+                for origin, seq in self._seqs.items()
+            )
+
     def highest_seq(self, origin: str) -> int | None:
         with self._lock:
             return self._seqs.get(origin)

@@ -105,6 +105,37 @@ async def collect(
     return rows
 
 
+def signed_contracts(
+    work: Path, pairs: list[tuple[str, str, float]], *, days: float = 1.0
+) -> tuple[dict[str, Path], dict[tuple[str, str], str]]:
+    """Keys in ``work/keys`` for every participant named, and one contract per ``(a, b, price)``
+    signed by both, in ``work/contracts/a-b.toml``; returns the key files and contract ids."""
+    from contracts import contract as ct
+    from contracts.keys import generate, load_private
+    from overlay.identity import raw_public
+
+    names = sorted({n for a, b, _ in pairs for n in (a, b)})
+    keys: dict[str, Path] = {}
+    for name in names:
+        keys[name], _pub = generate(name, work / "keys", overwrite=True)
+    private = {n: load_private(keys[n]) for n in names}
+    (work / "contracts").mkdir(parents=True, exist_ok=True)
+    ids: dict[tuple[str, str], str] = {}
+    for a, b, price in pairs:
+        made = ct.create(
+            a,
+            raw_public(private[a].public_key()),
+            b,
+            raw_public(private[b].public_key()),
+            price=price,
+            days=days,
+        )
+        signed = ct.sign(ct.sign(made, private[a]), private[b])
+        ct.dump(signed, work / "contracts" / f"{a}-{b}.toml")
+        ids[(a, b)] = signed.id
+    return keys, ids
+
+
 class PeerProcess:
     """``peer join`` as a separate process on an ephemeral loopback port."""
 

@@ -19,14 +19,12 @@ from typing import Any
 
 import pytest
 
-from contracts import contract as ct
-from contracts.keys import generate, load_private
-from overlay.identity import raw_public
+from contracts.keys import generate
 from overlay.membership import stream_target
 from peer.client import Client
 from peer.errors import FedstreamError
 from peer.node import PeerConfig
-from peer.testing import PeerThread, collect
+from peer.testing import PeerThread, collect, signed_contracts
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -110,23 +108,8 @@ def reference(batches: list[dict[str, list[int]]]) -> Counter[tuple[int, ...]]:
 
 
 def write_contract(tmp_path: Path) -> tuple[dict[str, Path], str, Path]:
-    keys = {}
-    for name in ("alpha", "beta"):
-        keys[name], _pub = generate(name, tmp_path / "keys")
-    priv = {n: load_private(p) for n, p in keys.items()}
-    made = ct.create(
-        "alpha",
-        raw_public(priv["alpha"].public_key()),
-        "beta",
-        raw_public(priv["beta"].public_key()),
-        price=2.0,
-        days=1,
-    )
-    signed = ct.sign(ct.sign(made, priv["alpha"]), priv["beta"])
-    directory = tmp_path / "contracts"
-    directory.mkdir()
-    ct.dump(signed, directory / "alpha-beta.toml")
-    return keys, signed.id, directory
+    keys, ids = signed_contracts(tmp_path, [("alpha", "beta", 2.0)])
+    return keys, ids[("alpha", "beta")], tmp_path / "contracts"
 
 
 @pytest.fixture
@@ -239,6 +222,62 @@ def test_a_fragment_moves_with_its_state_and_the_output_stays_exact(
 
     assert as_counter(rows) == want
     assert as_counter(seen) == want
+
+
+def test_a_fragment_moves_there_and_back_and_the_output_stays_exact(
+    pair: tuple[PeerThread, PeerThread, str],
+) -> None:
+    """Back on the peer that hosts its input, the fragment reads the original stream again:
+    the copy it read on the partner numbered its batches as the original does."""
+    a, b, contract_id = pair
+    a_id, b_id = a.peer.overlay.node_id, b.peer.overlay.node_id  # type: ignore[union-attr]
+
+    def closest(name: str) -> bytes:
+        t = int.from_bytes(stream_target(name), "big")
+        return min((a_id, b_id), key=lambda n: int.from_bytes(n, "big") ^ t)
+
+    source = next(f"rtticks{i}" for i in range(1000) if closest(f"rtticks{i}") == a_id)
+    batches = make_batches(seed=23)
+    want = reference(batches)
+    quarter = BATCHES // 4
+
+    async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        async with Client("127.0.0.1", a.port, timeout_s=120) as cl:
+            async with asyncio.timeout(60):
+                while len((await cl.status())["overlay"]["members"]) < 2:
+                    await asyncio.sleep(0.2)
+            await cl.create_schema(SCHEMA)
+            await cl.create_stream(source, "mtick")
+            await cl.create_query(query(source))
+            await cl.start_query("mover")
+        await push(a.port, source, batches[:quarter], 0)
+        loop = asyncio.get_running_loop()
+        moves = []
+        for first, (peer, to) in zip((quarter, 2 * quarter), ((a, b_id), (b, a_id)), strict=True):
+            moves.append(
+                await loop.run_in_executor(
+                    None,
+                    lambda peer=peer, to=to: peer.call(
+                        peer.peer.move_fragment("mover", to, contract=contract_id), 180
+                    ),
+                )
+            )
+            await push(a.port, source, batches[first : first + quarter], first)
+        await push(b.port, source, batches[3 * quarter :], 3 * quarter)
+        async with Client("127.0.0.1", b.port, timeout_s=120) as cl:
+            rows = await collect(cl, "moved_out", sum(want.values()), timeout_s=300, settle_s=3)
+        return moves, rows
+
+    moves, rows = asyncio.run(scenario())
+    print("moves:", moves)
+    assert [m["to"] for m in moves] == [b_id.hex(), a_id.hex()]
+    got = Counter((r["window_start"], r["window_end"], r["k"], r["s"], r["n"]) for r in rows)
+    assert got == want
+    assert a.peer.local_catalog().query("mover").status == "RUNNING"
+    assert b.peer.local_catalog().find_query("mover") is None
+    # B's copy of the input is gone with the fragment; A no longer mirrors the input to B
+    assert source not in b.peer.spool_set()
+    assert not [m for m in a.peer.fed.mirrors.describe() if m["stream"] == source]  # type: ignore[union-attr]
 
 
 def chain_query(source: str) -> dict[str, Any]:

@@ -49,10 +49,8 @@ def manifest(contract_id: str = "c" * 32, **changes: Any) -> dict[str, Any]:
         "definition": DEFINITION,
         "incarnation": "abcd1234",
         "box_types": ["filter"],
-        "inputs": {"src": {"dir": "in0", "schema": SCHEMA, "source": "00" * 20}},
+        "inputs": {"src": {"dir": "in0", "mode": "copy", "schema": SCHEMA, "source": "00" * 20}},
         "outputs": {"out": {"dir": "out0", "schema": SCHEMA}},
-        "size": 100,
-        "sha256": "0" * 64,
         "contract": contract_id,
         "load": 0.3,
         "price": 2.0,
@@ -70,15 +68,20 @@ def test_a_good_manifest_passes() -> None:
     ("change", "words"),
     [
         ({"id": "../../etc"}, "id"),
-        ({"size": 0}, "size"),
-        ({"size": 10**12}, "size"),
-        ({"size": True}, "size"),
+        ({"id": True}, "id"),
         ({"load": float("nan")}, "load"),
         ({"price": -1.0}, "price"),
         ({"fragment": "other"}, "definition"),
         ({"box_types": ["aggregate"]}, "box_types"),
-        ({"inputs": {"src": {"dir": "../x", "schema": SCHEMA, "source": "00"}}}, "dir"),
-        ({"inputs": {"src": {"dir": "in0", "schema": SCHEMA}}}, "source"),
+        (
+            {"inputs": {"src": {"dir": "../x", "mode": "copy", "schema": SCHEMA, "source": "0"}}},
+            "dir",
+        ),
+        ({"inputs": {"src": {"dir": "in0", "mode": "copy", "schema": SCHEMA}}}, "source"),
+        (
+            {"inputs": {"src": {"dir": "in0", "mode": "move", "schema": SCHEMA, "source": "0"}}},
+            "mode",
+        ),
         ({"outputs": ["out"]}, "outputs"),
         ({"contract": 5}, "contract"),
     ],
@@ -111,7 +114,7 @@ def test_manifests_with_fields_replaced_never_pass_unchecked(junk: dict[str, Any
     except InvalidInput:
         return
     # what passed must still be well-typed where it matters
-    assert isinstance(bad["size"], int) and isinstance(bad["id"], str)
+    assert isinstance(bad["id"], str) and isinstance(bad["inputs"], dict)
 
 
 def test_a_tar_with_a_path_out_of_its_directory_is_refused(tmp_path: Path) -> None:
@@ -218,11 +221,11 @@ def test_a_box_kind_the_contract_does_not_cover_is_refused(receiver: tuple[Mover
     assert not mover.busy
 
 
-def test_chunks_from_another_sender_or_beyond_the_size_are_refused(
+def test_chunks_from_another_sender_or_mistyped_are_refused(
     receiver: tuple[Mover, str],
 ) -> None:
     mover, cid = receiver
-    m = manifest(cid, size=10)
+    m = manifest(cid)
 
     async def go() -> None:
         await mover.handle({"op": "move_begin", "manifest": m}, "alpha")
@@ -231,12 +234,19 @@ def test_chunks_from_another_sender_or_beyond_the_size_are_refused(
         with pytest.raises(InvalidInput):
             await mover.handle({"op": "move_chunk", "move": m["id"], "data": "text"}, "alpha")
         await mover.handle({"op": "move_chunk", "move": m["id"], "data": b"x" * 6}, "alpha")
-        with pytest.raises(InvalidInput):
-            await mover.handle({"op": "move_chunk", "move": m["id"], "data": b"x" * 6}, "alpha")
-        # refused and forgotten: the lock is free for the next move
-        assert not mover.busy
+        for bad in (
+            {"size": -1, "sha256": "0", "offsets": {}},
+            {"size": 6, "sha256": 5, "offsets": {}},
+            {"size": 6, "sha256": "0", "offsets": {"src": {"r": 1}}},  # src is copied here
+            {"size": 6, "sha256": "0", "offsets": []},
+        ):
+            with pytest.raises(InvalidInput):
+                await mover.handle({"op": "move_install", "move": m["id"], **bad}, "alpha")
+            # refused and forgotten: the lock is free for the next move
+            assert not mover.busy
+            await mover.handle({"op": "move_begin", "manifest": m}, "alpha")
         with pytest.raises(NotFound):
-            await mover.handle({"op": "move_install", "move": m["id"]}, "alpha")
+            await mover.handle({"op": "move_install", "move": "f" * 32}, "alpha")
 
     run(go())
 
@@ -246,13 +256,14 @@ def test_data_that_does_not_match_the_hash_is_not_installed(
 ) -> None:
     mover, cid = receiver
     body = b"not the tar that was announced"
-    m = manifest(cid, size=len(body), sha256=hashlib.sha256(b"other").hexdigest())
+    m = manifest(cid)
+    sealed = {"size": len(body), "sha256": hashlib.sha256(b"other").hexdigest(), "offsets": {}}
 
     async def go() -> None:
         await mover.handle({"op": "move_begin", "manifest": m}, "alpha")
         await mover.handle({"op": "move_chunk", "move": m["id"], "data": body}, "alpha")
         with pytest.raises(InvalidInput) as err:
-            await mover.handle({"op": "move_install", "move": m["id"]}, "alpha")
+            await mover.handle({"op": "move_install", "move": m["id"], **sealed}, "alpha")
         assert "hash" in err.value.message
 
     run(go())
@@ -279,3 +290,10 @@ def test_a_name_already_here_is_a_conflict(receiver: tuple[Mover, str]) -> None:
     mover.peer.spool_set().create("src", to_arrow_schema(parse_schema(SCHEMA)))
     with pytest.raises(Conflict):
         run(mover.handle({"op": "move_begin", "manifest": manifest(cid)}, "alpha"))
+    # held here, but not as a copy with the sender's offsets: refused too
+    local = manifest(cid)
+    local["inputs"]["src"]["mode"] = "local"
+    with pytest.raises(Conflict) as err:
+        run(mover.handle({"op": "move_begin", "manifest": local}, "alpha"))
+    assert "offsets" in err.value.message
+    assert not mover.busy
