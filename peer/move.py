@@ -15,7 +15,8 @@ The sender P, holding the move lock (one move in or out at a time):
    (and waits for those landing), then asks U to stop mirroring to P (``unmirror``), which
    answers with the last offset P acknowledged; P's replica is final from then on;
 3. for each input hosted at P itself (P keeps hosting it): registers a mirror reader for the
-   new peer Q at the spool's latest offset L (what the copy will hold);
+   new peer Q at the spool's latest offset L (what the copy will hold); if Q holds a mirror
+   of it already, waits until that mirror has everything P's spool held at the stop;
 4. pauses the mirrors of the fragment's result streams (downstream fragments' copies), so the
    readers' offsets are final;
 5. exports into a staging directory: the checkpoint; each input's uncommitted spool files
@@ -58,7 +59,7 @@ from peer.errors import Conflict, FedstreamError, InvalidInput, NotFound, Unauth
 from peer.mirror import MIRROR_PREFIX, ORIGIN_FILE
 from peer.model.query import parse_query, query_to_dict
 from peer.model.schema import parse_schema
-from peer.spool import write_reader_offset
+from peer.spool import read_reader_offset, write_reader_offset
 
 if TYPE_CHECKING:
     from peer.node import Peer
@@ -70,6 +71,7 @@ CHUNK_BYTES = 4 * 1024 * 1024
 MAX_MOVE_BYTES = 8 * 1024**3
 HANDOVER_S = 3.0  # the old host's last lease on a moved result stream
 INSTALL_TIMEOUT_S = 120.0
+MIRROR_CATCHUP_S = 60.0
 INCOMING_IDLE_S = 300.0  # an incoming move with no chunk for this long is dropped
 
 
@@ -249,9 +251,14 @@ class Mover:
         }
         # the target checks the contract and its streams before anything stops here
         await fed.call(target, {"op": "move_begin", "manifest": manifest})
+        # inputs we host that the target holds as our mirror: the target's copy must hold
+        # every batch the fragment may have read here before it resumes there
+        mirrored = [s for s in checked.inputs if s not in replicas and modes[s] == "local"]
+        await self._mirrors_caught_up(mirrored, target, lag=16)  # most of it before the stop
         started = time.monotonic()
         try:
             await engine.stop_query(name)  # the pause starts
+            await self._mirrors_caught_up(mirrored, target, lag=0, strict=True)
             for stream in replica_inputs:
                 peer.freeze(stream)
             for stream in replica_inputs:
@@ -310,6 +317,28 @@ class Mover:
             "bytes": sealed["size"],
             "resume_s": reply.get("resume_s"),
         }
+
+    async def _mirrors_caught_up(
+        self, streams: list[str], target: bytes, *, lag: int, strict: bool = False
+    ) -> None:
+        """Wait until our mirrors of ``streams`` to ``target`` are at most ``lag`` batches
+        behind (``strict``: or fail after MIRROR_CATCHUP_S)."""
+        spools = self.peer.spool_set()
+        deadline = time.monotonic() + MIRROR_CATCHUP_S
+        for stream in streams:
+            spool = spools.get(stream)
+            goal = spool.latest - lag
+            reader = MIRROR_PREFIX + target.hex()
+            while read_reader_offset(spool.directory, reader) < goal:
+                if time.monotonic() > deadline:
+                    if strict:
+                        raise Unavailable(
+                            f"the mirror of {stream} to the target did not catch up within "
+                            f"{MIRROR_CATCHUP_S:.0f} s",
+                            stream=stream,
+                        )
+                    return
+                await asyncio.sleep(0.02)
 
     def _export(
         self,
