@@ -22,7 +22,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -45,51 +45,18 @@ Batch = dict[str, list[int]]
 
 
 def spike_query(i: int, source: str) -> dict[str, Any]:
-    return {
-        "name": f"spike{i}",
-        "boxes": [
-            {
-                "name": "keep",
-                "type": "filter",
-                "node": "alpha",
-                "inputs": [source],
-                "outputs": [f"spike_kept{i}"],
-                "params": {"expression.0": f"v >= {5 * i}"},
-            },
-            {
-                "name": "per_key",
-                "type": "aggregate",
-                "node": "alpha",
-                "inputs": [f"spike_kept{i}"],
-                "outputs": [f"spike_out{i}"],
-                "params": {
-                    "aggregate-function.0": "sum(v)",
-                    "aggregate-function-output-name.0": "s",
-                    "aggregate-function.1": "count()",
-                    "aggregate-function-output-name.1": "n",
-                    "window-size": "10",
-                    "advance": "10",
-                    "order-on-field": "t",
-                    "group-by": "k",
-                },
-            },
-        ],
-    }
+    from peer.testing import keyed_window_query
+
+    return keyed_window_query(
+        f"spike{i}", source, f"spike_out{i}", site="alpha", at_least=5 * i, kept=f"spike_kept{i}"
+    )
 
 
 def reference(batches: list[Batch], i: int) -> Counter[tuple[int, ...]]:
     """Plain Python: the windows query ``spike{i}`` must output for these batches."""
-    watermark = max(max(b["t"]) for b in batches)
-    acc: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0])
-    for b in batches:
-        for k, v, t in zip(b["k"], b["v"], b["t"], strict=True):
-            if v >= 5 * i:
-                cell = acc[(t // 10 * 10, k)]
-                cell[0] += v
-                cell[1] += 1
-    return Counter(
-        (s, s + 10, k, total, n) for (s, k), (total, n) in acc.items() if s + 10 <= watermark
-    )
+    from peer.testing import keyed_window_sums
+
+    return keyed_window_sums(batches, at_least=5 * i)
 
 
 class Spike:

@@ -34,7 +34,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -76,50 +76,15 @@ def make_batches(n: int, first_t: int, seed: int) -> list[dict[str, list[int]]]:
 
 
 def reference(batches: list[dict[str, list[int]]]) -> Counter[tuple[int, ...]]:
-    watermark = max(max(b["t"]) for b in batches)
-    acc: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0])
-    for b in batches:
-        for k, v, t in zip(b["k"], b["v"], b["t"], strict=True):
-            if v >= 0:
-                cell = acc[(t // 10 * 10, k)]
-                cell[0] += v
-                cell[1] += 1
-    return Counter(
-        (s, s + 10, k, total, n) for (s, k), (total, n) in acc.items() if s + 10 <= watermark
-    )
+    from peer.testing import keyed_window_sums
+
+    return keyed_window_sums(batches)
 
 
 def query(name: str, source: str, out: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "boxes": [
-            {
-                "name": "keep",
-                "type": "filter",
-                "node": "alpha",
-                "inputs": [source],
-                "outputs": [f"{name}_kept"],
-                "params": {"expression.0": "v >= 0"},
-            },
-            {
-                "name": "per_key",
-                "type": "aggregate",
-                "node": "alpha",
-                "inputs": [f"{name}_kept"],
-                "outputs": [out],
-                "params": {
-                    "aggregate-function.0": "sum(v)",
-                    "aggregate-function-output-name.0": "s",
-                    "aggregate-function.1": "count()",
-                    "aggregate-function-output-name.1": "n",
-                    "window-size": "10",
-                    "advance": "10",
-                    "order-on-field": "t",
-                    "group-by": "k",
-                },
-            },
-        ],
-    }
+    from peer.testing import keyed_window_query
+
+    return keyed_window_query(name, source, out, site="alpha")
 
 
 # -- fedstream: a move between two peers --------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,13 @@ from overlay.membership import stream_target
 from peer.client import Client
 from peer.errors import FedstreamError
 from peer.node import PeerConfig
-from peer.testing import PeerThread, collect, signed_contracts
+from peer.testing import (
+    PeerThread,
+    collect,
+    keyed_window_query,
+    keyed_window_sums,
+    signed_contracts,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -39,36 +45,7 @@ SCHEMA = {
 
 
 def query(source: str) -> dict[str, Any]:
-    return {
-        "name": "mover",
-        "boxes": [
-            {
-                "name": "keep",
-                "type": "filter",
-                "node": "alpha",
-                "inputs": [source],
-                "outputs": ["kept"],
-                "params": {"expression.0": "v >= 0"},
-            },
-            {
-                "name": "per_key",
-                "type": "aggregate",
-                "node": "alpha",
-                "inputs": ["kept"],
-                "outputs": ["moved_out"],
-                "params": {
-                    "aggregate-function.0": "sum(v)",
-                    "aggregate-function-output-name.0": "s",
-                    "aggregate-function.1": "count()",
-                    "aggregate-function-output-name.1": "n",
-                    "window-size": "10",
-                    "advance": "10",
-                    "order-on-field": "t",
-                    "group-by": "k",
-                },
-            },
-        ],
-    }
+    return keyed_window_query("mover", source, "moved_out", site="alpha", kept="kept")
 
 
 BATCHES = 45
@@ -94,17 +71,7 @@ def make_batches(seed: int = 5) -> list[dict[str, list[int]]]:
 
 
 def reference(batches: list[dict[str, list[int]]]) -> Counter[tuple[int, ...]]:
-    watermark = max(max(b["t"]) for b in batches)
-    acc: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0])
-    for b in batches:
-        for k, v, t in zip(b["k"], b["v"], b["t"], strict=True):
-            if v >= 0:
-                cell = acc[(t // 10 * 10, k)]
-                cell[0] += v
-                cell[1] += 1
-    return Counter(
-        (s, s + 10, k, total, n) for (s, k), (total, n) in acc.items() if s + 10 <= watermark
-    )
+    return keyed_window_sums(batches)
 
 
 def write_contract(tmp_path: Path) -> tuple[dict[str, Path], str, Path]:

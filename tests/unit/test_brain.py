@@ -715,7 +715,10 @@ frames = st.fixed_dictionaries(
 FUZZ: dict[Path, FakePeer] = {}  # one partner per test run, not per example
 
 
-@settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=200,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(frame=frames, sender=st.sampled_from(["a", "c", "zz"]))
 def test_an_offer_is_answered_or_invalid_never_anything_else(
     tmp_path: Path, frame: dict[str, Any], sender: str
