@@ -25,7 +25,9 @@ The sender P, holding the move lock (one move in or out at a time):
    readers, and the origin its mirrors used;
 6. ships it as one tar over the peer link in chunks (``move_begin``, ``move_chunk``...,
    ``move_install``), with a manifest (definition, incarnation, streams, schemas, contract);
-7. Q checks the sender's contract covers every box type of the fragment, adopts the spools and
+7. Q checks the sender's contract covers every box type of the fragment, and that its own
+   copy of each input it holds already reaches as far as P's spool did at the stop (``holds``:
+   Spark re-runs the batch it had planned, which may end there), adopts the spools and
    the checkpoint, enters the streams and the query in its catalog, starts the query from the
    checkpoint (the pause ends), hosts the result streams (their mirrors carry on under the old
    origin, so downstream replay memory still applies) and claims their leases;
@@ -209,7 +211,7 @@ class Mover:
     ) -> dict[str, Any]:
         peer, fed, engine = self.peer, self.peer.fed, self.peer.engine
         assert fed is not None
-        catalog = peer.local_catalog()
+        catalog, spools = peer.local_catalog(), peer.spool_set()
         entry = catalog.query(name)
         checked = peer.checked(entry.query)
         running = engine.running[name]
@@ -251,14 +253,18 @@ class Mover:
         }
         # the target checks the contract and its streams before anything stops here
         await fed.call(target, {"op": "move_begin", "manifest": manifest})
-        # inputs we host that the target holds as our mirror: the target's copy must hold
-        # every batch the fragment may have read here before it resumes there
-        mirrored = [s for s in checked.inputs if s not in replicas and modes[s] == "local"]
-        await self._mirrors_caught_up(mirrored, target, lag=16)  # most of it before the stop
+        # Inputs the target holds already: its copy must hold every batch the fragment may
+        # have planned here (Spark re-runs a planned batch on resume, and a file missing there
+        # fails the query), so what our spool held at the stop. Of those we host and mirror to
+        # the target, most is sent before the stop, the rest during the pause.
+        held = [s for s in checked.inputs if modes[s] == "local"]
+        mirrored = [s for s in held if s not in replicas]
+        await self._mirrors_caught_up({s: spools.get(s).latest - 16 for s in mirrored}, target)
         started = time.monotonic()
         try:
             await engine.stop_query(name)  # the pause starts
-            await self._mirrors_caught_up(mirrored, target, lag=0, strict=True)
+            holds = {s: spools.get(s).latest for s in held}
+            await self._mirrors_caught_up({s: holds[s] for s in mirrored}, target, strict=True)
             for stream in replica_inputs:
                 peer.freeze(stream)
             for stream in replica_inputs:
@@ -274,7 +280,7 @@ class Mover:
             sealed = await asyncio.to_thread(
                 self._export, stage, manifest, entry, readers, hosted_inputs, own_origin, target
             )
-            reply = await self._ship(target, stage / "move.tar", sealed)
+            reply = await self._ship(target, stage / "move.tar", {**sealed, "holds": holds})
         except BaseException as exc:
             await self._undo(name, target, detached, hosted_inputs, outputs, replica_inputs)
             shutil.rmtree(stage, ignore_errors=True)
@@ -319,15 +325,14 @@ class Mover:
         }
 
     async def _mirrors_caught_up(
-        self, streams: list[str], target: bytes, *, lag: int, strict: bool = False
+        self, goals: dict[str, int], target: bytes, *, strict: bool = False
     ) -> None:
-        """Wait until our mirrors of ``streams`` to ``target`` are at most ``lag`` batches
-        behind (``strict``: or fail after MIRROR_CATCHUP_S)."""
+        """Wait until ``target`` acknowledged each stream's mirrored batches through its goal
+        offset; after MIRROR_CATCHUP_S, give up (``strict``: fail)."""
         spools = self.peer.spool_set()
         deadline = time.monotonic() + MIRROR_CATCHUP_S
-        for stream in streams:
+        for stream, goal in goals.items():
             spool = spools.get(stream)
-            goal = spool.latest - lag
             reader = MIRROR_PREFIX + target.hex()
             while read_reader_offset(spool.directory, reader) < goal:
                 if time.monotonic() > deadline:
@@ -577,6 +582,12 @@ class Mover:
         def land() -> None:
             for stream, offsets in sealed["offsets"].items():  # streams held here already
                 spool = spools.get(stream)
+                if spool.latest < sealed["holds"][stream]:
+                    raise Conflict(
+                        f"stream {stream}: this peer's copy ends at batch {spool.latest}, "
+                        f"the fragment may have read through {sealed['holds'][stream]}",
+                        stream=stream,
+                    )
                 if offsets and min(offsets.values()) < spool.earliest - 1:
                     raise Conflict(
                         f"stream {stream}: this peer trimmed what the fragment has yet to read",
@@ -681,8 +692,10 @@ def _check_manifest(manifest: Any) -> dict[str, Any]:
 
 
 def _check_install(frame: dict[str, Any], incoming: _Incoming) -> dict[str, Any]:
-    """size, sha256 and reader offsets of a ``move_install``; InvalidInput if mistyped."""
+    """size, sha256, reader offsets and held offsets of a ``move_install``; InvalidInput if
+    mistyped."""
     size, digest, offsets = frame.get("size"), frame.get("sha256"), frame.get("offsets")
+    holds = frame.get("holds")
     if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= MAX_MOVE_BYTES:
         raise InvalidInput("move_install: size must be a positive byte count")
     if not isinstance(digest, str):
@@ -692,6 +705,12 @@ def _check_install(frame: dict[str, Any], incoming: _Incoming) -> dict[str, Any]
     local = {s for s, i in incoming.manifest["inputs"].items() if i["mode"] == "local"}
     if set(offsets) != local:
         raise InvalidInput("move_install: offsets must name exactly the inputs held here")
+    if (
+        not isinstance(holds, dict)
+        or set(holds) != local
+        or not all(isinstance(o, int) and not isinstance(o, bool) for o in holds.values())
+    ):
+        raise InvalidInput("move_install: holds must map each input held here to an offset")
     for stream, readers in offsets.items():
         if not isinstance(readers, dict) or not all(
             isinstance(r, str)
@@ -702,7 +721,7 @@ def _check_install(frame: dict[str, Any], incoming: _Incoming) -> dict[str, Any]
             for r, o in readers.items()
         ):
             raise InvalidInput(f"move_install: offsets.{stream} must map reader ids to offsets")
-    return {"size": size, "sha256": digest, "offsets": offsets}
+    return {"size": size, "sha256": digest, "offsets": offsets, "holds": holds}
 
 
 __all__ = ["Mover"]

@@ -371,3 +371,82 @@ def test_a_middle_fragment_moves_and_its_upstream_and_downstream_follow(
     assert any(to == ids[1].hex()[:16] for _s, to in mirrors), mirrors
     assert not any(to == ids[0].hex()[:16] for _s, to in mirrors), mirrors
     assert b.peer.local_catalog().query(moved["fragment"]).status == "RUNNING"
+
+
+def test_a_second_fragment_of_a_stream_waits_for_the_partners_lagging_copy(
+    pair: tuple[PeerThread, PeerThread, str],
+) -> None:
+    """Two fragments read one stream hosted on A. The first moves to B, so A mirrors the stream
+    to B; then that mirror stalls while A goes on pushing and the second fragment reads on.
+    The second fragment moves to B too and resumes on B's copy: the move must wait, during its
+    pause, until B's copy holds everything A's spool held at the stop (B refuses a copy that
+    ends earlier: Spark re-runs the batch it had planned, and a missing file fails it)."""
+    a, b, contract_id = pair
+    a_id, b_id = a.peer.overlay.node_id, b.peer.overlay.node_id  # type: ignore[union-attr]
+
+    def closest(name: str) -> bytes:
+        t = int.from_bytes(stream_target(name), "big")
+        return min((a_id, b_id), key=lambda n: int.from_bytes(n, "big") ^ t)
+
+    source = next(f"lagticks{i}" for i in range(1000) if closest(f"lagticks{i}") == a_id)
+    batches = make_batches(seed=31)
+    want = reference(batches)
+    third = BATCHES // 3
+    stalled = 8  # batches pushed while the mirror to B stalls (fewer than the pre-stop catch-up)
+
+    def on_a(coro: Any) -> Any:
+        return asyncio.get_running_loop().run_in_executor(None, lambda: a.call(coro, 180))
+
+    async def read_through_latest() -> None:
+        """Until the second fragment on A has committed everything A's spool holds."""
+        spool = a.peer.spool_set().get(source)
+        readers = [r for s, r in a.peer.engine.running["second"].readers if s == source]  # type: ignore[union-attr]
+        async with asyncio.timeout(120):
+            while min(spool.committed(r) for r in readers) < spool.latest:
+                await asyncio.sleep(0.1)
+
+    async def resume_mirror() -> None:
+        a.peer.fed.mirrors.resume_stream(source)  # type: ignore[union-attr]
+
+    async def scenario() -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
+        async with Client("127.0.0.1", a.port, timeout_s=120) as cl:
+            async with asyncio.timeout(60):
+                while len((await cl.status())["overlay"]["members"]) < 2:
+                    await asyncio.sleep(0.2)
+            await cl.create_schema(SCHEMA)
+            await cl.create_stream(source, "mtick")
+            await cl.create_query(query(source))
+            await cl.create_query(
+                keyed_window_query("second", source, "second_out", site="alpha", kept="kept2")
+            )
+            await cl.start_query("mover")
+            await cl.start_query("second")
+        await push(a.port, source, batches[:third], 0)
+        moves = [await on_a(a.peer.move_fragment("mover", b_id, contract=contract_id))]
+        await on_a(a.peer.fed.mirrors.pause(source))  # type: ignore[union-attr]
+        await push(a.port, source, batches[third : third + stalled], third)
+        await on_a(read_through_latest())
+        second = on_a(a.peer.move_fragment("second", b_id, contract=contract_id))
+        async with asyncio.timeout(120):  # the pause starts
+            while "second" in a.peer.engine.running and not second.done():  # type: ignore[union-attr]
+                await asyncio.sleep(0.05)
+        # long enough for the rest of a move (export, ship, install: under a second here) had
+        # it not waited for B's copy
+        await asyncio.wait({second}, timeout=3.0)
+        await on_a(resume_mirror())
+        moves.append(await second)
+        await push(b.port, source, batches[third + stalled :], third + stalled)
+        rows = {}
+        async with Client("127.0.0.1", b.port, timeout_s=120) as cl:
+            for out in ("moved_out", "second_out"):
+                rows[out] = await collect(cl, out, sum(want.values()), timeout_s=300, settle_s=3)
+        return moves, rows
+
+    moves, rows = asyncio.run(scenario())
+    print("moves:", moves)
+    assert [m["to"] for m in moves] == [b_id.hex(), b_id.hex()]
+    for out, got in rows.items():
+        counted = Counter((r["window_start"], r["window_end"], r["k"], r["s"], r["n"]) for r in got)
+        assert counted == want, out
+    assert b.call(b.peer.engine.failed(), 30) == {}  # type: ignore[union-attr]
+    assert {"mover", "second"} <= set(b.peer.local_catalog().query_names())

@@ -239,6 +239,8 @@ def test_chunks_from_another_sender_or_mistyped_are_refused(
             {"size": 6, "sha256": 5, "offsets": {}},
             {"size": 6, "sha256": "0", "offsets": {"src": {"r": 1}}},  # src is copied here
             {"size": 6, "sha256": "0", "offsets": []},
+            {"size": 6, "sha256": "0", "offsets": {}},  # no holds
+            {"size": 6, "sha256": "0", "offsets": {}, "holds": {"src": 3}},  # src is copied
         ):
             with pytest.raises(InvalidInput):
                 await mover.handle({"op": "move_install", "move": m["id"], **bad}, "alpha")
@@ -257,7 +259,12 @@ def test_data_that_does_not_match_the_hash_is_not_installed(
     mover, cid = receiver
     body = b"not the tar that was announced"
     m = manifest(cid)
-    sealed = {"size": len(body), "sha256": hashlib.sha256(b"other").hexdigest(), "offsets": {}}
+    sealed = {
+        "size": len(body),
+        "sha256": hashlib.sha256(b"other").hexdigest(),
+        "offsets": {},
+        "holds": {},
+    }
 
     async def go() -> None:
         await mover.handle({"op": "move_begin", "manifest": m}, "alpha")
@@ -297,3 +304,43 @@ def test_a_name_already_here_is_a_conflict(receiver: tuple[Mover, str]) -> None:
         run(mover.handle({"op": "move_begin", "manifest": local}, "alpha"))
     assert "offsets" in err.value.message
     assert not mover.busy
+
+
+def test_a_copy_here_shorter_than_the_senders_is_refused_and_nothing_installed(
+    receiver: tuple[Mover, str],
+) -> None:
+    """An input this peer holds already (it hosts it): the fragment resumes on our copy and
+    re-runs the batch it had planned at the sender, which may end at the sender's last batch;
+    a copy that ends before it would fail the query on a missing file."""
+    mover, cid = receiver
+    from peer.model.schema import parse_schema, to_arrow_schema
+
+    mover.peer.fed = SimpleNamespace(hosted={"src"})
+    mover.peer.spool_set().create("src", to_arrow_schema(parse_schema(SCHEMA)))
+    m = manifest(cid)
+    m["inputs"]["src"]["mode"] = "local"
+    tree = io.BytesIO()
+    with tarfile.open(fileobj=tree, mode="w") as tar:
+        info = tarfile.TarInfo("tree/checkpoint/offsets/0")
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"{}"))
+    body = tree.getvalue()
+    sealed = {
+        "size": len(body),
+        "sha256": hashlib.sha256(body).hexdigest(),
+        "offsets": {"src": {"frag-src": 3}},
+        "holds": {"src": 7},
+    }
+
+    async def go() -> None:
+        await mover.handle({"op": "move_begin", "manifest": m}, "alpha")
+        await mover.handle({"op": "move_chunk", "move": m["id"], "data": body}, "alpha")
+        with pytest.raises(Conflict) as err:
+            await mover.handle({"op": "move_install", "move": m["id"], **sealed}, "alpha")
+        assert "src" in err.value.message and "7" in err.value.message
+
+    run(go())
+    assert not mover.busy
+    catalog = mover.peer.local_catalog()
+    assert catalog.find_query("frag") is None and catalog.stream_names() == []
+    assert "frag-src" not in mover.peer.spool_set().get("src").readers()
