@@ -161,17 +161,12 @@ class Spike:
         return {"k": ks, "v": vs, "t": ts}
 
     async def _main(self) -> int:
-        from overlay.membership import stream_target
         from peer.client import Client
+        from peer.testing import stream_name_on
 
         alpha = self.procs["alpha"]
-        ids = {n: bytes.fromhex(p.node_id) for n, p in self.procs.items()}
-
-        def closest(stream: str) -> str:
-            t = int.from_bytes(stream_target(stream), "big")
-            return min(NAMES, key=lambda n: int.from_bytes(ids[n], "big") ^ t)
-
-        source = next(f"spike_in{i}" for i in range(10_000) if closest(f"spike_in{i}") == "alpha")
+        ids = [bytes.fromhex(p.node_id) for p in self.procs.values()]
+        source = stream_name_on(bytes.fromhex(alpha.node_id), ids, "spike_in")
         async with Client("127.0.0.1", alpha.port, timeout_s=120) as cl:
             async with asyncio.timeout(90):
                 while len((await cl.status())["overlay"]["members"]) < 3:

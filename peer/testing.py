@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -104,6 +105,21 @@ async def collect(
     except TimeoutError:
         pass
     return rows
+
+
+def stream_name_on(host: bytes, node_ids: Iterable[bytes], prefix: str) -> str:
+    """A stream name ``<prefix><i>`` the overlay places on ``host``: of ``node_ids``, ``host``
+    is the XOR-closest to its stream target (so ``host`` hosts it once it is created)."""
+    from overlay.membership import stream_target
+
+    ids = [int.from_bytes(n, "big") for n in node_ids]
+    mine = int.from_bytes(host, "big")
+    for i in range(100_000):
+        name = f"{prefix}{i}"
+        target = int.from_bytes(stream_target(name), "big")
+        if min(ids, key=lambda n: n ^ target) == mine:
+            return name
+    raise ValueError(f"no stream name {prefix}N lands on {host.hex()[:12]}")
 
 
 def keyed_window_query(

@@ -93,13 +93,12 @@ import bench_common as bc
 from bench_peer import parse_rates
 
 from contracts.keys import generate as generate_key
-from overlay.membership import stream_target
 from peer import spool as fmt
 from peer.client import Client
 from peer.engine.runner import query_key
 from peer.examples import traffic
 from peer.model.schema import parse_schema, to_arrow_schema
-from peer.testing import PeerProcess
+from peer.testing import PeerProcess, stream_name_on
 
 PARTICIPANTS = ("acme", "globex", "initech")
 US = 1_000_000
@@ -255,13 +254,8 @@ class Cluster:
 
     def source_name(self, base: str, site: str) -> str:
         """A stream name that the overlay places on ``site`` (XOR-closest node id)."""
-        ids = {n: int(p.node_id, 16) for n, p in self.peers.items()}
-        for i in range(10_000):
-            name = f"{base}{i}"
-            target = int.from_bytes(stream_target(name), "big")
-            if min(ids, key=lambda n, t=target: ids[n] ^ t) == site:
-                return name
-        raise RuntimeError(f"no stream name {base}N lands on {site}")
+        ids = [bytes.fromhex(p.node_id) for p in self.peers.values()]
+        return stream_name_on(bytes.fromhex(self.peers[site].node_id), ids, base)
 
     async def host_of(self, stream: str) -> str:
         for name, c in self.ctl.items():

@@ -17,10 +17,9 @@ from typing import Any
 import pytest
 
 from contracts.keys import generate
-from overlay.membership import stream_target
 from peer.client import Client
 from peer.errors import FedstreamError
-from peer.testing import PeerProcess, collect
+from peer.testing import PeerProcess, collect, stream_name_on
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -155,10 +154,6 @@ def peers(tmp_path: Path) -> Iterator[dict[str, PeerProcess]]:
             p.stop(60)
 
 
-def target(stream: str) -> int:
-    return int.from_bytes(stream_target(stream), "big")
-
-
 async def push_all(
     stream: str,
     ports: list[int],
@@ -193,11 +188,7 @@ def test_three_peer_chain_survives_kill_9_of_the_middle_peer(
 
     # the source stream lives on acme, so that the kill of globex moves no stream
     ids = [bytes.fromhex(p.node_id) for p in (a, b, c)]
-    source = next(
-        f"ticks{i}"
-        for i in range(1000)
-        if min(ids, key=lambda n, i=i: int.from_bytes(n, "big") ^ target(f"ticks{i}")) == ids[0]
-    )
+    source = stream_name_on(ids[0], ids, "ticks")
     query = json.loads(json.dumps(QUERY).replace('"ticks"', json.dumps(source)))
 
     async def phase_one() -> dict[str, Any]:

@@ -15,10 +15,9 @@ from typing import Any
 import pytest
 
 from contracts.keys import generate
-from overlay.membership import stream_target
 from peer.client import Client
 from peer.errors import Unavailable
-from peer.testing import PeerProcess, collect
+from peer.testing import PeerProcess, collect, stream_name_on
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -83,11 +82,6 @@ def pair(tmp_path: Path) -> Iterator[tuple[PeerProcess, PeerProcess]]:
         a.stop(60)
 
 
-def rank_first(stream: str, ids: list[bytes]) -> bytes:
-    target = int.from_bytes(stream_target(stream), "big")
-    return min(ids, key=lambda n: int.from_bytes(n, "big") ^ target)
-
-
 def rss_kb(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -110,9 +104,7 @@ def test_a_frozen_downstream_peer_slows_its_upstream_and_loses_nothing(
             await c.create_schema(SCHEMA)
             # a source stream hosted on the upstream peer, so that the frozen one hosts none
             ids = [bytes.fromhex(a.node_id), bytes.fromhex(b.node_id)]
-            source = next(
-                f"fc_in{i}" for i in range(1000) if rank_first(f"fc_in{i}", ids) == ids[0]
-            )
+            source = stream_name_on(ids[0], ids, "fc_in")
             made = await c.create_stream(source, "num")
             assert made["host"] == a.node_id
             await c.create_query(query(source))

@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 
 from contracts.keys import generate
-from overlay.membership import stream_target
 from peer.client import Client
 from peer.errors import FedstreamError
 from peer.node import PeerConfig
@@ -30,6 +29,7 @@ from peer.testing import (
     keyed_window_query,
     keyed_window_sums,
     signed_contracts,
+    stream_name_on,
 )
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -122,6 +122,24 @@ async def push(port: int, stream: str, batches: list[dict[str, list[int]]], firs
             await asyncio.sleep(0.02)
 
 
+async def set_up(
+    port: int, members: int, source: str, *queries: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Once ``members`` peers are in the overlay: the schema, ``source`` and the queries,
+    started; the replies of ``create_query``."""
+    made = []
+    async with Client("127.0.0.1", port, timeout_s=120) as cl:
+        async with asyncio.timeout(60):
+            while len((await cl.status())["overlay"]["members"]) < members:
+                await asyncio.sleep(0.2)
+        await cl.create_schema(SCHEMA)
+        await cl.create_stream(source, "mtick")
+        for q in queries:
+            made.append(await cl.create_query(q))
+            await cl.start_query(q["name"])
+    return made
+
+
 def test_a_fragment_moves_with_its_state_and_the_output_stays_exact(
     pair: tuple[PeerThread, PeerThread, str],
 ) -> None:
@@ -131,24 +149,13 @@ def test_a_fragment_moves_with_its_state_and_the_output_stays_exact(
     # the partners trust each other through the contract alone
     assert a.peer.trust is not None and a.peer.trust.is_trusted(b.peer.identity.participant_pub)
 
-    def closest(name: str) -> bytes:
-        t = int.from_bytes(stream_target(name), "big")
-        return min((a_id, b_id), key=lambda n: int.from_bytes(n, "big") ^ t)
-
-    source = next(f"mticks{i}" for i in range(1000) if closest(f"mticks{i}") == a_id)
+    source = stream_name_on(a_id, (a_id, b_id), "mticks")
     batches = make_batches()
     want = reference(batches)
     third = BATCHES // 3
 
     async def scenario() -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
-        async with Client("127.0.0.1", a.port, timeout_s=120) as cl:
-            async with asyncio.timeout(60):
-                while len((await cl.status())["overlay"]["members"]) < 2:
-                    await asyncio.sleep(0.2)
-            await cl.create_schema(SCHEMA)
-            await cl.create_stream(source, "mtick")
-            await cl.create_query(query(source))
-            await cl.start_query("mover")
+        await set_up(a.port, 2, source, query(source))
         # a subscriber on A from the start: it must go on across the move
         early = Client("127.0.0.1", a.port, timeout_s=120)
         await early.__aenter__()
@@ -199,24 +206,13 @@ def test_a_fragment_moves_there_and_back_and_the_output_stays_exact(
     a, b, contract_id = pair
     a_id, b_id = a.peer.overlay.node_id, b.peer.overlay.node_id  # type: ignore[union-attr]
 
-    def closest(name: str) -> bytes:
-        t = int.from_bytes(stream_target(name), "big")
-        return min((a_id, b_id), key=lambda n: int.from_bytes(n, "big") ^ t)
-
-    source = next(f"rtticks{i}" for i in range(1000) if closest(f"rtticks{i}") == a_id)
+    source = stream_name_on(a_id, (a_id, b_id), "rtticks")
     batches = make_batches(seed=23)
     want = reference(batches)
     quarter = BATCHES // 4
 
     async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        async with Client("127.0.0.1", a.port, timeout_s=120) as cl:
-            async with asyncio.timeout(60):
-                while len((await cl.status())["overlay"]["members"]) < 2:
-                    await asyncio.sleep(0.2)
-            await cl.create_schema(SCHEMA)
-            await cl.create_stream(source, "mtick")
-            await cl.create_query(query(source))
-            await cl.start_query("mover")
+        await set_up(a.port, 2, source, query(source))
         await push(a.port, source, batches[:quarter], 0)
         loop = asyncio.get_running_loop()
         moves = []
@@ -324,24 +320,13 @@ def test_a_middle_fragment_moves_and_its_upstream_and_downstream_follow(
     a, b, g = trio
     ids = [p.peer.overlay.node_id for p in trio]  # type: ignore[union-attr]
 
-    def closest(name: str) -> bytes:
-        t = int.from_bytes(stream_target(name), "big")
-        return min(ids, key=lambda n: int.from_bytes(n, "big") ^ t)
-
-    source = next(f"rticks{i}" for i in range(1000) if closest(f"rticks{i}") == ids[2])
+    source = stream_name_on(ids[2], ids, "rticks")
     batches = make_batches(seed=11)
     want = Counter((s, e, k, 2 * total, n) for (s, e, k, total, n) in reference(batches).elements())
     third = BATCHES // 3
 
     async def scenario() -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
-        async with Client("127.0.0.1", g.port, timeout_s=120) as cl:
-            async with asyncio.timeout(60):
-                while len((await cl.status())["overlay"]["members"]) < 3:
-                    await asyncio.sleep(0.2)
-            await cl.create_schema(SCHEMA)
-            await cl.create_stream(source, "mtick")
-            made = await cl.create_query(chain_query(source))
-            await cl.start_query("relay")
+        [made] = await set_up(g.port, 3, source, chain_query(source))
         await push(g.port, source, batches[:third], 0)
         async with Client("127.0.0.1", g.port, timeout_s=120) as cl:
             assert await collect(cl, "relay_out", 1, timeout_s=120), "no result before the move"
@@ -384,11 +369,7 @@ def test_a_second_fragment_of_a_stream_waits_for_the_partners_lagging_copy(
     a, b, contract_id = pair
     a_id, b_id = a.peer.overlay.node_id, b.peer.overlay.node_id  # type: ignore[union-attr]
 
-    def closest(name: str) -> bytes:
-        t = int.from_bytes(stream_target(name), "big")
-        return min((a_id, b_id), key=lambda n: int.from_bytes(n, "big") ^ t)
-
-    source = next(f"lagticks{i}" for i in range(1000) if closest(f"lagticks{i}") == a_id)
+    source = stream_name_on(a_id, (a_id, b_id), "lagticks")
     batches = make_batches(seed=31)
     want = reference(batches)
     third = BATCHES // 3
@@ -409,18 +390,10 @@ def test_a_second_fragment_of_a_stream_waits_for_the_partners_lagging_copy(
         a.peer.fed.mirrors.resume_stream(source)  # type: ignore[union-attr]
 
     async def scenario() -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
-        async with Client("127.0.0.1", a.port, timeout_s=120) as cl:
-            async with asyncio.timeout(60):
-                while len((await cl.status())["overlay"]["members"]) < 2:
-                    await asyncio.sleep(0.2)
-            await cl.create_schema(SCHEMA)
-            await cl.create_stream(source, "mtick")
-            await cl.create_query(query(source))
-            await cl.create_query(
-                keyed_window_query("second", source, "second_out", site="alpha", kept="kept2")
-            )
-            await cl.start_query("mover")
-            await cl.start_query("second")
+        second_query = keyed_window_query(
+            "second", source, "second_out", site="alpha", kept="kept2"
+        )
+        await set_up(a.port, 2, source, query(source), second_query)
         await push(a.port, source, batches[:third], 0)
         moves = [await on_a(a.peer.move_fragment("mover", b_id, contract=contract_id))]
         await on_a(a.peer.fed.mirrors.pause(source))  # type: ignore[union-attr]
