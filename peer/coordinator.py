@@ -14,18 +14,34 @@ query against the schemas of its input streams (catalog records), splits it into
 
 Then it publishes ``query:NAME``: a pointer to the definition and the fragment list (stored by
 content hash, fetched over links). ``set_status`` reads that record and sends the new status
-to every fragment's site; DELETED also stops the mirrors, drops the fragments' spools and
-checkpoints, and leaves a tombstone record so the name can be used again.
+to every fragment's site; DELETED also drops the fragments' spools and checkpoints (a site
+that drops a replica no query of its own reads asks the stream's host to stop mirroring it
+there), and leaves a tombstone record so the name can be used again.
+
+A fragment may have moved since (:mod:`peer.move`): the record keeps the site it was planned
+on, which the query's owner alone could rewrite, but the ``place:`` lease of the fragment's
+result streams names the peer that runs it now. So status changes and lookups go to that
+peer; the planned site, which forwards what reaches it, hears of a deletion too, so that it
+forgets where the fragment went.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from overlay.membership import MemberInfo, rank, stream_target
-from peer.errors import AlreadyExists, Conflict, InvalidInput, NotFound, QueryError
+from peer.errors import (
+    AlreadyExists,
+    Conflict,
+    FedstreamError,
+    InvalidInput,
+    NotFound,
+    QueryError,
+)
 from peer.model.fragments import Fragment, fragment_query
 from peer.model.plan import check_query
 from peer.model.query import Query, query_to_dict
@@ -37,6 +53,8 @@ if TYPE_CHECKING:
 __all__ = ["Coordinator"]
 
 log = logging.getLogger(__name__)
+
+LEASE_GAP_S = 3.0
 
 
 class Coordinator:
@@ -146,27 +164,46 @@ class Coordinator:
             raise NotFound(f"unknown query {name}", query=name)
         return found[1]
 
+    async def host_now(self, stream: str, planned: str) -> str:
+        """The node id (hex) of the peer hosting ``stream`` now, or ``planned`` (the host the
+        plan recorded) if no lease says. Right after a move there is a moment with no lease
+        (the old host's handover lease has run out, the new host's is not yet stored):
+        a retriable answer is asked again for up to LEASE_GAP_S."""
+        deadline = time.monotonic() + LEASE_GAP_S
+        while True:
+            try:
+                return (await self.fed.host_of(stream, fresh=True)).hex()
+            except FedstreamError as exc:  # no lease readable: the plan is the best we know
+                if exc.retriable and time.monotonic() < deadline:
+                    await asyncio.sleep(0.25)
+                    continue
+                log.info("host of %s not found from its lease: %s", stream, exc)
+                return planned
+
+    async def site_now(self, fragment: dict[str, Any]) -> str:
+        """The node id (hex) of the peer running ``fragment`` now: the host of its first
+        result stream (a fragment's results live where it runs)."""
+        outputs = fragment.get("outputs") or []
+        if not outputs:
+            return str(fragment["site"])
+        return await self.host_now(outputs[0], fragment["site"])
+
     async def set_status(self, name: str, status: str) -> dict[str, Any]:
         plan = await self.plan(name)
         fragments = plan.get("fragments", [])
         if not isinstance(fragments, list):
             raise InvalidInput(f"query {name}: malformed plan")
+        sites = [await self.site_now(f) for f in fragments]  # where they run now
         # downstream first: a fragment stops before the ones feeding it
-        for fragment in reversed(fragments):
-            await self.fed.call_site(
-                bytes.fromhex(fragment["site"]),
-                {"op": "fragment_status", "fragment": fragment["name"], "status": status},
-            )
-        if status == "DELETED":
-            for fragment in fragments:
-                for stream, source in fragment.get("remote_inputs", {}).items():
-                    try:
-                        await self.fed.call_site(
-                            bytes.fromhex(source),
-                            {"op": "unmirror", "stream": stream, "to": fragment["site"]},
-                        )
-                    except Exception as exc:  # its host is gone: nothing left to stop
-                        log.warning("unmirroring %s for %s failed: %s", stream, name, exc)
+        for fragment, site in reversed(list(zip(fragments, sites, strict=True))):
+            frame = {"op": "fragment_status", "fragment": fragment["name"], "status": status}
+            await self.fed.call_site(bytes.fromhex(site), frame)
+            if status == "DELETED" and site != fragment["site"]:
+                try:  # the planned site forgets where it went (the fragment is gone already)
+                    await self.fed.call_site(bytes.fromhex(fragment["site"]), frame)
+                except Exception as exc:
+                    log.info("planned site of %s not told of its deletion: %s", name, exc)
+        if status == "DELETED":  # each site has stopped the mirrors into what it dropped
             await self.fed.publish(f"query:{name}", {"deleted": True})
         return {"query": name, "status": status, "fragments": len(fragments)}
 
@@ -174,10 +211,13 @@ class Coordinator:
         plan = await self.plan(name)
         out = []
         for fragment in plan.get("fragments", []):
-            info: dict[str, Any] = {"name": fragment["name"], "site": fragment["site"]}
+            site = await self.site_now(fragment)
+            info: dict[str, Any] = {"name": fragment["name"], "site": site}
+            if site != fragment["site"]:
+                info["planned_site"] = fragment["site"]
             try:
                 reply = await self.fed.call_site(
-                    bytes.fromhex(fragment["site"]), {"op": "lookup", "name": fragment["name"]}
+                    bytes.fromhex(site), {"op": "lookup", "name": fragment["name"]}
                 )
                 info["status"] = reply.get("status")
             except Exception as exc:

@@ -389,6 +389,21 @@ class Federation:
         return pointer, json.loads(body)
 
     # requests to other peers
+    async def stop_mirror_here(self, stream: str, recorded_host: bytes) -> None:
+        """Ask the host of ``stream`` to stop mirroring it to us (our replica is no longer
+        read): the host it has now, which a move may have changed, else the one we recorded.
+        A mirror left running would keep the host's spool from ever trimming past it."""
+        try:
+            host = await self.host_of(stream, fresh=True)
+        except FedstreamError:
+            host = recorded_host
+        if host == self.node_id:
+            return
+        try:
+            await self.call(host, {"op": "unmirror", "stream": stream, "to": self.node_id.hex()})
+        except FedstreamError as exc:  # its host is gone: nothing left to stop
+            log.warning("the host of %s did not stop mirroring it here: %s", stream, exc)
+
     async def call_site(self, node_id: bytes, frame: dict[str, Any]) -> dict[str, Any]:
         """``frame`` served by peer ``node_id``: here directly, or over a link."""
         if node_id == self.node_id:

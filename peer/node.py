@@ -612,8 +612,11 @@ class Peer:
                 [s for s in outputs if s not in still_read and s in catalog.stream_names()],
                 tombstone=True,
             )
-            unused = [s for s in catalog.replicas() if s not in still_read]
-            await self._drop_streams(unused, tombstone=False)
+            unused = {s: host for s, host in catalog.replicas().items() if s not in still_read}
+            if self.fed is not None:
+                for stream, host in unused.items():
+                    await self.fed.stop_mirror_here(stream, bytes.fromhex(host))
+            await self._drop_streams(list(unused), tombstone=False)
         return reply
 
     async def _drop_streams(self, streams: list[str], *, tombstone: bool) -> None:

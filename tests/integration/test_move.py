@@ -343,19 +343,29 @@ def test_a_middle_fragment_moves_and_its_upstream_and_downstream_follow(
         await push(a.port, source, batches[2 * third :], 2 * third)
         async with Client("127.0.0.1", g.port, timeout_s=120) as cl:
             rows = await collect(cl, "relay_out", sum(want.values()), timeout_s=300, settle_s=3)
-            # the query's status goes through the old site's forward to the new one
             looked = await cl.lookup_object("relay")
-        return moved, rows, looked
+            mirrors = {(m["stream"], m["to"]) for m in g.peer.fed.mirrors.describe()}  # type: ignore[union-attr]
+            assert b.peer.local_catalog().query(moved["fragment"]).status == "RUNNING"
+            await cl.set_query_status("relay", "STOPPED")
+            await cl.set_query_status("relay", "DELETED")
+        return moved, rows, looked, mirrors
 
-    moved, rows, looked = asyncio.run(scenario())
+    moved, rows, looked, mirrors = asyncio.run(scenario())
     print("move:", moved)
     got = Counter((r["window_start"], r["window_end"], r["k"], r["s"], r["n"]) for r in rows)
     assert got == want
+    # the lookup finds the fragment where it runs now, through its result stream's lease
     assert looked["status"] == "RUNNING", looked
-    mirrors = {(m["stream"], m["to"]) for m in g.peer.fed.mirrors.describe()}  # type: ignore[union-attr]
-    assert any(to == ids[1].hex()[:16] for _s, to in mirrors), mirrors
+    sites = {f["name"]: (f["site"], f.get("planned_site")) for f in looked["fragments"]}
+    assert sites[moved["fragment"]] == (ids[1].hex(), ids[0].hex()), sites
+    # gamma's mirror of the filter's output went to the fragment's new site, and nowhere else
+    assert ("kept", ids[1].hex()[:16]) in mirrors, mirrors
     assert not any(to == ids[0].hex()[:16] for _s, to in mirrors), mirrors
-    assert b.peer.local_catalog().query(moved["fragment"]).status == "RUNNING"
+    # deleted: the new site dropped the fragment, gamma mirrors nothing any more, and the
+    # planned site forgot where the fragment went
+    assert b.peer.local_catalog().find_query(moved["fragment"]) is None
+    assert not g.peer.fed.mirrors.describe()  # type: ignore[union-attr]
+    assert moved["fragment"] not in a.peer.local_catalog().moved()
 
 
 def test_a_second_fragment_of_a_stream_waits_for_the_partners_lagging_copy(
@@ -413,6 +423,18 @@ def test_a_second_fragment_of_a_stream_waits_for_the_partners_lagging_copy(
         async with Client("127.0.0.1", b.port, timeout_s=120) as cl:
             for out in ("moved_out", "second_out"):
                 rows[out] = await collect(cl, out, sum(want.values()), timeout_s=300, settle_s=3)
+        assert b.call(b.peer.engine.failed(), 30) == {}  # type: ignore[union-attr]
+        assert {"mover", "second"} <= set(b.peer.local_catalog().query_names())
+        # Deleting the queries through A, where they no longer run: each goes where it runs
+        # now. A's mirror of the source to B stays while one of them reads B's copy, and
+        # then goes, or A's spool would keep every batch for a reader that is gone.
+        readers = a.peer.spool_set().get(source).readers
+        async with Client("127.0.0.1", a.port, timeout_s=120) as cl:
+            for name in ("mover", "second"):
+                await cl.set_query_status(name, "STOPPED")
+                await cl.set_query_status(name, "DELETED")
+                mirrored = "mirror-" + b_id.hex() in readers()
+                assert mirrored == (name == "mover"), (name, readers())
         return moves, rows
 
     moves, rows = asyncio.run(scenario())
@@ -421,5 +443,7 @@ def test_a_second_fragment_of_a_stream_waits_for_the_partners_lagging_copy(
     for out, got in rows.items():
         counted = Counter((r["window_start"], r["window_end"], r["k"], r["s"], r["n"]) for r in got)
         assert counted == want, out
-    assert b.call(b.peer.engine.failed(), 30) == {}  # type: ignore[union-attr]
-    assert {"mover", "second"} <= set(b.peer.local_catalog().query_names())
+    assert not set(b.peer.local_catalog().query_names()) & {"mover", "second"}
+    assert source not in b.peer.spool_set()
+    assert not [m for m in a.peer.fed.mirrors.describe() if m["stream"] == source]  # type: ignore[union-attr]
+    assert not a.peer.local_catalog().moved()
