@@ -195,6 +195,9 @@ def test_responsibility_moves_when_the_host_dies(
             assert made["host"] == host.node_id
             # a subscription from "latest" on a third peer, accepted before the push: the
             # reply waits until the host has fixed its position, so nothing pushed is missed
+            async with Client("127.0.0.1", others[1].port) as cs:
+                # the subscriber's peer must know the host too (gossip reaches each in turn)
+                await _wait_members(cs, 4)
             async with (
                 Client("127.0.0.1", others[1].port) as cs,
                 await cs.subscribe(stream, start="latest") as sub,
