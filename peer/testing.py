@@ -122,57 +122,65 @@ def stream_name_on(host: bytes, node_ids: Iterable[bytes], prefix: str) -> str:
     raise ValueError(f"no stream name {prefix}N lands on {host.hex()[:12]}")
 
 
-def keyed_window_query(
-    name: str, source: str, out: str, *, site: str, at_least: int = 0, kept: str | None = None
+def keyed_window_box(
+    inp: str, out: str, *, node: str | None = None, name: str = "per_key"
 ) -> dict[str, Any]:
-    """A filter (``v >= at_least``) then a 10 s tumbling sum(v)/count() per key ``k`` over
-    ``t``, both boxes placed on ``site``: the workload of the move tests and benchmarks."""
-    middle = kept or f"{name}_kept"
+    """A 10 s tumbling sum(v) as ``s`` and count() as ``n`` per key ``k`` over ``t``."""
     return {
         "name": name,
-        "boxes": [
-            {
-                "name": "keep",
-                "type": "filter",
-                "node": site,
-                "inputs": [source],
-                "outputs": [middle],
-                "params": {"expression.0": f"v >= {at_least}"},
-            },
-            {
-                "name": "per_key",
-                "type": "aggregate",
-                "node": site,
-                "inputs": [middle],
-                "outputs": [out],
-                "params": {
-                    "aggregate-function.0": "sum(v)",
-                    "aggregate-function-output-name.0": "s",
-                    "aggregate-function.1": "count()",
-                    "aggregate-function-output-name.1": "n",
-                    "window-size": "10",
-                    "advance": "10",
-                    "order-on-field": "t",
-                    "group-by": "k",
-                },
-            },
-        ],
+        "type": "aggregate",
+        **({"node": node} if node is not None else {}),
+        "inputs": [inp],
+        "outputs": [out],
+        "params": {
+            "aggregate-function.0": "sum(v)",
+            "aggregate-function-output-name.0": "s",
+            "aggregate-function.1": "count()",
+            "aggregate-function-output-name.1": "n",
+            "window-size": "10",
+            "advance": "10",
+            "order-on-field": "t",
+            "group-by": "k",
+        },
     }
 
 
+def keyed_window_query(
+    name: str,
+    source: str,
+    out: str,
+    *,
+    site: str | None = None,
+    at_least: int = 0,
+    kept: str | None = None,
+) -> dict[str, Any]:
+    """A filter (``v >= at_least``) then :func:`keyed_window_box`, both boxes placed on
+    ``site`` if given: the workload of the move, recovery and spike tests and benchmarks."""
+    middle = kept or f"{name}_kept"
+    keep = {
+        "name": "keep",
+        "type": "filter",
+        **({"node": site} if site is not None else {}),
+        "inputs": [source],
+        "outputs": [middle],
+        "params": {"expression.0": f"v >= {at_least}"},
+    }
+    return {"name": name, "boxes": [keep, keyed_window_box(middle, out, node=site)]}
+
+
 def keyed_window_sums(
-    batches: list[dict[str, list[int]]], *, at_least: int = 0
+    batches: list[dict[str, list[int]]], *, at_least: int = 0, scale: int = 1
 ) -> Counter[tuple[int, ...]]:
-    """Plain Python for :func:`keyed_window_query`: (start, end, k, sum, count) of every window
-    the largest ``t`` closes (the watermark is taken over all tuples, so the last batch must
-    pass the filter)."""
+    """Plain Python for :func:`keyed_window_query` (with ``scale``: of ``v * scale``):
+    (start, end, k, sum, count) of every window the largest ``t`` closes (the watermark is
+    taken over all tuples, so the last batch must pass the filter)."""
     watermark = max(max(b["t"]) for b in batches)
     acc: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0])
     for b in batches:
         for k, v, t in zip(b["k"], b["v"], b["t"], strict=True):
             if v >= at_least:
                 cell = acc[(t // 10 * 10, k)]
-                cell[0] += v
+                cell[0] += v * scale
                 cell[1] += 1
     return Counter(
         (s, s + 10, k, total, n) for (s, k), (total, n) in acc.items() if s + 10 <= watermark

@@ -9,7 +9,7 @@ import asyncio
 import json
 import random
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,13 @@ import pytest
 from contracts.keys import generate
 from peer.client import Client
 from peer.errors import FedstreamError
-from peer.testing import PeerProcess, collect, stream_name_on
+from peer.testing import (
+    PeerProcess,
+    collect,
+    keyed_window_box,
+    keyed_window_sums,
+    stream_name_on,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -57,23 +63,7 @@ QUERY = {
                 "output-field-name.2": "t",
             },
         },
-        {
-            "name": "per_key",
-            "type": "aggregate",
-            "node": "initech",
-            "inputs": ["doubled"],
-            "outputs": ["chain_out"],
-            "params": {
-                "aggregate-function.0": "sum(v)",
-                "aggregate-function-output-name.0": "s",
-                "aggregate-function.1": "count()",
-                "aggregate-function-output-name.1": "n",
-                "window-size": "10",
-                "advance": "10",
-                "order-on-field": "t",
-                "group-by": "k",
-            },
-        },
+        keyed_window_box("doubled", "chain_out", node="initech"),
     ],
 }
 BATCHES = 60
@@ -101,20 +91,6 @@ def make_batches(seed: int = 9) -> list[dict[str, list[int]]]:
     # from the tuples that reach it
     batches.append({"k": [0], "v": [0], "t": [last + 100]})
     return batches
-
-
-def reference(batches: list[dict[str, list[int]]]) -> Counter[tuple[int, ...]]:
-    watermark = max(max(b["t"]) for b in batches)
-    acc: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0])
-    for b in batches:
-        for k, v, t in zip(b["k"], b["v"], b["t"], strict=True):
-            if v >= 0:
-                cell = acc[(t // 10 * 10, k)]
-                cell[0] += 2 * v
-                cell[1] += 1
-    return Counter(
-        (s, s + 10, k, total, n) for (s, k), (total, n) in acc.items() if s + 10 <= watermark
-    )
 
 
 @pytest.fixture
@@ -183,7 +159,7 @@ def test_three_peer_chain_survives_kill_9_of_the_middle_peer(
 ) -> None:
     t0 = time.monotonic()
     batches = make_batches()
-    want = reference(batches)
+    want = keyed_window_sums(batches, scale=2)
     a, b, c = peers["acme"], peers["globex"], peers["initech"]
 
     # the source stream lives on acme, so that the kill of globex moves no stream

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ import pytest
 
 from peer.client import Client
 from peer.errors import Unavailable
-from peer.testing import PeerProcess, collect
+from peer.testing import PeerProcess, collect, keyed_window_query, keyed_window_sums
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -30,34 +30,7 @@ SCHEMA = {
         {"name": "t", "type": "long"},
     ],
 }
-QUERY = {
-    "name": "rec",
-    "boxes": [
-        {
-            "name": "pos",
-            "type": "filter",
-            "inputs": ["ticks"],
-            "outputs": ["pos_ticks"],
-            "params": {"expression.0": "v >= 0"},
-        },
-        {
-            "name": "agg",
-            "type": "aggregate",
-            "inputs": ["pos_ticks"],
-            "outputs": ["rec_out"],
-            "params": {
-                "aggregate-function.0": "sum(v)",
-                "aggregate-function-output-name.0": "s",
-                "aggregate-function.1": "count()",
-                "aggregate-function-output-name.1": "n",
-                "window-size": "10",
-                "advance": "10",
-                "order-on-field": "t",
-                "group-by": "k",
-            },
-        },
-    ],
-}
+QUERY = keyed_window_query("rec", "ticks", "rec_out", kept="pos_ticks")
 # Per-tuple queries: the first runs as its own streaming query, the second in the peer's
 # stateless lane; the aggregate runs on its own. The kill must leave all three exact.
 BIG_QUERY = {
@@ -102,20 +75,6 @@ def make_batches() -> list[dict[str, list[Any]]]:
     return batches
 
 
-def reference(batches: list[dict[str, list[Any]]]) -> Counter[tuple[int, ...]]:
-    watermark = max(max(b["t"]) for b in batches)
-    acc: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0])
-    for b in batches:
-        for k, v, t in zip(b["k"], b["v"], b["t"], strict=True):
-            if v >= 0:
-                cell = acc[(t // 10 * 10, k)]
-                cell[0] += v
-                cell[1] += 1
-    return Counter(
-        (s, s + 10, k, total, n) for (s, k), (total, n) in acc.items() if s + 10 <= watermark
-    )
-
-
 async def push_from(
     port: int, batches: list[dict[str, list[Any]]], first: int, stop_after: int | None = None
 ) -> int:
@@ -134,7 +93,7 @@ async def push_from(
 
 def test_kill_9_mid_stream_then_restart_gives_exact_output(tmp_path: Path) -> None:
     batches = make_batches()
-    want = reference(batches)
+    want = keyed_window_sums(batches)
     want_neg = Counter(
         (k, v, t) for b in batches for k, v, t in zip(b["k"], b["v"], b["t"], strict=True) if v < 0
     )
