@@ -27,21 +27,12 @@ forgets where the fragment went.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 from overlay.membership import MemberInfo, rank, stream_target
-from peer.errors import (
-    AlreadyExists,
-    Conflict,
-    FedstreamError,
-    InvalidInput,
-    NotFound,
-    QueryError,
-)
+from peer.errors import AlreadyExists, Conflict, InvalidInput, NotFound, QueryError
 from peer.model.fragments import Fragment, fragment_query
 from peer.model.plan import check_query
 from peer.model.query import Query, query_to_dict
@@ -53,8 +44,6 @@ if TYPE_CHECKING:
 __all__ = ["Coordinator"]
 
 log = logging.getLogger(__name__)
-
-LEASE_GAP_S = 3.0
 
 
 class Coordinator:
@@ -164,29 +153,14 @@ class Coordinator:
             raise NotFound(f"unknown query {name}", query=name)
         return found[1]
 
-    async def host_now(self, stream: str, planned: str) -> str:
-        """The node id (hex) of the peer hosting ``stream`` now, or ``planned`` (the host the
-        plan recorded) if no lease says. Right after a move there is a moment with no lease
-        (the old host's handover lease has run out, the new host's is not yet stored):
-        a retriable answer is asked again for up to LEASE_GAP_S."""
-        deadline = time.monotonic() + LEASE_GAP_S
-        while True:
-            try:
-                return (await self.fed.host_of(stream, fresh=True)).hex()
-            except FedstreamError as exc:  # no lease readable: the plan is the best we know
-                if exc.retriable and time.monotonic() < deadline:
-                    await asyncio.sleep(0.25)
-                    continue
-                log.info("host of %s not found from its lease: %s", stream, exc)
-                return planned
-
     async def site_now(self, fragment: dict[str, Any]) -> str:
         """The node id (hex) of the peer running ``fragment`` now: the host of its first
         result stream (a fragment's results live where it runs)."""
+        planned = str(fragment["site"])
         outputs = fragment.get("outputs") or []
         if not outputs:
-            return str(fragment["site"])
-        return await self.host_now(outputs[0], fragment["site"])
+            return planned
+        return (await self.fed.host_now(outputs[0], bytes.fromhex(planned))).hex()
 
     async def set_status(self, name: str, status: str) -> dict[str, Any]:
         plan = await self.plan(name)

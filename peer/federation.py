@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 FORWARD_SLOTS = 8
 FORWARD_DEADLINE_S = 30.0
 LEASE_S = 20.0
+LEASE_GAP_S = 3.0  # a moved stream's lease may be unreadable this long after the move
 
 
 class Federation:
@@ -389,14 +390,26 @@ class Federation:
         return pointer, json.loads(body)
 
     # requests to other peers
+    async def host_now(self, stream: str, recorded: bytes) -> bytes:
+        """The peer hosting ``stream`` now (a move may have changed it), from a fresh read of
+        its lease, else ``recorded`` (the host a plan or a replica noted). Right after a move
+        there is a moment with no lease (the old host's handover lease has run out, the new
+        host's is not yet stored): a retriable answer is asked again for up to LEASE_GAP_S."""
+        deadline = time.monotonic() + LEASE_GAP_S
+        while True:
+            try:
+                return await self.host_of(stream, fresh=True)
+            except FedstreamError as exc:
+                if exc.retriable and time.monotonic() < deadline:
+                    await asyncio.sleep(0.25)
+                    continue
+                log.info("host of %s not found from its lease: %s", stream, exc)
+                return recorded
+
     async def stop_mirror_here(self, stream: str, recorded_host: bytes) -> None:
         """Ask the host of ``stream`` to stop mirroring it to us (our replica is no longer
-        read): the host it has now, which a move may have changed, else the one we recorded.
-        A mirror left running would keep the host's spool from ever trimming past it."""
-        try:
-            host = await self.host_of(stream, fresh=True)
-        except FedstreamError:
-            host = recorded_host
+        read). A mirror left running would keep the host's spool from ever trimming past it."""
+        host = await self.host_now(stream, recorded_host)
         if host == self.node_id:
             return
         try:

@@ -66,6 +66,7 @@ class Mirrors:
         self.fed = fed
         self._tasks: dict[tuple[str, bytes], asyncio.Task[None]] = {}
         self._tg: asyncio.TaskGroup | None = None
+        self._acked = asyncio.Condition()  # notified after each acknowledgement is recorded
         self.sent_batches = 0
 
     def origin(self, stream: str) -> str:
@@ -127,6 +128,16 @@ class Mirrors:
             acked = -1
         spool.unregister_reader(reader)
         return acked
+
+    async def acknowledged(self, stream: str, target: bytes, through: int) -> None:
+        """Return once ``target`` has acknowledged ``stream``'s batches through offset
+        ``through`` (KeyError if it is not a mirror target of the stream)."""
+        spool = self.fed.peer.spool_set().get(stream)
+        reader = MIRROR_PREFIX + target.hex()
+        async with self._acked:
+            await self._acked.wait_for(
+                lambda: read_reader_offset(spool.directory, reader) >= through
+            )
 
     def targets(self, stream: str) -> list[bytes]:
         return sorted(t for (s, t), task in self._tasks.items() if s == stream and not task.done())
@@ -216,6 +227,8 @@ class Mirrors:
                 await asyncio.to_thread(
                     write_reader_offset, spool.directory, reader, last, fsync=spool.fsync
                 )
+                async with self._acked:
+                    self._acked.notify_all()
         finally:
             spool.remove_listener(on_append)
 

@@ -61,7 +61,7 @@ from peer.errors import Conflict, FedstreamError, InvalidInput, NotFound, Unauth
 from peer.mirror import MIRROR_PREFIX, ORIGIN_FILE
 from peer.model.query import parse_query, query_to_dict
 from peer.model.schema import parse_schema
-from peer.spool import read_reader_offset, write_reader_offset
+from peer.spool import write_reader_offset
 
 if TYPE_CHECKING:
     from peer.node import Peer
@@ -329,21 +329,18 @@ class Mover:
     ) -> None:
         """Wait until ``target`` acknowledged each stream's mirrored batches through its goal
         offset; after MIRROR_CATCHUP_S, give up (``strict``: fail)."""
-        spools = self.peer.spool_set()
-        deadline = time.monotonic() + MIRROR_CATCHUP_S
-        for stream, goal in goals.items():
-            spool = spools.get(stream)
-            reader = MIRROR_PREFIX + target.hex()
-            while read_reader_offset(spool.directory, reader) < goal:
-                if time.monotonic() > deadline:
-                    if strict:
-                        raise Unavailable(
-                            f"the mirror of {stream} to the target did not catch up within "
-                            f"{MIRROR_CATCHUP_S:.0f} s",
-                            stream=stream,
-                        )
-                    return
-                await asyncio.sleep(0.02)
+        fed = self.peer.fed
+        assert fed is not None
+        try:
+            async with asyncio.timeout(MIRROR_CATCHUP_S):
+                for stream, goal in goals.items():
+                    await fed.mirrors.acknowledged(stream, target, goal)
+        except TimeoutError:
+            if strict:
+                raise Unavailable(
+                    f"the mirror of {', '.join(goals)} to the target did not catch up within "
+                    f"{MIRROR_CATCHUP_S:.0f} s"
+                ) from None
 
     def _export(
         self,

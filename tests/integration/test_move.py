@@ -122,6 +122,11 @@ async def push(port: int, stream: str, batches: list[dict[str, list[int]]], firs
             await asyncio.sleep(0.02)
 
 
+def on_peer(peer: PeerThread, coro: Any, timeout_s: float = 180) -> asyncio.Future[Any]:
+    """Run ``coro`` on ``peer``'s own loop, awaitable from the test's loop."""
+    return asyncio.get_running_loop().run_in_executor(None, lambda: peer.call(coro, timeout_s))
+
+
 async def set_up(
     port: int, members: int, source: str, *queries: dict[str, Any]
 ) -> list[dict[str, Any]]:
@@ -167,11 +172,7 @@ def test_a_fragment_moves_with_its_state_and_the_output_stays_exact(
             first = await collect(cl, "moved_out", 1, timeout_s=120)
             assert first, "no result before the move"
         await push(a.port, source, batches[third : 2 * third], third)
-        loop = asyncio.get_running_loop()
-        moved = await loop.run_in_executor(
-            None,
-            lambda: a.call(a.peer.move_fragment("mover", b_id, contract=contract_id), 180),
-        )
+        moved = await on_peer(a, a.peer.move_fragment("mover", b_id, contract=contract_id))
         await push(b.port, source, batches[2 * third :], 2 * third)
         async with Client("127.0.0.1", b.port, timeout_s=120) as cl:
             rows = await collect(cl, "moved_out", sum(want.values()), timeout_s=300, settle_s=3)
@@ -214,16 +215,10 @@ def test_a_fragment_moves_there_and_back_and_the_output_stays_exact(
     async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         await set_up(a.port, 2, source, query(source))
         await push(a.port, source, batches[:quarter], 0)
-        loop = asyncio.get_running_loop()
         moves = []
         for first, (peer, to) in zip((quarter, 2 * quarter), ((a, b_id), (b, a_id)), strict=True):
             moves.append(
-                await loop.run_in_executor(
-                    None,
-                    lambda peer=peer, to=to: peer.call(
-                        peer.peer.move_fragment("mover", to, contract=contract_id), 180
-                    ),
-                )
+                await on_peer(peer, peer.peer.move_fragment("mover", to, contract=contract_id))
             )
             await push(a.port, source, batches[first : first + quarter], first)
         await push(b.port, source, batches[3 * quarter :], 3 * quarter)
@@ -325,21 +320,17 @@ def test_a_middle_fragment_moves_and_its_upstream_and_downstream_follow(
     want = Counter((s, e, k, 2 * total, n) for (s, e, k, total, n) in reference(batches).elements())
     third = BATCHES // 3
 
-    async def scenario() -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+    async def scenario() -> tuple[
+        dict[str, Any], list[dict[str, Any]], dict[str, Any], set[tuple[str, str]]
+    ]:
         [made] = await set_up(g.port, 3, source, chain_query(source))
         await push(g.port, source, batches[:third], 0)
         async with Client("127.0.0.1", g.port, timeout_s=120) as cl:
             assert await collect(cl, "relay_out", 1, timeout_s=120), "no result before the move"
         await push(g.port, source, batches[third : 2 * third], third)
         middle = next(f["name"] for f in made["fragments"] if f["site"] == ids[0].hex())
-        loop = asyncio.get_running_loop()
-        moved = await loop.run_in_executor(
-            None,
-            lambda: a.call(
-                a.peer.move_fragment(middle, ids[1], contract=a.contract_id),  # type: ignore[attr-defined]
-                180,
-            ),
-        )
+        contract_id = a.contract_id  # type: ignore[attr-defined]
+        moved = await on_peer(a, a.peer.move_fragment(middle, ids[1], contract=contract_id))
         await push(a.port, source, batches[2 * third :], 2 * third)
         async with Client("127.0.0.1", g.port, timeout_s=120) as cl:
             rows = await collect(cl, "relay_out", sum(want.values()), timeout_s=300, settle_s=3)
@@ -385,13 +376,10 @@ def test_a_second_fragment_of_a_stream_waits_for_the_partners_lagging_copy(
     third = BATCHES // 3
     stalled = 8  # batches pushed while the mirror to B stalls (fewer than the pre-stop catch-up)
 
-    def on_a(coro: Any) -> Any:
-        return asyncio.get_running_loop().run_in_executor(None, lambda: a.call(coro, 180))
-
     async def read_through_latest() -> None:
         """Until the second fragment on A has committed everything A's spool holds."""
         spool = a.peer.spool_set().get(source)
-        readers = [r for s, r in a.peer.engine.running["second"].readers if s == source]  # type: ignore[union-attr]
+        readers = [r for s, r in a.peer.engine.running["second"].readers if s == source]
         async with asyncio.timeout(120):
             while min(spool.committed(r) for r in readers) < spool.latest:
                 await asyncio.sleep(0.1)
@@ -405,25 +393,25 @@ def test_a_second_fragment_of_a_stream_waits_for_the_partners_lagging_copy(
         )
         await set_up(a.port, 2, source, query(source), second_query)
         await push(a.port, source, batches[:third], 0)
-        moves = [await on_a(a.peer.move_fragment("mover", b_id, contract=contract_id))]
-        await on_a(a.peer.fed.mirrors.pause(source))  # type: ignore[union-attr]
+        moves = [await on_peer(a, a.peer.move_fragment("mover", b_id, contract=contract_id))]
+        await on_peer(a, a.peer.fed.mirrors.pause(source))  # type: ignore[union-attr]
         await push(a.port, source, batches[third : third + stalled], third)
-        await on_a(read_through_latest())
-        second = on_a(a.peer.move_fragment("second", b_id, contract=contract_id))
+        await on_peer(a, read_through_latest())
+        second = on_peer(a, a.peer.move_fragment("second", b_id, contract=contract_id))
         async with asyncio.timeout(120):  # the pause starts
-            while "second" in a.peer.engine.running and not second.done():  # type: ignore[union-attr]
+            while "second" in a.peer.engine.running and not second.done():
                 await asyncio.sleep(0.05)
         # long enough for the rest of a move (export, ship, install: under a second here) had
         # it not waited for B's copy
         await asyncio.wait({second}, timeout=3.0)
-        await on_a(resume_mirror())
+        await on_peer(a, resume_mirror())
         moves.append(await second)
         await push(b.port, source, batches[third + stalled :], third + stalled)
         rows = {}
         async with Client("127.0.0.1", b.port, timeout_s=120) as cl:
             for out in ("moved_out", "second_out"):
                 rows[out] = await collect(cl, out, sum(want.values()), timeout_s=300, settle_s=3)
-        assert b.call(b.peer.engine.failed(), 30) == {}  # type: ignore[union-attr]
+        assert b.call(b.peer.engine.failed(), 30) == {}
         assert {"mover", "second"} <= set(b.peer.local_catalog().query_names())
         # Deleting the queries through A, where they no longer run: each goes where it runs
         # now. A's mirror of the source to B stays while one of them reads B's copy, and
