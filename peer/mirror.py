@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from peer.errors import FedstreamError, InvalidInput, Unavailable
-from peer.spool import read_reader_offset, write_reader_offset
+from peer.storage.spool_format import read_reader_offset, write_reader_offset
 
 if TYPE_CHECKING:
     from peer.federation import Federation

@@ -61,7 +61,7 @@ from peer.errors import Conflict, FedstreamError, InvalidInput, NotFound, Unauth
 from peer.mirror import MIRROR_PREFIX, ORIGIN_FILE
 from peer.model.query import parse_query, query_to_dict
 from peer.model.schema import parse_schema
-from peer.spool import write_reader_offset
+from peer.storage.spool_format import write_reader_offset
 
 if TYPE_CHECKING:
     from peer.node import Peer

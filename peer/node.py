@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from overlay.node import Overlay
     from peer.federation import Federation
     from peer.move import Mover
-from peer.catalog import QUERY_STATUSES, LocalCatalog, QueryEntry
+from peer.storage.catalog import QUERY_STATUSES, LocalCatalog, QueryEntry
 from peer.errors import (
     AlreadyExists,
     Conflict,
@@ -43,7 +43,7 @@ from peer.model.plan import CheckedQuery, check_query
 from peer.model.query import Query, parse_query, query_to_dict
 from peer.model.schema import Schema, check_name, parse_schema, to_arrow_schema
 from peer.model.tuples import batch_from_wire, batch_to_wire
-from peer.spool import SpoolSet
+from peer.storage.spool import SpoolSet
 
 log = logging.getLogger(__name__)
 

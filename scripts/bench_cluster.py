@@ -93,7 +93,7 @@ import bench_common as bc
 from bench_peer import parse_rates
 
 from contracts.keys import generate as generate_key
-from peer import spool as fmt
+from peer.storage import spool_format as fmt
 from peer.client import Client
 from peer.engine.runner import query_key
 from peer.examples import traffic

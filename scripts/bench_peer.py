@@ -16,7 +16,7 @@ subscribes to the result streams, a third one manages schemas/streams/queries.
 *Reference*: this script started as ``--reference-worker`` in a separate process with its own
 local Spark session (``build_session`` defaults, ``local[*]``), reading a spool directory through
 the same ``fedspool`` source (``register_sources``/``read_stream``). This process appends the
-same tables to that spool with ``peer.spool.Spool.append`` (no wire, no validation, no
+same tables to that spool with ``peer.storage.spool.Spool.append`` (no wire, no validation, no
 subscriber); the query is plain PySpark (where/select; window groupBy under a watermark); its
 ``foreachBatch`` records the receive time after ``toArrow()`` and reports it over a pipe.
 
@@ -528,7 +528,7 @@ class PeerSystem:
         """Where a result's latency goes, from the append time the peer's sink stamped on each
         result spool file: push -> result appended (engine) and appended -> received
         (delivery to the subscriber)."""
-        from peer import spool as fmt
+        from peer.storage import spool_format as fmt
 
         directory = self.proc.data_dir / "spool" / fmt.stream_dirname(f"{lane.name}_out")
         recv_f: dict[int, float] = {}
@@ -662,7 +662,7 @@ class ReferenceSystem:
                     await asyncio.to_thread(spool.trim)
 
     async def add_query(self, kind: str, name: str, load: Load) -> Lane:
-        from peer.spool import Spool
+        from peer.storage.spool import Spool
 
         spool_dir = self.work / "reference-spool" / name
         spool = Spool(spool_dir, arrow_schema())

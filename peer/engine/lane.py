@@ -41,7 +41,7 @@ from peer.engine.lane_source import SOURCE_NAME, shapes
 from peer.engine.lanesql import VIEW, lane_statement, member_sql, slot_of
 from peer.model.plan import CheckedQuery, FilterSpec, MapSpec, UnionSpec
 from peer.model.schema import Schema
-from peer.spool import SpoolSet
+from peer.storage.spool import SpoolSet
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -36,7 +36,7 @@ from peer.engine.lane_source import register_lane_source
 from peer.errors import EngineError
 from peer.model.plan import CheckedQuery
 from peer.model.schema import Schema, spark_ddl
-from peer.spool import SpoolSet
+from peer.storage.spool import SpoolSet
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -2,10 +2,10 @@
 
 Theory of operation
 -------------------
-The spool (``peer.spool``) is written by the peer process; this module runs in the Python
+The spool (``peer.storage.spool``) is written by the peer process; this module runs in the Python
 processes Spark starts (the source runner that plans micro-batches, and the workers that read
 partitions), so it imports only pyarrow, the standard library, pyspark's data source API and
-``peer.spool`` at the top: never the peer node or the session builder.
+``peer.storage.spool_format`` at the top: never the peer node or the session builder.
 
 An offset is ``{"offset": N}``: every spool file with offset <= N is consumed. Spark asks
 
@@ -55,7 +55,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from peer import spool as fmt
+from peer.storage import spool_format as fmt
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

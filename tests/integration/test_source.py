@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from peer.engine.source import SEQ_SHIFT, read_stream
-from peer.spool import Spool
+from peer.storage.spool import Spool
 
 pytestmark = pytest.mark.spark
 

@@ -23,9 +23,10 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from peer import spool as fmt
+from peer.storage import spool_format as fmt
 from peer.engine.source import SpoolDataSource, SpoolRange, SpoolStreamReader
-from peer.spool import Spool, TrimmedError
+from peer.storage.spool import Spool
+from peer.storage.spool_format import TrimmedError
 
 SPOOL_SCHEMA = pa.schema([("a", pa.int32()), ("s", pa.string()), ("t", pa.timestamp("us"))])
 SPARK_SCHEMA = StructType(

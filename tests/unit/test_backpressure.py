@@ -14,7 +14,8 @@ from peer.client import Client
 from peer.engine.source import SpoolStreamReader
 from peer.errors import Unavailable
 from peer.node import PeerConfig
-from peer.spool import Spool, backlog, write_reader_offset, write_taken
+from peer.storage.spool import Spool
+from peer.storage.spool_format import backlog, write_reader_offset, write_taken
 from peer.testing import PeerThread
 
 SCHEMA = pa.schema([("x", pa.int64())])

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from peer.catalog import LocalCatalog
+from peer.storage.catalog import LocalCatalog
 from peer.errors import AlreadyExists
 from peer.model.schema import parse_schema
 

@@ -183,7 +183,7 @@ def progress(stamp: str, batch: int, ms: float) -> dict[str, Any]:
 
 def test_engine_counts_each_trigger_once(tmp_path: Path) -> None:
     from peer.engine.runner import Engine
-    from peer.spool import SpoolSet
+    from peer.storage.spool import SpoolSet
 
     engine = Engine(SpoolSet(tmp_path / "spool", fsync=False), tmp_path / "checkpoints")
     reports: list[dict[str, Any]] = [

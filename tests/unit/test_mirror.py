@@ -11,7 +11,8 @@ import pyarrow as pa
 
 from peer.errors import Unavailable
 from peer.mirror import MIRROR_PREFIX, Mirrors, parse_mirror_batches
-from peer.spool import Spool, SpoolSet, read_reader_offset
+from peer.storage.spool import Spool, SpoolSet
+from peer.storage.spool_format import read_reader_offset
 
 SCHEMA = pa.schema([("x", pa.int64())])
 TARGET = bytes(range(20))

@@ -22,10 +22,10 @@ from contracts import contract as ct
 from contracts.book import ContractBook
 from contracts.keys import generate, load_private
 from overlay.identity import raw_public
-from peer.catalog import LocalCatalog
+from peer.storage.catalog import LocalCatalog
 from peer.errors import Conflict, FedstreamError, InvalidInput, NotFound, Unauthorized
 from peer.move import Mover, _check_manifest, _extract
-from peer.spool import SpoolSet
+from peer.storage.spool import SpoolSet
 
 SCHEMA = {"name": "tk", "fields": [{"name": "k", "type": "int"}, {"name": "t", "type": "long"}]}
 DEFINITION = {

@@ -14,8 +14,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from peer import spool as fmt
-from peer.spool import Spool, SpoolSet, TrimmedError
+from peer.storage import spool_format as fmt
+from peer.storage.spool import Spool, SpoolSet
+from peer.storage.spool_format import TrimmedError
 
 SCHEMA = pa.schema([("k", pa.int64()), ("name", pa.string()), ("t", pa.timestamp("us", "UTC"))])
 
@@ -226,7 +227,7 @@ def test_reopen_with_other_schema_is_refused(tmp_path: Path) -> None:
 
 
 def test_too_many_rows_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fmt, "MAX_ROWS_PER_FILE", 2)
+    monkeypatch.setattr("peer.storage.spool.MAX_ROWS_PER_FILE", 2)
     spool = Spool(tmp_path / "s", SCHEMA, fsync=False)
     with pytest.raises(ValueError, match="at most 2"):
         spool.append(batch(1, rows=3))
@@ -262,7 +263,7 @@ CHILD = """
 import sys
 from pathlib import Path
 import pyarrow as pa
-from peer.spool import Spool
+from peer.storage.spool import Spool
 schema = pa.schema([("seq", pa.int64()), ("pad", pa.string())])
 spool = Spool(Path(sys.argv[1]), schema)
 seq = (spool.highest_seq("w") or 0) + 1

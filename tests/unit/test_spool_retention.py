@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from peer.spool import Spool
+from peer.storage.spool import Spool
 
 SCHEMA = pa.schema([pa.field("x", pa.int64(), nullable=False)])
 

@@ -21,8 +21,8 @@ Readers are Spark streaming queries in *another* process. Each registered reader
 ``readers/<id>.offset``; the Spark source rewrites it atomically on every commit. ``trim``
 deletes only what every registered reader has committed.
 
-The module-level helpers (``offset_path``, ``file_rows``, ``read_file``, ``write_reader_offset``
-...) define the on-disk format for the Spark source, which must not open a ``Spool`` itself.
+The on-disk format (file names, metadata, reader offset files) lives in
+:mod:`peer.storage.spool_format`, which the Spark source uses without opening a ``Spool``.
 """
 
 from __future__ import annotations
@@ -31,201 +31,47 @@ import contextlib
 import json
 import logging
 import os
-import re
 import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import quote
 
 import pyarrow as pa
 
+from peer.storage.spool_format import (
+    MAX_ROWS_PER_FILE,
+    META_APPEND_NS,
+    META_ORIGIN,
+    META_ROWS,
+    META_SEQ,
+    READERS_DIR,
+    SCHEMA_FILE,
+    STATE_FILE,
+    STREAM_FILE,
+    SUFFIX,
+    TMP_PREFIX,
+    Listener,
+    TrimmedError,
+    atomic_write,
+    conform,
+    file_metadata,
+    fsync_dir,
+    list_offsets,
+    load_schema,
+    load_state,
+    offset_path,
+    read_file,
+    read_reader_offset,
+    reader_path,
+    remove_temporaries,
+    stream_dirname,
+    taken_offset,
+    write_reader_offset,
+)
+
 log = logging.getLogger(__name__)
-
-SUFFIX = ".arrow"
-TMP_PREFIX = ".tmp-"
-STATE_FILE = "spool-state.json"
-SCHEMA_FILE = "schema.arrow"
-READERS_DIR = "readers"
-STREAM_FILE = "stream.json"
-# __seq = offset * 2**24 + row index (see peer.engine.source): a file must hold fewer rows.
-MAX_ROWS_PER_FILE = (1 << 24) - 1
-
-META_ORIGIN = b"fedstream.origin"
-META_SEQ = b"fedstream.seq"
-META_ROWS = b"fedstream.rows"
-META_APPEND_NS = b"fedstream.append_ns"
-
-_OFFSET_NAME = re.compile(r"^(\d{20})\.arrow$")
-_READER_ID = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
-
-Listener = Callable[[int], None]
-
-
-class TrimmedError(LookupError):
-    """Asked for spool data that trimming has already deleted."""
-
-
-# --------------------------------------------------------------------------- on-disk format
-
-
-def offset_path(directory: Path, offset: int) -> Path:
-    return directory / f"{offset:020d}{SUFFIX}"
-
-
-def list_offsets(directory: Path) -> list[int]:
-    """Offsets of the complete files present, ascending (temporary files are ignored)."""
-    found = []
-    with os.scandir(directory) as entries:
-        for entry in entries:
-            m = _OFFSET_NAME.match(entry.name)
-            if m:
-                found.append(int(m.group(1)))
-    found.sort()
-    return found
-
-
-def file_metadata(path: Path) -> dict[bytes, bytes]:
-    """The schema metadata of one spool file, read from its footer only."""
-    with pa.memory_map(str(path)) as source:
-        return dict(pa.ipc.open_file(source).schema.metadata or {})
-
-
-def file_rows(path: Path) -> int:
-    meta = file_metadata(path)
-    if META_ROWS in meta:
-        return int(meta[META_ROWS])
-    with pa.memory_map(str(path)) as source:  # a file written by hand: count the batches
-        reader = pa.ipc.open_file(source)
-        return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
-
-
-def read_file(path: Path) -> pa.Table:
-    # read_all copies nothing: the table keeps the mapping alive, also after an unlink.
-    with pa.memory_map(str(path)) as source:
-        return pa.ipc.open_file(source).read_all()
-
-
-def trimmed_through(directory: Path) -> int:
-    """Highest offset that trimming deleted (-1 if none), from the state file."""
-    return _load_state(directory)[0]
-
-
-def backlog(directory: Path) -> int:
-    """How many batches of the spool in ``directory`` its slowest registered reader has not
-    committed (0 without readers). Reads only file names and the small offset files."""
-    offsets = []
-    for path in (directory / READERS_DIR).glob("*.offset"):
-        if path.with_suffix(".paused").exists():
-            continue  # a stopped query: it holds its data back from trimming, not its writers
-        with contextlib.suppress(OSError, ValueError):
-            offsets.append(max(int(path.read_text().strip()), _taken(path)))
-    if not offsets:
-        return 0
-    present = list_offsets(directory)
-    latest = present[-1] if present else trimmed_through(directory)
-    return max(0, latest - min(offsets))
-
-
-def _taken(offset_path: Path) -> int:
-    try:
-        return int(offset_path.with_suffix(".taken").read_text().strip())
-    except (OSError, ValueError):
-        return -1
-
-
-def write_taken(directory: Path, reader_id: str, offset: int) -> None:
-    """Record that ``reader_id`` has taken (planned a batch up to) ``offset``: it counts for
-    backpressure at once, while its commit (what trimming waits for) comes a batch later."""
-    path = reader_path(directory, reader_id).with_suffix(".taken")
-    _atomic_write(path, str(offset).encode(), fsync=False)
-
-
-def reader_path(directory: Path, reader_id: str) -> Path:
-    if not _READER_ID.match(reader_id):
-        raise ValueError(f"invalid spool reader id {reader_id!r} (letters, digits, _ . - only)")
-    return directory / READERS_DIR / f"{reader_id}.offset"
-
-
-def read_reader_offset(directory: Path, reader_id: str) -> int:
-    path = reader_path(directory, reader_id)
-    try:
-        return int(path.read_text().strip())
-    except FileNotFoundError:
-        raise KeyError(f"reader {reader_id!r} is not registered on spool {directory}") from None
-
-
-def write_reader_offset(
-    directory: Path, reader_id: str, offset: int, *, fsync: bool = True
-) -> None:
-    """Atomically record that ``reader_id`` has durably consumed every file <= ``offset``."""
-    path = reader_path(directory, reader_id)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path, f"{offset}\n".encode(), fsync=fsync)
-
-
-def _atomic_write(path: Path, data: bytes, *, fsync: bool = True) -> None:
-    tmp = path.with_name(f"{TMP_PREFIX}{uuid.uuid4().hex}-{path.name}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
-    if fsync:
-        _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _load_state(directory: Path) -> tuple[int, dict[str, int]]:
-    """(trimmed_through, highest seq per origin) as the last trim recorded them."""
-    try:
-        state = json.loads((directory / STATE_FILE).read_text())
-    except FileNotFoundError:
-        return -1, {}
-    seqs = {str(k): int(v) for k, v in state.get("seqs", {}).items()}
-    return int(state.get("trimmed_through", -1)), seqs
-
-
-def _remove_temporaries(directory: Path) -> None:
-    # Only the owning process writes here (readers/ belongs to the Spark source), so any
-    # temporary file present at open time is a leftover of a crash.
-    for path in directory.glob(f"{TMP_PREFIX}*"):
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-
-
-def _conform(table: pa.Table, schema: pa.Schema) -> list[pa.ChunkedArray]:
-    """The table's columns in ``schema``'s order and types; ValueError names the bad field."""
-    names = set(table.column_names)
-    extra = [n for n in table.column_names if n not in schema.names]
-    if extra:
-        raise ValueError(f"field {extra[0]!r} is not in the stream's schema")
-    columns = []
-    for field in schema:
-        if field.name not in names:
-            raise ValueError(f"field {field.name!r} is missing")
-        column = table.column(field.name)
-        if column.type != field.type:
-            try:
-                column = column.cast(field.type)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
-                raise ValueError(
-                    f"field {field.name!r}: cannot convert {column.type} to {field.type}: {e}"
-                ) from e
-        if not field.nullable and column.null_count:
-            raise ValueError(f"field {field.name!r} holds a null but is not nullable")
-        columns.append(column)
-    return columns
 
 
 # --------------------------------------------------------------------------- Spool
@@ -243,9 +89,9 @@ class Spool:
         self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / READERS_DIR).mkdir(exist_ok=True)
         self._check_schema_file()
-        _remove_temporaries(self.directory)
-        _remove_temporaries(self.directory / READERS_DIR)
-        self._trimmed, self._seqs = _load_state(self.directory)
+        remove_temporaries(self.directory)
+        remove_temporaries(self.directory / READERS_DIR)
+        self._trimmed, self._seqs = load_state(self.directory)
         self._append_ns: dict[int, int] = {}
         offsets = list_offsets(self.directory)
         # A crash between writing the state file and deleting the files: finish that trim.
@@ -273,7 +119,7 @@ class Spool:
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, self.schema):
             pass
-        _atomic_write(path, sink.getvalue().to_pybytes(), fsync=self.fsync)
+        atomic_write(path, sink.getvalue().to_pybytes(), fsync=self.fsync)
 
     # ----------------------------------------------------------------------- writing
 
@@ -281,7 +127,7 @@ class Spool:
         self, table: pa.Table, *, origin: str | None = None, seq: int | None = None
     ) -> int | None:
         """Durably append one batch; its new offset, or None if empty or a replay."""
-        columns = _conform(table, self.schema)  # before anything touches the disk
+        columns = conform(table, self.schema)  # before anything touches the disk
         rows = table.num_rows
         if rows == 0:
             return None
@@ -314,7 +160,7 @@ class Spool:
                 offset = self._latest + 1
                 os.rename(tmp, offset_path(self.directory, offset))
                 if self.fsync:
-                    _fsync_dir(self.directory)
+                    fsync_dir(self.directory)
                 self._latest = offset
                 self._append_ns[offset] = append_ns
                 if tagged:
@@ -415,7 +261,7 @@ class Spool:
             if path.with_suffix(".paused").exists():
                 continue
             with contextlib.suppress(KeyError, ValueError):
-                floors.append(max(self.committed(reader_id), _taken(path)))
+                floors.append(max(self.committed(reader_id), taken_offset(path)))
         return max(0, self._latest - min(floors)) if floors else 0
 
     def pause_reader(self, reader_id: str, paused: bool = True) -> None:
@@ -458,7 +304,7 @@ class Spool:
             # what was appended, and a crash from here on is finished by the next open.
             self._trimmed = max(self._trimmed, floor)
             state = {"trimmed_through": self._trimmed, "seqs": self._seqs}
-            _atomic_write(self.directory / STATE_FILE, json.dumps(state).encode(), fsync=self.fsync)
+            atomic_write(self.directory / STATE_FILE, json.dumps(state).encode(), fsync=self.fsync)
             doomed = range(self._earliest, floor + 1)
             self._earliest = floor + 1
             for offset in doomed:
@@ -501,7 +347,7 @@ class Spool:
                 shutil.copy2(reader_path(self.directory, reader_id), reader_path(dest, reader_id))
         # trimmed_through = after: the copy's latest is ``through`` even with no file in it
         state = {"trimmed_through": min(after, through), "seqs": memory}
-        _atomic_write(dest / STATE_FILE, json.dumps(state).encode(), fsync=self.fsync)
+        atomic_write(dest / STATE_FILE, json.dumps(state).encode(), fsync=self.fsync)
         return through
 
     # ----------------------------------------------------------------------- listeners
@@ -525,20 +371,6 @@ class Spool:
     def remove_listener(self, callback: Listener) -> None:
         with self._lock, contextlib.suppress(ValueError):
             self._listeners.remove(callback)
-
-
-def load_schema(directory: Path) -> pa.Schema:
-    with pa.memory_map(str(Path(directory) / SCHEMA_FILE)) as source:
-        return pa.ipc.open_file(source).schema
-
-
-# --------------------------------------------------------------------------- SpoolSet
-
-
-def stream_dirname(stream: str) -> str:
-    """A filesystem-safe, reversible directory name for a stream name (which may be a URI)."""
-    # quote() leaves '.' alone; escaping it too rules out '.', '..' and hidden names.
-    return quote(stream, safe="").replace(".", "%2E")
 
 
 class SpoolSet:
@@ -575,11 +407,11 @@ class SpoolSet:
             tmp = self.root / f"{TMP_PREFIX}{uuid.uuid4().hex}"
             tmp.mkdir()
             Spool(tmp, schema, fsync=self.fsync)
-            _atomic_write(tmp / STREAM_FILE, json.dumps({"stream": stream}).encode(), fsync=False)
+            atomic_write(tmp / STREAM_FILE, json.dumps({"stream": stream}).encode(), fsync=False)
             final = self.root / name
             os.rename(tmp, final)
             if self.fsync:
-                _fsync_dir(self.root)
+                fsync_dir(self.root)
             spool = Spool(final, schema, fsync=self.fsync)
             self._spools[stream] = spool
             return spool
@@ -589,13 +421,13 @@ class SpoolSet:
         with self._lock:
             if stream in self._spools:
                 raise ValueError(f"stream {stream!r} already has a spool here")
-            _atomic_write(
+            atomic_write(
                 directory / STREAM_FILE, json.dumps({"stream": stream}).encode(), fsync=False
             )
             final = self.root / stream_dirname(stream)
             os.rename(directory, final)
             if self.fsync:
-                _fsync_dir(self.root)
+                fsync_dir(self.root)
             spool = Spool(final, load_schema(final), fsync=self.fsync)
             self._spools[stream] = spool
             return spool
@@ -620,7 +452,7 @@ class SpoolSet:
             doomed = self.root / f"{TMP_PREFIX}{uuid.uuid4().hex}"
             os.rename(spool.directory, doomed)
             if self.fsync:
-                _fsync_dir(self.root)
+                fsync_dir(self.root)
         shutil.rmtree(doomed, ignore_errors=True)
 
     def streams(self) -> list[str]:
