@@ -1,4 +1,4 @@
-"""overlay.dht and overlay.dht_store: the catalog DHT on loopback UDP, attacks included.
+"""overlay.dht (server, protocol and store): the catalog DHT on loopback UDP, attacks included.
 
 Every test runs its servers in this process on 127.0.0.1 ephemeral ports, bounds every wait
 and stops every server it started. The storage tests at the top need no sockets.
@@ -27,8 +27,15 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from kademlia.network import Server
 from kademlia.node import Node
 
-from overlay.dht import CatalogProtocol, CatalogServer, DhtError, DhtUnavailable
-from overlay.dht_store import FULL, CatalogStorage, StorageFull
+from overlay.dht import (
+    FULL,
+    CatalogProtocol,
+    CatalogServer,
+    CatalogStorage,
+    DhtError,
+    DhtUnavailable,
+    StorageFull,
+)
 from overlay.records import (
     MAX_RECORD_BYTES,
     Record,

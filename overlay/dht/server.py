@@ -1,25 +1,13 @@
-"""The catalog DHT: the ``kademlia`` library's routing, hardened through its own seams.
+"""The catalog DHT's node: a ``kademlia`` ``Server`` with verified lookups and ack counts.
 
-Theory of operation
--------------------
-``kademlia`` 2.2.3 is used as a routing substrate (see /work/shared/notes/kademlia.md for its
-measured defects, D1-D21). Nothing of it is copied; it is extended where it allows:
-
-* :mod:`overlay.dht_protocol`: :class:`CatalogProtocol` (a ``KademliaProtocol``) checks every
-  datagram and RPC, and admits a contact to our routing only once it has proven its node id
-  with a signed ``hello`` (D4a, D4b, D6, D9, D11, D17).
-* :class:`~overlay.dht_store.CatalogStorage` is the ``IStorage``: every write path checks
-  signature, key, expiry, policy and the owner/sequence rule (D2, D3, D4a, D12, D13).
-* :class:`RecordCrawl` (a ``ValueSpiderCrawl``) verifies every value a lookup meets, keeps
-  going past forged ones, collects up to ``quorum`` valid records, and never caches by itself;
-  :meth:`CatalogServer.get` picks with :func:`~overlay.records.select` and then corrects stale
-  or missing copies among the nodes it asked (entry correction).
-* :class:`CatalogServer` (a ``Server``) derives its id from its key, returns ack counts and
-  tells "absent" (None) from "unreachable" (:class:`DhtUnavailable`) (D7), runs refresh and
-  republish on its own intervals in one task it cancels on :meth:`~CatalogServer.stop` (D15,
-  D16), and saves neighbours as JSON, never pickle (D8).
-
-Every lookup has an overall deadline (``lookup_timeout_s``).
+:class:`CatalogServer` derives its id from its key, returns ack counts and tells "absent"
+(None) from "unreachable" (:class:`DhtUnavailable`) (D7); runs refresh and republish on its own
+intervals in one task it cancels on :meth:`~CatalogServer.stop` (D15, D16); and saves
+neighbours as JSON, never pickle (D8). :class:`RecordCrawl` (a ``ValueSpiderCrawl``) verifies
+every value a lookup meets, keeps going past forged ones, collects up to ``quorum`` valid
+records and never caches by itself; :meth:`CatalogServer.get` picks with
+:func:`~overlay.records.select` and then corrects stale or missing copies among the nodes it
+asked (entry correction). Every lookup has an overall deadline (``lookup_timeout_s``).
 """
 
 from __future__ import annotations
@@ -43,7 +31,7 @@ from kademlia.crawling import NodeSpiderCrawl, RPCFindResponse, ValueSpiderCrawl
 from kademlia.network import Server
 from kademlia.node import Node
 
-from overlay.dht_protocol import (
+from overlay.dht.protocol import (
     _MAX_TASKS,
     HELLO_DOMAIN,
     Admit,
@@ -54,7 +42,7 @@ from overlay.dht_protocol import (
     _within_k,
     node_id_of,
 )
-from overlay.dht_store import FULL, CatalogStorage, policy_refusal
+from overlay.dht.store import FULL, CatalogStorage, policy_refusal
 from overlay.records import (
     DhtError,
     Policy,

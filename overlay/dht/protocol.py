@@ -41,7 +41,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from kademlia.node import Node
 from kademlia.protocol import KademliaProtocol
 
-from overlay.dht_store import CatalogStorage
+from overlay.dht.store import CatalogStorage
 from overlay.records import MAX_RECORD_BYTES
 
 __all__ = ["HELLO_DOMAIN", "Admit", "CatalogProtocol", "node_id_of"]
