@@ -1,0 +1,6 @@
+"""Typed messages of the peer's two protocols, to and from wire frames, with no I/O.
+
+* :mod:`peer.protocol.api`: the client API (docs/protocol.md, sections 1-8): requests decoded
+  from frames with their checks, replies and subscription frames encoded.
+* :mod:`peer.protocol.link`: what one peer asks of another over a peer link.
+"""
