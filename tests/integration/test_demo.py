@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from peer.demo import batches, participant_names, placement, schedule
+from peer.demo.examples import participant_names, placement
+from peer.demo.feed import batches, schedule
 from peer.examples import traffic
 
 

@@ -30,6 +30,17 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from peer.cluster import (
+    LocalFederation,
+    PeerProcess,
+    collect,
+    participant_args,
+    signed_contracts,
+    stream_name_on,
+    trust_all,
+)
+from peer.examples.keyed_window import keyed_window_query, keyed_window_sums
+
 NAMES = ("alpha", "beta", "gamma")
 QUERIES = 3
 SCHEMA = {
@@ -45,8 +56,6 @@ Batch = dict[str, list[int]]
 
 
 def spike_query(i: int, source: str) -> dict[str, Any]:
-    from peer.testing import keyed_window_query
-
     return keyed_window_query(
         f"spike{i}", source, f"spike_out{i}", site="alpha", at_least=5 * i, kept=f"spike_kept{i}"
     )
@@ -54,8 +63,6 @@ def spike_query(i: int, source: str) -> dict[str, Any]:
 
 def reference(batches: list[Batch], i: int) -> Counter[tuple[int, ...]]:
     """Plain Python: the windows query ``spike{i}`` must output for these batches."""
-    from peer.testing import keyed_window_sums
-
     return keyed_window_sums(batches, at_least=5 * i)
 
 
@@ -80,7 +87,8 @@ class Spike:
         self.summary_path = summary
         self.live = live
         self.rng = random.Random(seed)
-        self.procs: dict[str, Any] = {}
+        self.fed: LocalFederation | None = None
+        self.procs: dict[str, PeerProcess] = {}
         self.status: dict[str, dict[str, Any]] = {}
         self.pushed: list[Batch] = []
         self.t = 0
@@ -90,25 +98,15 @@ class Spike:
 
     # -- set-up -------------------------------------------------------------------------------
     def _prepare(self) -> dict[str, list[str]]:
-        from peer.testing import signed_contracts
-
-        keys_by_name, _ids = signed_contracts(
+        keys, _ids = signed_contracts(
             self.work, [("alpha", "beta", 20.0), ("beta", "gamma", 1000.0)]
         )
-        keys, trust, contracts = self.work / "keys", self.work / "trust", self.work / "contracts"
-        trust.mkdir(parents=True, exist_ok=True)
-        for name in NAMES:
-            pub = keys_by_name[name].with_suffix(".pub")
-            (trust / pub.name).write_bytes(pub.read_bytes())
+        trust = trust_all(self.work / "trust", (keys[name] for name in NAMES))
+        contracts = self.work / "contracts"
         capacity = {"alpha": "0.5", "beta": "2", "gamma": "2"}
         return {
             name: [
-                "--participant",
-                name,
-                "--key",
-                str(keys / f"{name}.key"),
-                "--trust",
-                str(trust),
+                *participant_args(name, keys[name], trust),
                 "--contracts",
                 str(contracts),
                 "--capacity",
@@ -123,22 +121,13 @@ class Spike:
         }
 
     def _start(self) -> None:
-        from peer.testing import PeerProcess
-
-        args = self._prepare()
-        for name in NAMES:
-            extra = ["--bootstrap", self.procs["alpha"].overlay_addr] if self.procs else []
-            proc = PeerProcess(self.work / name, *args[name], *extra)
-            self.procs[name] = proc.launch()
-            if name == "alpha":
-                proc.wait_ready(240)
-        for proc in self.procs.values():
-            proc.wait_ready(240)
+        self.fed = LocalFederation(self.work, self._prepare())  # alpha first: the others join it
+        self.procs = self.fed.procs
+        self.fed.start(timeout_s=240)
 
     def _stop(self) -> None:
-        for proc in self.procs.values():
-            with contextlib.suppress(Exception):
-                proc.stop(60)
+        if self.fed is not None:
+            self.fed.stop(60)
 
     # -- running ------------------------------------------------------------------------------
     def run(self) -> int:
@@ -162,7 +151,6 @@ class Spike:
 
     async def _main(self) -> int:
         from peer.client import Client
-        from peer.testing import stream_name_on
 
         alpha = self.procs["alpha"]
         ids = [bytes.fromhex(p.node_id) for p in self.procs.values()]
@@ -269,7 +257,6 @@ class Spike:
     # -- checking -----------------------------------------------------------------------------
     async def _check(self) -> int:
         from peer.client import Client
-        from peer.testing import collect
 
         ok = True
         exact = {}

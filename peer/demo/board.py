@@ -1,0 +1,89 @@
+"""What the demo knows while it runs: the board its parts write and its view reads.
+
+The driver (:mod:`peer.demo.run`) writes the phase and each peer's latest status, the
+pushers (:mod:`peer.demo.feed`) their progress, the stream followers (:mod:`peer.demo.view`)
+the outputs seen so far; the live view and the final check (:mod:`peer.demo.check`) read it.
+Everything runs on one event loop, so nothing here is locked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import deque
+from typing import Any
+
+from peer.cluster import PeerProcess
+from peer.demo.examples import Example
+
+LATEST = 4  # latest output tuples shown per stream
+
+
+class DemoFailed(Exception):
+    """The demo cannot go on: a peer did not start or died, a batch was never acknowledged."""
+
+
+@dataclasses.dataclass
+class PushState:
+    stream: str
+    total_batches: int
+    total_rows: int
+    batches: int = 0
+    rows: int = 0
+    retries: int = 0
+    done: bool = False
+    finished_at: float = 0.0
+    last_error: str = ""
+
+
+@dataclasses.dataclass
+class OutputState:
+    stream: str
+    expected: int
+    count: int = 0
+    latest: deque[dict[str, Any]] = dataclasses.field(default_factory=lambda: deque(maxlen=LATEST))
+    changed_at: float = 0.0
+    error: str = ""
+
+
+@dataclasses.dataclass
+class Board:
+    ex: Example
+    names: list[str]
+    nodes: dict[str, str]  # box -> participant it is placed on
+    procs: list[PeerProcess] = dataclasses.field(default_factory=list)  # in the order of names
+    phase: str = "starting peers"
+    started: float = dataclasses.field(default_factory=time.monotonic)
+    status: list[dict[str, Any] | None] = dataclasses.field(default_factory=list)
+    status_error: list[str] = dataclasses.field(default_factory=list)
+    pushed_via: list[int] = dataclasses.field(default_factory=list)  # batches pushed per peer
+    pushes: dict[str, PushState] = dataclasses.field(default_factory=dict)
+    outputs: dict[str, OutputState] = dataclasses.field(default_factory=dict)
+    fragments: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = len(self.names)
+        self.status = [None] * n
+        self.status_error = [""] * n
+        self.pushed_via = [0] * n
+
+    @property
+    def n(self) -> int:
+        return len(self.names)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def who(self, node: str) -> str:
+        """The participant whose peer has node id ``node`` (or a prefix of it)."""
+        for p, name in zip(self.procs, self.names, strict=True):
+            if node and p.node_id.startswith(node):
+                return name
+        return node[:8]
+
+    def host(self, stream: str) -> str:
+        """The participant whose peer hosts ``stream``, as the latest statuses say."""
+        for st, name in zip(self.status, self.names, strict=True):
+            if st is not None and stream in st.get("hosted", []):
+                return name
+        return "?"

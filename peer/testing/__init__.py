@@ -1,0 +1,49 @@
+"""Helpers for testing code that talks to peers (shipped, as trio.testing is).
+
+- :class:`PeerThread` (:mod:`peer.testing.peer_thread`): a real peer on its own loop in a
+  background thread, driven from a synchronous test;
+- :class:`ManualClock` (:mod:`peer.testing.clock`): a clock the test moves by hand;
+- :func:`run_async` (:mod:`peer.testing.runner`): an async test body on a fresh asyncio or
+  uvloop loop, bounded in time;
+- from the product, for tests to import from one place: the local federation of
+  :mod:`peer.cluster` (``PeerProcess``, ``LocalFederation``, keys, trust and signed
+  contracts, ``stream_name_on``, ``collect``) and the keyed-window workload of
+  :mod:`peer.examples.keyed_window` with its plain-Python reference.
+
+Product code never imports this package: what the demo needs lives in those product modules.
+"""
+
+from __future__ import annotations
+
+from peer.cluster import (
+    LocalFederation,
+    PeerProcess,
+    collect,
+    make_participants,
+    participant_args,
+    signed_contracts,
+    stream_name_on,
+    trust_all,
+)
+from peer.examples.keyed_window import keyed_window_box, keyed_window_query, keyed_window_sums
+from peer.testing.clock import ManualClock
+from peer.testing.peer_thread import PeerThread
+from peer.testing.runner import LOOPS, run_async
+
+__all__ = [
+    "LOOPS",
+    "LocalFederation",
+    "ManualClock",
+    "PeerProcess",
+    "PeerThread",
+    "collect",
+    "keyed_window_box",
+    "keyed_window_query",
+    "keyed_window_sums",
+    "make_participants",
+    "participant_args",
+    "run_async",
+    "signed_contracts",
+    "stream_name_on",
+    "trust_all",
+]
