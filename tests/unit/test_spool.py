@@ -242,8 +242,16 @@ def test_spool_set_create_get_drop_reopen(tmp_path: Path) -> None:
     assert spools.create("people", SCHEMA).latest == 0  # idempotent for the same schema
     with pytest.raises(ValueError, match="people"):
         spools.create("people", pa.schema([("k", pa.int32())]))
-    assert sorted(p.name for p in root.iterdir() if "/" in p.name or p.name in (".", "..")) == []
-    assert all(p.parent == root for p in root.iterdir())
+    # One spool directory per stream, right under root, whatever the name holds ('/', '..',
+    # '%', a URI): none nested, nothing left beside them (no temporaries), none hidden (a
+    # leading '.' is for temporaries, which a reopen deletes), nothing written outside root.
+    entries = list(root.iterdir())
+    assert all((p / fmt.STREAM_FILE).is_file() for p in entries), entries
+    assert sorted(json.loads((p / fmt.STREAM_FILE).read_text())["stream"] for p in entries) == (
+        sorted(names)
+    )
+    assert not [p.name for p in entries if p.name.startswith(".")]
+    assert [p.name for p in tmp_path.iterdir()] == [root.name]
     with pytest.raises(KeyError, match="nope"):
         spools.get("nope")
     reopened = SpoolSet(root, fsync=False)
