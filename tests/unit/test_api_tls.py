@@ -354,7 +354,8 @@ def test_is_loopback(host: str, loopback: bool) -> None:
 
 
 def test_cli_tls_options_and_environment(fed: Federation, monkeypatch: pytest.MonkeyPatch) -> None:
-    from peer.cli import UsageError, _client_tls
+    from peer.cli.options import UsageError
+    from peer.cli.options import client_tls as _client_tls
 
     parser = build_parser()
     for name in ("PEER_PARTICIPANT", "PEER_KEY", "PEER_TRUST"):

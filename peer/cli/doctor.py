@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import socket
@@ -115,3 +116,15 @@ def run_doctor(*, data_dir: Path, listen: str, spark: bool = True) -> int:
             print(f"FAIL  {name:9} {exc}{hint}")
     print("all good" if not failed else f"{failed} problem(s) found")
     return 0 if not failed else 1
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    return run_doctor(data_dir=Path(args.data_dir), listen=args.listen, spark=not args.quick)
+
+
+def add_doctor_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("doctor", help="check Java, Spark, data directory and ports")
+    p.add_argument("--data-dir", default="./peer-data")
+    p.add_argument("--listen", default="127.0.0.1:7700")
+    p.add_argument("--quick", action="store_true", help="skip the Spark start-up check")
+    p.set_defaults(sync=cmd_doctor)

@@ -1,0 +1,160 @@
+"""``peer join``: run a peer until SIGINT or SIGTERM.
+
+The options become a :class:`peer.node.PeerConfig`; Java is looked for first (exit 3 with how
+to install it, unless ``--no-engine``). Once the peer serves, ``DATA_DIR/peer.json`` says
+where (API port, overlay port, node id, participant, pid), written whole or not at all, so
+that scripts and :class:`peer.cluster.PeerProcess` can wait for it; it is removed when the
+peer leaves. Failures to start are worded for the person who typed the command: an overlay
+that cannot be joined is exit 2, a bad identity or contract directory a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from peer.cli.options import UsageError, parse_addr
+from peer.errors import Unavailable
+
+
+async def cmd_join(args: argparse.Namespace) -> int:
+    from peer.node import Peer, PeerConfig
+
+    host, port = parse_addr(args.listen, what="--listen")
+    overlay_host: str | None = None
+    overlay_port: int | None = None
+    if args.overlay:
+        overlay_host, overlay_port = parse_addr(args.overlay, what="--overlay")
+    bootstrap = [parse_addr(b, what="--bootstrap") for b in args.bootstrap]
+    if (args.key is None) != (args.participant is None):
+        raise UsageError("--participant and --key go together (the key is that participant's)")
+    if not args.no_engine:
+        from peer.engine.java import find_java
+
+        find_java()
+    config = PeerConfig(
+        data_dir=Path(args.data_dir),
+        host=host,
+        port=port,
+        engine=not args.no_engine,
+        fuse_stateless=not args.no_lane,
+        spark_master=args.spark_master,
+        overlay_host=overlay_host,
+        overlay_port=overlay_port,
+        bootstrap=bootstrap,
+        participant=args.participant,
+        key_path=Path(args.key) if args.key else None,
+        trust_dir=Path(args.trust) if args.trust else None,
+        gossip_interval_s=args.gossip_interval,
+        suspect_after_s=args.suspect_after,
+        dead_after_s=args.dead_after,
+        max_backlog_batches=args.max_backlog,
+        backlog_wait_s=args.backlog_wait,
+        contracts_dir=Path(args.contracts) if args.contracts else None,
+        capacity=args.capacity,
+        bpm_period_s=args.bpm_period,
+        offer_margin=args.offer_margin,
+        accept_margin=args.accept_margin,
+    )
+    node = Peer(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, node.stop)
+    try:
+        await node.start()
+    except BaseException as exc:
+        await node.close()
+        from overlay.identity import IdentityError
+        from overlay.node import OverlayError
+
+        if isinstance(exc, OverlayError):
+            raise Unavailable(f"cannot join the overlay: {exc}") from exc
+        if isinstance(exc, IdentityError):
+            raise UsageError(f"identity: {exc}") from exc
+        from contracts.contract import ContractError
+
+        if isinstance(exc, ContractError):
+            raise UsageError(f"--contracts: {exc}") from exc
+        raise
+    address: dict[str, Any] = {"host": host, "port": node.port, "pid": os.getpid()}
+    if node.overlay is not None:
+        address["overlay_port"] = node.overlay.port
+        address["node_id"] = node.overlay.node_id.hex()
+        address["participant"] = node.overlay.identity.participant
+    marker = config.data_dir / "peer.json"
+    marker.with_suffix(".tmp").write_text(json.dumps(address))
+    marker.with_suffix(".tmp").replace(marker)  # readers never see half a file
+    print(f"peer ready on {host}:{node.port} (data {config.data_dir}); Ctrl-C to leave", flush=True)
+    await node.run()
+    with contextlib.suppress(OSError):
+        (config.data_dir / "peer.json").unlink()
+    return 0
+
+
+def add_join_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("join", help="run a peer until SIGINT/SIGTERM")
+    p.add_argument("--data-dir", default="./peer-data")
+    p.add_argument("--participant", help="participant name (with --key)")
+    p.add_argument("--key", help="the participant's private key file (from `peer keygen`)")
+    p.add_argument("--listen", default="127.0.0.1:7700", help="client API address")
+    p.add_argument(
+        "--overlay",
+        help="overlay address: UDP (DHT) and TCP (peer links) on one port "
+        "(default: the --listen host, its port + 1)",
+    )
+    p.add_argument(
+        "--bootstrap",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="overlay address of a peer to join through (repeat: tried in turn)",
+    )
+    p.add_argument("--http")
+    p.add_argument(
+        "--contracts",
+        metavar="DIR",
+        help="directory of signed contract files (*.toml): partners this peer shares load with",
+    )
+    p.add_argument(
+        "--capacity",
+        type=float,
+        metavar="CORES",
+        help="CPU cores this peer's load is measured against (default: all of them)",
+    )
+    p.add_argument("--bpm-period", type=float, default=5.0, help="seconds between load checks")
+    p.add_argument("--offer-margin", type=float, default=0.05, help="offer above price*(1+margin)")
+    p.add_argument(
+        "--accept-margin", type=float, default=0.05, help="accept below price*(1-margin)"
+    )
+    p.add_argument("--trust", help="directory of trusted participants' public keys (NAME.pub)")
+    p.add_argument("--gossip-interval", type=float, default=1.0, help="seconds")
+    p.add_argument("--suspect-after", type=float, default=3.0, help="seconds of silence")
+    p.add_argument("--dead-after", type=float, default=8.0, help="seconds of silence")
+    p.add_argument(
+        "--max-backlog",
+        type=int,
+        default=1000,
+        metavar="BATCHES",
+        help="backpressure: batches a stream may hold that its slowest reader has not taken",
+    )
+    p.add_argument(
+        "--backlog-wait",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="how long a push waits for room before a retriable refusal",
+    )
+    p.add_argument("--spark-master", default="local[*]")
+    p.add_argument("--no-engine", action="store_true", help="serve without Spark")
+    p.add_argument(
+        "--no-lane",
+        action="store_true",
+        help="run every query as its own Spark streaming query (no shared stateless lane)",
+    )
+    p.set_defaults(run=cmd_join)

@@ -1,0 +1,119 @@
+"""How the ``peer`` command prints what a peer answers.
+
+Replies are printed as indented JSON with sorted keys (so that scripts can read them and
+people can diff them); ``peer status`` without ``--json`` prints tables instead: the peer and
+its queries and streams, then, when it runs in an overlay, the members as its gossip has
+them, and, when it has contracts, its brain's load, contracts and ledger of moves.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+def print_json(data: object) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+def print_status(status: Mapping[str, Any]) -> None:
+    """The tables of ``peer status``."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(
+        f"peer {status['peer']}  engine={status['engine']}  "
+        f"uptime={status['uptime_s']}s  data={status['data_dir']}"
+    )
+    table = Table("query", "status", "batches", "rows out", "error")
+    for q in status["queries"]:
+        table.add_row(
+            q["name"],
+            q["status"],
+            str(q.get("batches", "")),
+            str(q.get("rows_out", "")),
+            q.get("error", ""),
+        )
+    console.print(table)
+    streams = Table("stream", "latest offset")
+    for s in status["streams"]:
+        streams.add_row(s["name"], str(s["latest_offset"]))
+    console.print(streams)
+    overlay = status.get("overlay")
+    if overlay:
+        _print_overlay(console, overlay)
+    brain = status.get("brain")
+    if brain:
+        _print_brain(console, brain)
+
+
+def _print_overlay(console: Console, overlay: Mapping[str, Any]) -> None:
+    from rich.table import Table
+
+    console.print(
+        f"node {overlay['node_id'][:16]}  participant={overlay['participant']}  "
+        f"overlay={overlay['overlay']}  dht contacts={overlay['dht'].get('contacts')}"
+    )
+    members = Table("node", "participant", "state", "api", "engine", "load")
+    for m in overlay["members"]:
+        load = ", ".join(f"{k}={v:g}" for k, v in sorted(m["load"].items()))
+        members.add_row(
+            m["node_id"][:16] + (" (this peer)" if m["self"] else ""),
+            m["participant"],
+            m["state"],
+            m["api"],
+            "spark" if m["engine"] else "none",
+            load,
+        )
+    console.print(members)
+
+
+def _print_brain(console: Console, brain: Mapping[str, Any]) -> None:
+    from rich.table import Table
+
+    util, load = brain.get("utilisation"), brain.get("load")
+    measured = (
+        "not measured yet" if util is None else f"utilisation={util:.0%}  load={load:.2f} cores"
+    )
+    offering = brain.get("offer_in_flight")
+    console.print(
+        f"brain: {measured}  capacity={brain['capacity']:g} cores"
+        + (f"  offering to {offering}" if offering else "")
+    )
+    contracts = Table("contract", "partner", "price", "partner takes", "valid")
+    for c in brain.get("contracts", []):
+        contracts.add_row(
+            c["id"][:8],
+            c["partner"],
+            f"{c['price']:g}",
+            ", ".join(c.get("kinds", [])),
+            "yes" if c.get("valid", True) else "no",
+        )
+    console.print(contracts)
+    for r in brain.get("refused_contracts", []):
+        console.print(f"contract file {r['file']} refused: {r['message']}")
+    ledger = Table("time", "dir", "fragment", "partner")
+    for column in ("contract", "load", "price", "duration", "pause"):
+        ledger.add_column(column, no_wrap=True)
+    for e in brain.get("ledger", []):
+        when = datetime.fromtimestamp(e["t"]).strftime("%m-%d %H:%M")
+        duration, pause = e.get("duration_s"), e.get("pause_s")
+        ledger.add_row(
+            when,
+            e["direction"],
+            e["fragment"],
+            e.get("partner") or "",
+            (e.get("contract") or "")[:8],
+            f"{e.get('load', 0):.3g}",
+            f"{e.get('price', 0):g}",
+            "" if duration is None else f"{duration:.0f}s",
+            "" if pause is None else f"{pause:.2f}s",
+            style=None if e.get("ok") else "red",
+        )
+    console.print(ledger)
