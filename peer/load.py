@@ -34,10 +34,11 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping
+from typing import Protocol
 
 import psutil
 
-__all__ = ["LoadMeter", "fragment_loads"]
+__all__ = ["LoadMeter", "Meter", "fragment_loads"]
 
 if sys.platform.startswith("linux"):
     # psutil adds a process's start (clock ticks since boot) to the boot time, which Linux
@@ -59,6 +60,14 @@ else:
 
     def _created(proc: psutil.Process) -> float:
         return float(proc.create_time())
+
+
+class Meter(Protocol):
+    """What measures the CPU a peer uses: :class:`LoadMeter`, or a fake in tests."""
+
+    def sample(self) -> float:
+        """Cores used since the previous sample (0.0 on the first call). Blocking."""
+        ...
 
 
 class LoadMeter:

@@ -1,8 +1,8 @@
 """peer.brain: the bounded-price mechanism on peers faked down to what the brain uses.
 
-Brains talk to each other through a fake federation (an offer frame goes straight to the
-partner's ``handle_offer``) and move fragments through a fake ``move_fragment`` that hands
-the fragment over and tells the partner's brain it arrived. Contracts are real, signed and
+Brains run on fake hosts (``peer.brain.BrainHost``): an offer frame goes straight to the
+partner's ``handle_offer``, and a fake ``move_fragment`` hands the fragment over and tells the
+partner's brain it arrived. Contracts are real, signed and
 loaded from files. No JVM, no network, no sleeping (but for one offer that must time out).
 """
 
@@ -30,8 +30,9 @@ from contracts.contract import Contract
 from overlay.identity import raw_public
 from overlay.membership import MemberInfo
 from peer.brain import Brain, kind_of
+from peer.brain.offers import OfferReply
 from peer.errors import InvalidInput, Unavailable
-from peer.ledger import Ledger, with_durations
+from peer.storage.ledger import Ledger, with_durations
 
 NOW = datetime(2026, 7, 1, tzinfo=UTC)
 PERIOD_S = 5.0
@@ -86,46 +87,15 @@ class Meter:
         return self.cores
 
 
-class Fed:
-    def __init__(self, net: Net, peer: FakePeer) -> None:
-        self.net, self.peer = net, peer
-        self.node_id = hashlib.sha1(peer.participant.encode()).digest()
-        self.overlay = self
-        self.calls: list[tuple[bytes, dict[str, Any]]] = []
-
-    def live_members(self) -> list[MemberInfo]:
-        return [
-            MemberInfo(
-                node_id=p.fed.node_id,
-                participant=p.participant,
-                cert=b"",
-                overlay=("127.0.0.1", 1),
-                api=("127.0.0.1", 2),
-                engine=p.engine,
-                incarnation=1,
-                load=p.brain.load_figures(),
-            )
-            for p in self.net.peers.values()
-        ]
-
-    async def call(self, node_id: bytes, frame: dict[str, Any]) -> dict[str, Any]:
-        self.calls.append((node_id, frame))
-        target = self.net.by_node(node_id)
-        if target.hang:
-            await asyncio.Event().wait()
-        # Over the wire: msgpack round trip, roughly (a copy; no shared objects).
-        reply = await target.brain.handle_offer(copy.deepcopy(frame), sender=self.peer.participant)
-        return copy.deepcopy(reply)
-
-
 class FakePeer:
-    """What peer.node.Peer gives the brain."""
+    """A peer.brain.BrainHost: an offer frame goes straight to the partner's handle_offer."""
 
     def __init__(self, net: Net, participant: str, data_dir: Path) -> None:
         self.net = net
         self.participant = participant
         self.data_dir = data_dir
-        self.fed = Fed(net, self)
+        self.node_id = hashlib.sha1(participant.encode()).digest()
+        self.calls: list[tuple[bytes, dict[str, Any]]] = []  # offers sent
         self.engine = True
         self.hang = False
         self.fragments: dict[str, tuple[str, ...]] = {}
@@ -138,6 +108,30 @@ class FakePeer:
         self.most_moving = 0
         self.brain: Brain = None  # type: ignore[assignment]
 
+    def live_members(self) -> list[MemberInfo]:
+        return [
+            MemberInfo(
+                node_id=p.node_id,
+                participant=p.participant,
+                cert=b"",
+                overlay=("127.0.0.1", 1),
+                api=("127.0.0.1", 2),
+                engine=p.engine,
+                incarnation=1,
+                load=p.brain.load_figures(),
+            )
+            for p in self.net.peers.values()
+        ]
+
+    async def send_offer(self, node_id: bytes, frame: dict[str, Any]) -> object:
+        self.calls.append((node_id, frame))
+        target = self.net.by_node(node_id)
+        if target.hang:
+            await asyncio.Event().wait()
+        # Over the wire: msgpack round trip, roughly (a copy; no shared objects).
+        reply = await target.brain.handle_offer(copy.deepcopy(frame), sender=self.participant)
+        return copy.deepcopy(reply)
+
     def movable_fragments(self) -> list[tuple[str, tuple[str, ...]]]:
         return list(self.fragments.items())
 
@@ -149,7 +143,7 @@ class FakePeer:
 
     async def move_fragment(
         self, name: str, target: bytes, *, contract: str, load: float, price: float
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         self.moving += 1
         self.most_moving = max(self.most_moving, self.moving)
         try:
@@ -160,7 +154,7 @@ class FakePeer:
             other = self.net.by_node(target)
             other.fragments[name] = self.fragments.pop(name)
             await other.brain.note_arrival(
-                name, self.participant, contract, load, price, from_node=self.fed.node_id
+                name, self.participant, contract, load, price, from_node=self.node_id
             )
             return {"fragment": name, "to": target.hex(), "pause_s": 0.25}
         finally:
@@ -196,7 +190,7 @@ class Net:
             self.book(peer.participant),
             self.config,
             CAPACITY,
-            meter=peer.meter,  # type: ignore[arg-type]
+            meter=peer.meter,
             clock=self.clock,
         )
 
@@ -205,7 +199,7 @@ class Net:
 
     def by_node(self, node_id: bytes) -> FakePeer:
         for peer in self.peers.values():
-            if peer.fed.node_id == node_id:
+            if peer.node_id == node_id:
                 return peer
         raise Unavailable(f"peer {node_id.hex()[:12]} unreachable")
 
@@ -265,16 +259,16 @@ def test_an_overloaded_peer_offers_to_the_cheapest_partner_and_moves_what_it_tak
         assert offer is not None and offer.partner == "b"
 
     asyncio.run(main())
-    [(to, frame)] = a.fed.calls
-    assert to == b.fed.node_id
+    [(to, frame)] = a.calls
+    assert to == b.node_id
     assert frame["contract"] == "ab" and frame["from"] == "a" and frame["price"] == 2.0
     assert [box[0] for box in frame["boxes"]] == ["f1", "f2", "f3"]
     assert all(box[2] == pytest.approx(1.0) for box in frame["boxes"])
     # b takes two of the three cores offered (the third would cost it more than the price),
     # and they move one at a time, with the contract, load and price they went for.
     assert [(m[0], m[1], m[2]) for m in a.moves] == [
-        ("f1", b.fed.node_id, "ab"),
-        ("f2", b.fed.node_id, "ab"),
+        ("f1", b.node_id, "ab"),
+        ("f2", b.node_id, "ab"),
     ]
     assert a.most_moving == 1
     assert set(a.fragments) == {"f3"} and set(b.fragments) == {"f1", "f2"}
@@ -283,15 +277,15 @@ def test_an_overloaded_peer_offers_to_the_cheapest_partner_and_moves_what_it_tak
         ("out", "f1", "b", True),
         ("out", "f2", "b", True),
     ]
-    assert out[0]["peer"] == b.fed.node_id.hex() and out[0]["contract"] == "ab"
+    assert out[0]["peer"] == b.node_id.hex() and out[0]["contract"] == "ab"
     assert out[0]["load"] == pytest.approx(1.0) and out[0]["price"] == 2.0
     assert out[0]["pause_s"] == 0.25
     into = b.brain.status()["ledger"]
     assert [(e["direction"], e["fragment"], e["partner"], e["peer"]) for e in into] == [
-        ("in", "f1", "a", a.fed.node_id.hex()),
-        ("in", "f2", "a", a.fed.node_id.hex()),
+        ("in", "f1", "a", a.node_id.hex()),
+        ("in", "f2", "a", a.node_id.hex()),
     ]
-    assert c.brain.status()["ledger"] == [] and not c.fed.calls
+    assert c.brain.status()["ledger"] == [] and not c.calls
 
 
 def test_the_ledger_survives_a_restart(tmp_path: Path) -> None:
@@ -345,9 +339,9 @@ def test_a_refusing_partner_goes_last(tmp_path: Path) -> None:
         await net.round(b, c, a)
 
     asyncio.run(main())
-    assert [to for to, _ in a.fed.calls] == [b.fed.node_id, c.fed.node_id]
+    assert [to for to, _ in a.calls] == [b.node_id, c.node_id]
     assert {m[0] for m in a.moves} == {"f1", "f2", "f3"}  # c takes them all
-    assert {m[1] for m in a.moves} == {c.fed.node_id}
+    assert {m[1] for m in a.moves} == {c.node_id}
     assert a.brain.status()["refused_partners"] == ["b"]  # taken by c: b still went last
 
 
@@ -368,7 +362,7 @@ def test_refusals_are_forgotten_after_some_rounds(tmp_path: Path) -> None:
     seen = asyncio.run(main())
     assert seen[:-1] == [["b"]] * 10
     assert seen[-1] == []
-    assert len(a.fed.calls) == 1
+    assert len(a.calls) == 1
 
 
 def test_no_offer_under_a_contract_that_does_not_cover_the_kind(tmp_path: Path) -> None:
@@ -383,7 +377,7 @@ def test_no_offer_under_a_contract_that_does_not_cover_the_kind(tmp_path: Path) 
         await net.round(b, c, a)
 
     asyncio.run(main())
-    assert [to for to, _ in a.fed.calls] == [c.fed.node_id]
+    assert [to for to, _ in a.calls] == [c.node_id]
     assert b.brain.status()["ledger"] == []
     # Offered anyway (by a brain that does not check), b refuses the whole offer.
     reply = asyncio.run(b.brain.handle_offer(offer_frame(), sender="a"))
@@ -399,7 +393,7 @@ def test_no_offer_at_all_when_no_contract_covers_the_kinds(tmp_path: Path) -> No
         return await net.round(b, c, a)
 
     assert asyncio.run(main()) == [None, None, None]
-    assert not a.fed.calls and not a.moves
+    assert not a.calls and not a.moves
 
 
 def test_an_expired_contract_is_not_used(tmp_path: Path) -> None:
@@ -418,7 +412,7 @@ def test_an_expired_contract_is_not_used(tmp_path: Path) -> None:
         await net.round(b, c, a)
 
     asyncio.run(main())
-    assert [to for to, _ in a.fed.calls] == [c.fed.node_id]
+    assert [to for to, _ in a.calls] == [c.node_id]
     assert {m[2] for m in a.moves} == {"ac"}
     reply = asyncio.run(b.brain.handle_offer(offer_frame(), sender="a"))
     assert reply["accepted"] == [] and "contract ab is not valid now" in reply["reason"]
@@ -435,14 +429,14 @@ def test_no_offer_to_a_partner_without_a_live_engine_peer(tmp_path: Path) -> Non
         await net.round(b, c, a)
 
     asyncio.run(main())
-    assert [to for to, _ in a.fed.calls] == [c.fed.node_id]
+    assert [to for to, _ in a.calls] == [c.node_id]
 
 
 def test_the_partner_peer_with_the_lowest_utilisation_gets_the_offer(tmp_path: Path) -> None:
     net = Net(tmp_path, [signed("a", "b", 2.0, cid="ab")])
     a, b, c = overloaded(net)
     b2 = FakePeer(net, "b", tmp_path / "b2")  # a second peer of participant b
-    b2.fed.node_id = b"\x00" * 20  # would come first on a tie
+    b2.node_id = b"\x00" * 20  # would come first on a tie
     b2.brain = net.brain_for(b2)
     net.peers["b2"] = b2
 
@@ -454,7 +448,7 @@ def test_the_partner_peer_with_the_lowest_utilisation_gets_the_offer(tmp_path: P
 
     asyncio.run(main())
     assert b2.brain.load_figures()["util"] > b.brain.load_figures()["util"]
-    assert [to for to, _ in a.fed.calls] == [b.fed.node_id]
+    assert [to for to, _ in a.calls] == [b.node_id]
 
 
 def test_a_failed_move_stops_the_others_and_is_ledgered(tmp_path: Path) -> None:
@@ -487,7 +481,7 @@ def test_a_fragment_that_failed_to_move_is_not_offered_again_for_a_while(tmp_pat
             await net.round(b, c, a)
 
     asyncio.run(main())
-    offered = [[box[0] for box in frame["boxes"]] for _, frame in a.fed.calls]
+    offered = [[box[0] for box in frame["boxes"]] for _, frame in a.calls]
     assert offered[0][0] == "f1"
     assert all("f1" not in boxes for boxes in offered[1:-1])
     assert "f1" in offered[-1]  # forgotten after FORGET_REFUSAL_ROUNDS rounds
@@ -498,7 +492,7 @@ def test_only_offered_boxes_move_whatever_the_reply_says(tmp_path: Path) -> None
     a, b, c = overloaded(net)
     a.fragments["idle"] = ("join",)  # no load: never offered
 
-    async def lying(frame: Any, *, sender: str) -> dict[str, Any]:
+    async def lying(frame: object, *, sender: str) -> Any:  # what a lying peer might say
         return {"accepted": ["f3", "idle", 7, None], "reason": "sure"}
 
     b.brain.handle_offer = lying  # type: ignore[method-assign]
@@ -509,7 +503,7 @@ def test_only_offered_boxes_move_whatever_the_reply_says(tmp_path: Path) -> None
             await net.round(b, c, a)
 
     asyncio.run(main())
-    assert [box[0] for box in a.fed.calls[0][1]["boxes"]] == ["f1", "f2", "f3"]
+    assert [box[0] for box in a.calls[0][1]["boxes"]] == ["f1", "f2", "f3"]
     assert [m[0] for m in a.moves] == ["f3"]
 
 
@@ -523,7 +517,7 @@ def test_an_unanswered_offer_counts_as_failed(tmp_path: Path) -> None:
         await net.round(b, c, a)
 
     asyncio.run(main())
-    assert len(a.fed.calls) == 1 and not a.moves
+    assert len(a.calls) == 1 and not a.moves
     status = a.brain.status()
     assert status["refused_partners"] == ["b"] and status["offer_in_flight"] is None
 
@@ -564,7 +558,7 @@ def test_an_offer_before_the_first_measurement_is_refused(tmp_path: Path) -> Non
 def test_one_move_in_at_a_time(tmp_path: Path) -> None:
     b = partner(tmp_path)
 
-    async def main() -> list[dict[str, Any]]:
+    async def main() -> list[OfferReply]:
         first = await b.brain.handle_offer(offer_frame(), sender="a")
         second = await b.brain.handle_offer(offer_frame(boxes=[["g1", "filter", 0.1]]), sender="a")
         await b.brain.note_arrival("f1", "a", "ab", 1.0, 2.0)
@@ -581,7 +575,7 @@ def test_one_move_in_at_a_time(tmp_path: Path) -> None:
 def test_accepted_load_counts_until_it_is_measured(tmp_path: Path) -> None:
     b = partner(tmp_path)
 
-    async def main() -> dict[str, Any]:
+    async def main() -> OfferReply:
         assert (
             await b.brain.handle_offer(offer_frame(boxes=[["f1", "aggregate", 2.0]]), sender="a")
         )["accepted"]
@@ -675,7 +669,7 @@ def test_a_price_range_is_taken_at_its_top(tmp_path: Path) -> None:
     net = Net(tmp_path, [signed("a", "b", None, cid="ab", min_price=1.0, max_price=2.0)])
     b = net.add("b")
 
-    async def main() -> list[dict[str, Any]]:
+    async def main() -> list[OfferReply]:
         b.use(1.0, {})
         await net.round(b)
         await net.round(b)

@@ -29,9 +29,9 @@ import threading
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict, cast
 
-__all__ = ["DIRECTIONS", "Ledger", "with_durations"]
+__all__ = ["DIRECTIONS", "Ledger", "LedgerEntry", "with_durations"]
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +45,32 @@ _REQUIRED: dict[str, type | tuple[type, ...]] = {
 }
 
 
+class LedgerEntry(TypedDict):
+    """One line of the ledger (the module's docstring says what each key means).
+
+    Only the first four keys are checked when the file is read; the others are as the brain
+    wrote them. ``duration_s`` is never written: :func:`with_durations` adds it."""
+
+    t: float
+    direction: str  # one of DIRECTIONS
+    fragment: str
+    ok: bool
+    partner: NotRequired[str]
+    peer: NotRequired[str | None]
+    contract: NotRequired[str]
+    load: NotRequired[float]
+    price: NotRequired[float]
+    pause_s: NotRequired[float | None]
+    error: NotRequired[str]
+    duration_s: NotRequired[float | None]
+
+
 class Ledger:
     """Append-only JSON-lines file; the last ``keep`` entries are held in memory."""
 
     def __init__(self, path: Path, *, keep: int = KEEP) -> None:
         self.path = path
-        self._entries: deque[dict[str, Any]] = deque(maxlen=keep)
+        self._entries: deque[LedgerEntry] = deque(maxlen=keep)
         self._lock = threading.Lock()  # appends come from worker threads
 
     def load(self) -> None:
@@ -62,7 +82,7 @@ class Ledger:
         except (OSError, UnicodeDecodeError) as exc:
             log.warning("ledger %s unreadable, starting an empty one in memory: %s", self.path, exc)
             return
-        kept: list[dict[str, Any]] = []
+        kept: list[LedgerEntry] = []
         for number, line in enumerate(lines, 1):
             entry = _parse(line)
             if entry is None:
@@ -73,7 +93,7 @@ class Ledger:
         with self._lock:
             self._entries.extend(kept)
 
-    def append(self, entry: dict[str, Any]) -> None:
+    def append(self, entry: LedgerEntry) -> None:
         """Write one entry and fsync it. Blocking: call it off the event loop."""
         line = json.dumps(entry, separators=(",", ":"), allow_nan=False) + "\n"
         with self._lock:
@@ -82,14 +102,14 @@ class Ledger:
                 f.write(line)
                 f.flush()
                 os.fsync(f.fileno())
-            self._entries.append(dict(entry))
+            self._entries.append(entry.copy())
 
-    def entries(self) -> list[dict[str, Any]]:
+    def entries(self) -> list[LedgerEntry]:
         with self._lock:
-            return [dict(e) for e in self._entries]
+            return [e.copy() for e in self._entries]
 
 
-def _parse(line: str) -> dict[str, Any] | None:
+def _parse(line: str) -> LedgerEntry | None:
     try:
         entry = json.loads(line)
     except ValueError:
@@ -103,13 +123,13 @@ def _parse(line: str) -> dict[str, Any] | None:
         return None
     if entry["direction"] not in DIRECTIONS:
         return None
-    return entry
+    return cast(LedgerEntry, entry)
 
 
-def with_durations(entries: Sequence[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+def with_durations(entries: Sequence[LedgerEntry], now: float) -> list[LedgerEntry]:
     """Each entry with ``duration_s``: for a successful move, how long the fragment has been
     where it went (until it moved back the other way, or until ``now``); None for a failure."""
-    out: list[dict[str, Any]] = []
+    out: list[LedgerEntry] = []
     # Walking back from the newest entry: (fragment, direction) -> time of the next such move.
     next_move: dict[tuple[str, str], float] = {}
     for entry in reversed(entries):
@@ -120,6 +140,8 @@ def with_durations(entries: Sequence[dict[str, Any]], now: float) -> list[dict[s
             end = next_move.get((fragment, back), now)
             duration = round(max(0.0, end - float(entry["t"])), 3)
             next_move[(fragment, direction)] = float(entry["t"])
-        out.append({**entry, "duration_s": duration})
+        shown = entry.copy()
+        shown["duration_s"] = duration
+        out.append(shown)
     out.reverse()
     return out
