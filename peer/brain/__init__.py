@@ -7,10 +7,10 @@ The decisions are pure and live in :mod:`contracts.bpm` and :mod:`peer.brain.off
 (:mod:`peer.storage.ledger`). It reaches its peer only through a :class:`BrainHost`. Every
 ``period_s`` the brain takes a round:
 
-1. *Measure.* The CPU of the peer's process tree (:class:`peer.load.LoadMeter`, in cores) and
+1. *Measure.* The CPU of the peer's process tree (:class:`peer.brain.load.LoadMeter`, in cores) and
    the share of the period each fragment's streaming query spent in micro-batches (deltas of
    ``BrainHost.engine_busy_seconds``) give a load per fragment
-   (:func:`peer.load.fragment_loads`) and a utilisation ``u = cpu / capacity``. CPU alone
+   (:func:`peer.brain.load.fragment_loads`) and a utilisation ``u = cpu / capacity``. CPU alone
    misses one kind of overload: a peer whose queries cannot keep up (one busy core of many,
    Spark waiting on its disk) while the CPU is not saturated. So when the batches waiting in
    the fragments' inputs exceed ``overload_backlog`` and grew over the period, ``u`` is raised
@@ -44,6 +44,7 @@ Layout
 - :mod:`peer.brain.rounds`: :class:`Brain`, its state, the rounds and the bookkeeping of
   offers made and taken.
 - :mod:`peer.brain.offers`: offers and replies on the wire, and the decision to take an offer.
+- :mod:`peer.brain.load`: the CPU the peer's process tree uses, and each fragment's share.
 - :mod:`peer.brain.status`: the load figures it gossips and its part of ``peer status``.
 """
 

@@ -27,6 +27,7 @@ from contracts.bpm import (
 )
 from contracts.contract import Contract, price_range
 from peer.brain.host import BrainHost
+from peer.brain.load import LoadMeter, Meter, fragment_loads
 from peer.brain.offers import (
     Expected,
     OfferReply,
@@ -42,7 +43,6 @@ from peer.brain.offers import (
 )
 from peer.brain.status import BrainStatus, brain_status, load_figures
 from peer.errors import FedstreamError
-from peer.load import LoadMeter, Meter, fragment_loads
 from peer.storage.ledger import Ledger, LedgerEntry
 
 __all__ = ["Brain"]

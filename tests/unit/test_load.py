@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from peer.load import LoadMeter, fragment_loads
+from peer.brain.load import LoadMeter, fragment_loads
 
 # Spins until it has used 0.5 s of CPU (however busy the machine), says so, then idles until
 # its stdin closes: the test reads the meter while the child is alive and idle.
