@@ -1,9 +1,10 @@
-"""The one transport module: frames over asyncio byte streams.
+"""Frames over an asyncio byte stream: the stream type of :mod:`overlay.transport`.
 
 :class:`FrameStream` joins the pure codec of :mod:`overlay.wire` to a byte stream with the
-shape of asyncio's ``StreamReader``/``StreamWriter``. Everything else in fedstream that talks
-over a socket does so through a ``FrameStream``, so swapping in :func:`memory_stream_pair`
-makes that code testable without sockets (httpcore's mock backend, trio's memory streams).
+shape of asyncio's ``StreamReader``/``StreamWriter``. Everything in fedstream that talks over
+a socket does so through a ``FrameStream`` made by :mod:`overlay.transport` (which holds the
+socket and TLS code), so swapping in :func:`memory_stream_pair` makes that code testable
+without sockets (httpcore's mock backend, trio's memory streams).
 
 Backpressure is the writer's: :meth:`FrameStream.send` writes, then awaits ``drain()``, which
 blocks while the transport's buffer is above its high-water mark, i.e. while the other side is
@@ -17,12 +18,13 @@ an invalid byte stream as :class:`~overlay.errors.RemoteProtocolError` from ``re
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Mapping
 from typing import Any, Protocol
 
 from overlay.wire import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
 
-__all__ = ["ByteReader", "ByteWriter", "FrameStream", "memory_stream_pair", "open_frame_stream"]
+__all__ = ["ByteReader", "ByteWriter", "FrameStream", "memory_stream_pair"]
 
 READ_CHUNK_BYTES = 64 * 1024
 CLOSE_TIMEOUT_S = 5.0
@@ -83,6 +85,12 @@ class FrameStream:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def ssl_object(self) -> ssl.SSLObject | None:
+        """The TLS session after its handshake (its peer's certificate); None without TLS."""
+        tls = self._writer.get_extra_info("ssl_object")
+        return tls if isinstance(tls, ssl.SSLObject) else None
+
     async def recv(self) -> dict[str, Any] | None:
         """The next frame, or ``None`` once the other side has closed cleanly."""
         while True:
@@ -125,17 +133,6 @@ class FrameStream:
                 transport.abort()
         except OSError:
             pass  # the connection is going away either way; nothing left to tell anyone
-
-
-async def open_frame_stream(
-    host: str,
-    port: int,
-    *,
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-) -> FrameStream:
-    """Connect over TCP (callers bound the wait with ``asyncio.timeout``)."""
-    reader, writer = await asyncio.open_connection(host, port)
-    return FrameStream(reader, writer, max_frame_bytes=max_frame_bytes)
 
 
 class _Pipe:

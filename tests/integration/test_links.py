@@ -32,7 +32,7 @@ from overlay.link import (
     LinkTimeout,
     LinkUnavailable,
 )
-from overlay.stream import FrameStream
+from overlay.transport import FrameStream
 from overlay.tls import (
     TlsContexts,
     anchor_name,

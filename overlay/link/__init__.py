@@ -11,21 +11,23 @@ side may send requests and open streams, and serves the other's with its :class:
 
 The layers, lowest first (import the public names from here):
 
-* :mod:`overlay.link_protocol`: the frames, the hello, limits, errors; no I/O.
-* :mod:`overlay.link_outbox`: the bounded outbox every frame of a link goes through.
-* :mod:`overlay.link_connection`: :class:`Link` and :class:`LinkStream`, one running link.
-* :mod:`overlay.link_pool`: :class:`LinkPool`, which opens links, and the task group that
-  holds the links of a server or a pool.
-* :mod:`overlay.link_server`: :class:`LinkServer`, which accepts them.
+* :mod:`overlay.link.events`: the frames of a running link as typed events; no I/O.
+* :mod:`overlay.link.protocol`: the hello, limits, errors; no I/O.
+* :mod:`overlay.link.outbox`: the bounded outbox every frame of a link goes through.
+* :mod:`overlay.link.connection`: :class:`Link` and :class:`LinkStream`, one running link.
+* :mod:`overlay.link.pool`: :class:`LinkPool`, which opens links.
+* :mod:`overlay.link.server`: :class:`LinkServer`, which accepts them.
+
+Sockets, TLS and the credit windows of streams are :mod:`overlay.transport`'s.
 
 docs/protocol.md ("Peer links") describes the wire form for other implementations.
 """
 
 from __future__ import annotations
 
-from overlay.link_connection import Link, LinkHandler, LinkStream
-from overlay.link_pool import LinkPool
-from overlay.link_protocol import (
+from overlay.link.connection import Link, LinkHandler, LinkStream
+from overlay.link.pool import LinkPool
+from overlay.link.protocol import (
     LINK_VERSION,
     LinkError,
     LinkRefused,
@@ -34,7 +36,7 @@ from overlay.link_protocol import (
     LinkTimeout,
     LinkUnavailable,
 )
-from overlay.link_server import LinkServer
+from overlay.link.server import LinkServer
 
 __all__ = [
     "LINK_VERSION",

@@ -2,10 +2,10 @@
 
 Theory of operation
 -------------------
-:class:`~overlay.link_server.LinkServer` and :class:`~overlay.link_pool.LinkPool` make a
-:class:`Link` once the hellos are exchanged (:mod:`overlay.link_protocol` has the frames);
-:meth:`Link.run` then reads, writes and serves until the link closes. Flow control and memory
-bounds:
+:class:`~overlay.link.server.LinkServer` and :class:`~overlay.link.pool.LinkPool` make a
+:class:`Link` once the hellos are exchanged; :meth:`Link.run` then reads, writes and serves
+until the link closes. Each frame read is parsed into an event (:mod:`overlay.link.events`)
+and checked against what is open here. Flow control and memory bounds:
 
 * *requests*: at most ``max_in_flight`` (the lower of both sides' hello values) requests of
   one side are outstanding; further callers wait for a slot. A slot is freed by the ``rep``,
@@ -14,8 +14,9 @@ bounds:
 * *streams*: at most ``max_streams`` open streams per side, same rule with ``end``. The
   sender pulls the next item from its producer only when it has credit, so a receiver that
   stops consuming stops the producer after ``credit`` items; the receiver's queue never holds
-  more than the credit it granted. Credit comes back as the consumer takes items.
-* *sending*: through one bounded outbox and one writer task (:mod:`overlay.link_outbox`).
+  more than the credit it granted. Credit comes back as the consumer takes items (the credit
+  windows of :mod:`overlay.transport`, shared with the client API).
+* *sending*: through one bounded outbox and one writer task (:mod:`overlay.link.outbox`).
 * *reading* never blocks on anything but the socket (replies, items and credits are handed
   over without waiting), so two peers calling each other cannot deadlock.
 
@@ -29,29 +30,42 @@ import asyncio
 import itertools
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Coroutine, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from overlay.errors import RemoteProtocolError
-from overlay.link_outbox import _Call, _Out, _Outbox
-from overlay.link_protocol import (
-    _CLOSE_WAIT_S,
+from overlay.link.events import (
+    Body,
+    Cancel,
+    Credit,
+    End,
+    Item,
+    LinkEvent,
+    Open,
+    Reply,
+    Request,
+    WireError,
+    parse_event,
+)
+from overlay.link.outbox import Call, Out, Outbox
+from overlay.link.protocol import (
+    CLOSE_WAIT_S,
     MAX_CREDIT,
+    CancelledByCaller,
     LinkError,
     LinkSettings,
     LinkTimeout,
     LinkUnavailable,
-    _CancelledByCaller,
-    _error_payload,
-    _field,
-    _internal,
-    _NotSent,
-    _op,
-    _remote_error,
+    NotSent,
+    cancelled_error,
+    error_payload,
+    internal_error,
+    op_of,
+    remote_error,
 )
-from overlay.stream import FrameStream
 from overlay.tls import PeerIdentity
+from overlay.transport import CreditError, CreditWindow, FrameStream, ReceiveWindow
 from overlay.wire import encode_frame
 
 __all__ = ["Link", "LinkHandler", "LinkStream"]
@@ -80,12 +94,10 @@ class LinkHandler(Protocol):
 
 @dataclass(eq=False)
 class _Served:
-    """A req or open of the remote that we are running."""
+    """A req or open of the remote that we are running (a stream's with its credit)."""
 
     id: int
-    is_stream: bool
-    credit: int = 0
-    credit_added: asyncio.Event = field(default_factory=asyncio.Event)
+    window: CreditWindow | None = None  # None: a request
     scope: asyncio.Timeout | None = None
     cancelled: bool = False
 
@@ -115,11 +127,11 @@ class Link:
         self._ids = itertools.count(1)
         self._request_slots = asyncio.Semaphore(min(settings.max_in_flight, remote_limits[0]))
         self._stream_slots = asyncio.Semaphore(min(settings.max_streams, remote_limits[1]))
-        self._calls: dict[int, _Call] = {}
+        self._calls: dict[int, Call] = {}
         self._served: dict[int, _Served] = {}
         self._served_requests = 0
         self._served_streams = 0
-        self._outbox = _Outbox(settings.outbox_frames)
+        self._outbox = Outbox(settings.outbox_frames)
         self._tasks: set[asyncio.Task[None]] = set()
         self._tg: asyncio.TaskGroup | None = None
         self._closing = asyncio.Event()
@@ -166,10 +178,15 @@ class Link:
         """Close the link (pending calls fail with LinkUnavailable) and wait for it, bounded."""
         self._shut(f"{self} was closed by this peer")
         try:
-            async with asyncio.timeout(self._settings.close_timeout_s + _CLOSE_WAIT_S):
+            async with asyncio.timeout(self._settings.close_timeout_s + CLOSE_WAIT_S):
                 await self._closed.wait()
         except TimeoutError:
             log.warning("%s did not close in time", self)
+
+    async def abort(self) -> None:
+        """Close a link that never ran (nothing else to stop)."""
+        self._shut(f"{self} was closed before it ran")
+        await self._stream.aclose(CLOSE_WAIT_S)
 
     def _shut(self, reason: str) -> None:
         if self._reason is not None:
@@ -177,11 +194,11 @@ class Link:
         self._reason = reason
         self._outbox.close(reason)
         for call in list(self._calls.values()):
-            error = LinkUnavailable(reason) if call.sent else _NotSent(reason)
+            error = LinkUnavailable(reason) if call.sent else NotSent(reason)
             self._finish(call, error=error)
         self._closing.set()
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         assert self._tg is not None
         task = self._tg.create_task(coro)
         self._tasks.add(task)
@@ -189,25 +206,24 @@ class Link:
 
     # -- calling the other side ----------------------------------------------------------------
 
-    async def request(self, frame: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
+    async def request(self, frame: Mapping[str, Any], timeout_s: float) -> Body:
         """Send a request and return the reply's body. Waits for a slot when ``max_in_flight``
         requests are outstanding. Raises :class:`LinkRemoteError` (the handler failed it),
         :class:`LinkTimeout`, :class:`LinkUnavailable`."""
         rid = next(self._ids)
         data = encode_frame(
-            {"type": "req", "id": rid, "body": dict(frame)},
-            max_frame_bytes=self._settings.max_frame_bytes,
+            Request(rid, dict(frame)).to_wire(), max_frame_bytes=self._settings.max_frame_bytes
         )
         loop = asyncio.get_running_loop()
-        call: _Call | None = None
+        call: Call | None = None
         try:
             async with asyncio.timeout(timeout_s):
                 call = await self._new_call(rid, self._request_slots)
-                await self._outbox.put(_Out(data, call))
+                await self._outbox.put(Out(data, call))
                 call.future = loop.create_future()  # before the writer can send it
                 return await call.future
         except TimeoutError as exc:
-            raise LinkTimeout(f"{self}: no reply to {_op(frame)!r} within {timeout_s} s") from exc
+            raise LinkTimeout(f"{self}: no reply to {op_of(frame)!r} within {timeout_s} s") from exc
         finally:
             if call is not None:
                 self._abandon(call)
@@ -220,24 +236,20 @@ class Link:
 
     async def _new_call(
         self, cid: int, slots: asyncio.Semaphore, stream: LinkStream | None = None
-    ) -> _Call:
+    ) -> Call:
         if self._reason is not None:
-            raise _NotSent(self._reason)
+            raise NotSent(self._reason)
         await slots.acquire()
         if self._reason is not None:
             slots.release()
-            raise _NotSent(self._reason)
-        call = _Call(cid, slots, stream)
+            raise NotSent(self._reason)
+        call = Call(cid, slots, stream)
         self._calls[cid] = call
         self._last_active = asyncio.get_running_loop().time()
         return call
 
     def _finish(
-        self,
-        call: _Call,
-        *,
-        body: dict[str, Any] | None = None,
-        error: LinkError | None = None,
+        self, call: Call, *, body: Body | None = None, error: LinkError | None = None
     ) -> None:
         """The call is over: free its slot, hand over the result (if anyone still waits)."""
         if self._calls.pop(call.id, None) is None:
@@ -250,17 +262,17 @@ class Link:
             else:
                 call.future.set_result(body or {})
         if call.stream is not None:
-            call.stream._end(error)
+            call.stream.on_end(error)
 
-    def _abandon(self, call: _Call) -> None:
+    def _abandon(self, call: Call) -> None:
         """The caller is gone (done, timed out, cancelled): make sure the call ends."""
         if call.id not in self._calls or call.abandoned:
             return
         call.abandoned = True
         if not call.queued:
-            self._finish(call, error=_NotSent("abandoned"))
+            self._finish(call, error=NotSent("abandoned"))
         elif call.sent:
-            data = encode_frame({"type": "cancel", "id": call.id})
+            data = encode_frame(Cancel(call.id).to_wire())
             self._outbox.put_control(lambda: data)
         # else: still in the outbox; the writer drops it and finishes the call
 
@@ -269,7 +281,7 @@ class Link:
     async def _read_loop(self) -> None:
         try:
             while (frame := await self._stream.recv()) is not None:
-                self._dispatch(frame)
+                self._dispatch(parse_event(frame))
             self._shut(f"{self} was closed by the remote peer")
         except RemoteProtocolError as exc:
             log.warning("%s sent an invalid frame; closing the link: %s", self, exc)
@@ -277,83 +289,86 @@ class Link:
         except OSError as exc:
             self._shut(f"{self} broke: {exc!r}")
 
-    def _dispatch(self, frame: dict[str, Any]) -> None:
-        kind = frame["type"]
-        if kind == "req" or kind == "open":
-            self._on_call(frame, is_stream=kind == "open")
-            return
-        fid = _field(frame, "id", int)
-        if kind in ("rep", "end", "item"):
-            call = self._calls.get(fid)
-            if call is None:
-                raise RemoteProtocolError(f"{kind} frame for id {fid}, which is not open")
-            if (kind == "rep") != (call.stream is None):
-                raise RemoteProtocolError(f"{kind} frame for id {fid} of the wrong kind")
-            if kind == "item":
-                if call.stream is not None and not call.abandoned:
-                    call.stream._item(_field(frame, "body", dict))
-            elif "error" in frame:
-                self._finish(call, error=_remote_error(frame["error"]))
-            else:
-                body = _field(frame, "body", dict) if kind == "rep" else None
-                self._finish(call, body=body)
-        elif kind == "credit":
-            n = _field(frame, "n", int)
-            served = self._served.get(fid)
-            if served is not None:  # else it has just ended: the credit crossed its end
-                if not served.is_stream or not 1 <= n <= MAX_CREDIT - served.credit:
-                    raise RemoteProtocolError(f"credit of {n} for id {fid} is not allowed")
-                served.credit += n
-                served.credit_added.set()
-        elif kind == "cancel":
-            served = self._served.get(fid)
-            if served is not None and not served.cancelled:
-                served.cancelled = True
-                if served.scope is not None:
-                    served.scope.reschedule(asyncio.get_running_loop().time())
-        else:
-            raise RemoteProtocolError(f"unexpected {kind!r} frame on a peer link")
+    def _dispatch(self, event: LinkEvent) -> None:
+        """One event from the remote, checked against what is open here."""
+        match event:
+            case Request() | Open():
+                self._on_call(event)
+            case Reply(id=fid) | End(id=fid) | Item(id=fid):
+                kind = type(event).__name__.lower()
+                call = self._calls.get(fid)
+                if call is None:
+                    raise RemoteProtocolError(f"{kind} frame for id {fid}, which is not open")
+                if isinstance(event, Reply) != (call.stream is None):
+                    raise RemoteProtocolError(f"{kind} frame for id {fid} of the wrong kind")
+                if isinstance(event, Item):
+                    if call.stream is not None and not call.abandoned:
+                        call.stream.on_item(event.body)
+                elif event.error is not None:
+                    self._finish(call, error=remote_error(event.error))
+                else:
+                    self._finish(call, body=event.body if isinstance(event, Reply) else None)
+            case Credit(id=fid, n=n):
+                served = self._served.get(fid)
+                if served is not None:  # else it has just ended: the credit crossed its end
+                    try:
+                        if served.window is None:
+                            raise CreditError("not a stream")
+                        served.window.grant(n)
+                    except CreditError as exc:
+                        raise RemoteProtocolError(
+                            f"credit of {n} for id {fid} is not allowed"
+                        ) from exc
+            case Cancel(id=fid):
+                served = self._served.get(fid)
+                if served is not None and not served.cancelled:
+                    served.cancelled = True
+                    if served.scope is not None:
+                        served.scope.reschedule(asyncio.get_running_loop().time())
 
-    def _on_call(self, frame: dict[str, Any], *, is_stream: bool) -> None:
-        fid = _field(frame, "id", int)
-        body = _field(frame, "body", dict)
-        if fid in self._served:
-            raise RemoteProtocolError(f"id {fid} is already in use")
+    def _on_call(self, event: Request | Open) -> None:
+        if event.id in self._served:
+            raise RemoteProtocolError(f"id {event.id} is already in use")
         if self._reason is not None:
             return
-        served = _Served(fid, is_stream)
-        if is_stream:
-            credit = _field(frame, "credit", int)
-            if not 0 <= credit <= MAX_CREDIT:
-                raise RemoteProtocolError(f"credit {credit} is out of range")
+        if isinstance(event, Open):
+            try:
+                window = CreditWindow(event.credit, max_credit=MAX_CREDIT)
+            except CreditError as exc:
+                raise RemoteProtocolError(f"credit {event.credit} is out of range") from exc
             if self._served_streams >= self._settings.max_streams:
                 raise RemoteProtocolError(f"more than {self._settings.max_streams} open streams")
-            served.credit = credit
+            served = _Served(event.id, window)
             self._served_streams += 1
-            self._served[fid] = served
-            self._spawn(self._serve_stream(served, body))
+            self._served[event.id] = served
+            self._spawn(self._serve_stream(served, window, event.body))
         else:
             if self._served_requests >= self._settings.max_in_flight:
                 raise RemoteProtocolError(f"more than {self._settings.max_in_flight} requests")
+            served = _Served(event.id)
             self._served_requests += 1
-            self._served[fid] = served
-            self._spawn(self._serve_request(served, body))
+            self._served[event.id] = served
+            self._spawn(self._serve_request(served, event.body))
         self._last_active = asyncio.get_running_loop().time()
 
     # -- serving the other side ----------------------------------------------------------------
 
-    def _encode(self, frame: dict[str, Any], where: str) -> bytes:
+    def _encode(self, answer: Reply | End, where: str) -> bytes:
         try:
-            return encode_frame(frame, max_frame_bytes=self._settings.max_frame_bytes)
+            return encode_frame(answer.to_wire(), max_frame_bytes=self._settings.max_frame_bytes)
         except Exception as exc:
             log.error("%s: %s produced a frame that cannot be sent", self, where, exc_info=exc)
-            return encode_frame(
-                {"type": frame["type"], "id": frame["id"], "error": _internal(where)}
+            error = internal_error(where)
+            failed = (
+                Reply(answer.id, error=error)
+                if isinstance(answer, Reply)
+                else End(answer.id, error)
             )
+            return encode_frame(failed.to_wire())
 
     async def _cancellable(self, served: _Served, work: Awaitable[_T]) -> _T:
         """Await ``work`` in a scope that a ``cancel`` from the remote can end: the caller
-        gave up, so ``work`` is cancelled and :class:`_CancelledByCaller` raised instead."""
+        gave up, so ``work`` is cancelled and :class:`CancelledByCaller` raised instead."""
         scope = asyncio.timeout(None)
         try:
             async with scope:
@@ -363,29 +378,27 @@ class Link:
                 return await work
         except TimeoutError as exc:
             if served.cancelled and scope.expired():
-                raise _CancelledByCaller from exc
+                raise CancelledByCaller from exc
             raise
         finally:
             served.scope = None  # from here on a cancel has nothing left to stop
 
-    def _failure(self, exc: Exception, where: str) -> dict[str, Any]:
-        if isinstance(exc, _CancelledByCaller):
-            message = f"{where} was cancelled by the caller"
-            return {"code": "cancelled", "message": message, "retriable": False, "details": {}}
-        return _error_payload(exc, where)
+    def _failure(self, exc: Exception, where: str) -> WireError:
+        if isinstance(exc, CancelledByCaller):
+            return cancelled_error(where)
+        return error_payload(exc, where)
 
-    async def _serve_request(self, served: _Served, body: dict[str, Any]) -> None:
-        where = f"request {_op(body)!r} from {self.remote_participant}"
-        reply: dict[str, Any] = {"type": "rep", "id": served.id}
+    async def _serve_request(self, served: _Served, body: Body) -> None:
+        where = f"request {op_of(body)!r} from {self.remote_participant}"
         try:
             try:
                 result = await self._cancellable(served, self._handler.handle(self, body))
                 if not isinstance(result, dict):
                     raise TypeError(f"the handler returned a {type(result).__name__}, not a dict")
-                reply["body"] = result
+                reply = Reply(served.id, body=result)
             except Exception as exc:
-                reply["error"] = self._failure(exc, where)
-            await self._outbox.put(_Out(self._encode(reply, where)))
+                reply = Reply(served.id, error=self._failure(exc, where))
+            await self._outbox.put(Out(self._encode(reply, where)))
         except LinkUnavailable:
             pass  # the link is closing; nobody waits for this reply any more
         finally:
@@ -393,15 +406,15 @@ class Link:
             self._served_requests -= 1
             self._last_active = asyncio.get_running_loop().time()
 
-    async def _serve_stream(self, served: _Served, body: dict[str, Any]) -> None:
-        where = f"stream {_op(body)!r} for {self.remote_participant}"
-        end: dict[str, Any] = {"type": "end", "id": served.id}
+    async def _serve_stream(self, served: _Served, window: CreditWindow, body: Body) -> None:
+        where = f"stream {op_of(body)!r} for {self.remote_participant}"
         try:
             try:
-                await self._cancellable(served, self._produce(served, body, where))
+                await self._cancellable(served, self._produce(served.id, window, body, where))
+                end = End(served.id)
             except Exception as exc:
-                end["error"] = self._failure(exc, where)
-            await self._outbox.put(_Out(self._encode(end, where)))
+                end = End(served.id, self._failure(exc, where))
+            await self._outbox.put(Out(self._encode(end, where)))
         except LinkUnavailable:
             pass
         finally:
@@ -409,25 +422,23 @@ class Link:
             self._served_streams -= 1
             self._last_active = asyncio.get_running_loop().time()
 
-    async def _produce(self, served: _Served, body: dict[str, Any], where: str) -> None:
+    async def _produce(self, sid: int, window: CreditWindow, body: Body, where: str) -> None:
         items = self._handler.stream(self, body)
         try:
             while True:
                 # Credit first, then the next item: a stalled receiver stalls the producer.
-                while served.credit <= 0:
-                    served.credit_added.clear()
-                    await served.credit_added.wait()
+                await window.take()
                 try:
                     item = await anext(items)
                 except StopAsyncIteration:
                     return
-                served.credit -= 1
-                frame = {"type": "item", "id": served.id, "body": item}
                 try:
-                    data = encode_frame(frame, max_frame_bytes=self._settings.max_frame_bytes)
+                    data = encode_frame(
+                        Item(sid, item).to_wire(), max_frame_bytes=self._settings.max_frame_bytes
+                    )
                 except Exception as exc:
                     raise TypeError(f"{where} produced an item that cannot be sent") from exc
-                await self._outbox.put(_Out(data))
+                await self._outbox.put(Out(data))
         finally:
             aclose = getattr(items, "aclose", None)
             if aclose is not None:
@@ -438,11 +449,11 @@ class Link:
     async def _write_loop(self) -> None:
         try:
             while (out := await self._outbox.get()) is not None:
-                if isinstance(out, _Out):
+                if isinstance(out, Out):
                     call = out.call
                     if call is not None:
                         if call.abandoned:
-                            self._finish(call, error=_NotSent("abandoned"))
+                            self._finish(call, error=NotSent("abandoned"))
                             continue
                         call.sent = True
                     data: bytes | None = out.data
@@ -460,21 +471,17 @@ class LinkStream:
     Use ``async with link.open_stream(frame) as items: async for item in items: ...`` (or call
     :meth:`aclose`): closing it early cancels the stream on the remote. ``credit`` is how
     many items may be on their way or waiting here at most; credit is given back as items are
-    taken, in batches of half of it. Raises :class:`LinkRemoteError` if the producer failed,
+    taken, once half of it has been. Raises :class:`LinkRemoteError` if the producer failed,
     :class:`LinkUnavailable` if the link broke; items that arrived before are still returned.
     """
 
     def __init__(self, link: Link, frame: Mapping[str, Any], credit: int, timeout_s: float) -> None:
-        if not 1 <= credit <= MAX_CREDIT:
-            raise ValueError(f"credit must be in 1..{MAX_CREDIT}")
+        self._window = ReceiveWindow(credit, max_credit=MAX_CREDIT)  # ValueError if out of range
         self._link = link
         self._frame = dict(frame)
-        self._window = credit
         self._timeout_s = timeout_s
-        self._call: _Call | None = None
-        self._items: deque[dict[str, Any]] = deque()
-        self._unused = credit  # granted and not yet used by the sender
-        self._to_grant = 0  # taken by the consumer, not yet given back
+        self._call: Call | None = None
+        self._items: deque[Body] = deque()
         self._pending_grant = 0  # given back, not yet written in a credit frame
         self._grant_scheduled = False
         self._arrived = asyncio.Event()
@@ -492,7 +499,7 @@ class LinkStream:
     def __aiter__(self) -> LinkStream:
         return self
 
-    async def __anext__(self) -> dict[str, Any]:
+    async def __anext__(self) -> Body:
         if self._call is None and not self._closed:
             await self._open()
         while not self._items and not self._ended and not self._closed:
@@ -500,7 +507,7 @@ class LinkStream:
             await self._arrived.wait()
         if self._items:
             item = self._items.popleft()
-            self._give_back(1)
+            self._give_back()
             return item
         if self._error is not None and not self._closed:
             raise self._error
@@ -516,46 +523,44 @@ class LinkStream:
     async def _open(self) -> None:
         link = self._link
         cid = next(link._ids)
-        frame = {"type": "open", "id": cid, "body": self._frame, "credit": self._window}
+        frame = Open(cid, self._frame, self._window.window).to_wire()
         data = encode_frame(frame, max_frame_bytes=link._settings.max_frame_bytes)
         try:
             async with asyncio.timeout(self._timeout_s):
                 call = await link._new_call(cid, link._stream_slots, self)
                 self._call = call
-                await link._outbox.put(_Out(data, call))
+                await link._outbox.put(Out(data, call))
         except TimeoutError as exc:
             if self._call is not None:
                 link._abandon(self._call)
             raise LinkTimeout(
-                f"{link}: stream {_op(self._frame)!r} not opened within {self._timeout_s} s"
+                f"{link}: stream {op_of(self._frame)!r} not opened within {self._timeout_s} s"
             ) from exc
         except BaseException:
             if self._call is not None:
                 link._abandon(self._call)
             raise
 
-    def _item(self, body: dict[str, Any]) -> None:
+    def on_item(self, body: Body) -> None:
         if self._closed:
             return
-        if self._unused <= 0:
-            raise RemoteProtocolError("an item beyond the credit granted to its stream")
-        self._unused -= 1
+        try:
+            self._window.arrived()
+        except CreditError as exc:
+            raise RemoteProtocolError("an item beyond the credit granted to its stream") from exc
         self._items.append(body)
         self._arrived.set()
 
-    def _end(self, error: LinkError | None) -> None:
+    def on_end(self, error: LinkError | None) -> None:
         self._ended = True
         self._error = error
         self._arrived.set()
 
-    def _give_back(self, n: int) -> None:
-        # Invariant: queued items + credit unused by the sender + _to_grant == window.
-        self._to_grant += n
-        if self._to_grant < max(1, self._window // 2) or self._ended or self._call is None:
+    def _give_back(self) -> None:
+        n = self._window.taken()
+        if n == 0 or self._ended or self._call is None:
             return
-        self._unused += self._to_grant
-        self._pending_grant += self._to_grant
-        self._to_grant = 0
+        self._pending_grant += n
         if not self._grant_scheduled:
             self._grant_scheduled = True
             self._link._outbox.put_control(self._credit_frame)
@@ -565,4 +570,4 @@ class LinkStream:
         n, self._pending_grant = self._pending_grant, 0
         if n <= 0 or self._ended or self._closed or self._call is None:
             return None
-        return encode_frame({"type": "credit", "id": self._call.id, "n": n})
+        return encode_frame(Credit(self._call.id, n).to_wire())

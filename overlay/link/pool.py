@@ -1,17 +1,17 @@
-"""The opening side of peer links, and the task group that holds a server's or pool's links.
+"""The opening side of peer links: a pool of them, one per remote address.
 
 Theory of operation
 -------------------
-:func:`_open_link` connects, completes the TLS handshake, checks who the server's certificate
-proves (:func:`~overlay.tls.peer_identity`), sends our ``hello`` and waits for the server's.
+:func:`_open_link` connects (:data:`overlay.transport.TCP`), completes the TLS handshake,
+checks who the server's certificate proves (:func:`~overlay.tls.peer_identity`), sends our
+``hello`` and waits for the server's.
 A server whose certificate we refuse, or that refuses us (before or with its hello), is
 :class:`LinkRefused`; a server that cannot be reached, or drops us during the TLS handshake
 (it is full or closing), is :class:`LinkUnavailable`, worth trying again.
 
 :class:`LinkPool` keeps one link per remote address; callers for an address that is being
-opened wait for that one opening (:class:`_Opening`) instead of opening another. The server
-and the pool each own one ``TaskGroup`` holding their links, run by a supervisor task
-(:class:`_Group`) so that objects with ``start``/``close`` can hold one.
+opened wait for that one opening (:class:`_Opening`) instead of opening another. The pool's
+links run in its :class:`~overlay.transport.Nursery`.
 """
 
 from __future__ import annotations
@@ -20,27 +20,27 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from overlay.errors import RemoteProtocolError
 from overlay.identity import IdentityError, NodeIdentity, TrustStore
-from overlay.link_connection import Link, LinkHandler
-from overlay.link_protocol import (
-    _CLOSE_WAIT_S,
+from overlay.link.connection import Link, LinkHandler
+from overlay.link.events import Body
+from overlay.link.protocol import (
+    CLOSE_WAIT_S,
     LinkError,
     LinkRefused,
     LinkSettings,
     LinkTimeout,
     LinkUnavailable,
-    _check_hello,
-    _hello,
-    _NotSent,
-    _tls_reason,
+    NotSent,
+    check_hello,
+    hello,
 )
-from overlay.stream import FrameStream
 from overlay.tls import TlsContexts, peer_identity
+from overlay.transport import TCP, Nursery, tls_reason
 from overlay.wire import DEFAULT_MAX_FRAME_BYTES
 
 __all__ = ["LinkPool"]
@@ -53,10 +53,10 @@ class _Unsupported(LinkError):
 
 
 class _NoHandler:
-    async def handle(self, link: Link, frame: dict[str, Any]) -> dict[str, Any]:
+    async def handle(self, link: Link, frame: Body) -> Body:
         raise _Unsupported("this peer serves no requests on links it opened")
 
-    def stream(self, link: Link, frame: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    def stream(self, link: Link, frame: Body) -> AsyncIterator[Body]:
         raise _Unsupported("this peer serves no streams on links it opened")
 
 
@@ -73,23 +73,26 @@ async def _open_link(
     where = f"{host}:{port}"
     try:
         async with asyncio.timeout(settings.handshake_timeout_s):
-            reader, writer = await asyncio.open_connection(host, port, ssl=tls.client)
+            stream = await TCP.connect(
+                host, port, tls=tls.client, max_frame_bytes=settings.max_frame_bytes
+            )
     except ssl.SSLCertVerificationError as exc:
-        raise LinkRefused(f"peer {where} refused at the TLS handshake: {_tls_reason(exc)}") from exc
+        raise LinkRefused(f"peer {where} refused at the TLS handshake: {tls_reason(exc)}") from exc
     except ssl.SSLError as exc:  # e.g. EOF: the server dropped us (full, closing)
-        raise LinkUnavailable(f"peer {where}: TLS handshake failed: {_tls_reason(exc)}") from exc
+        raise LinkUnavailable(f"peer {where}: TLS handshake failed: {tls_reason(exc)}") from exc
     except TimeoutError as exc:
         raise LinkTimeout(f"peer {where}: no TLS handshake within the time allowed") from exc
     except OSError as exc:
         raise LinkUnavailable(f"cannot connect to peer {where}: {exc}") from exc
-    stream = FrameStream(reader, writer, max_frame_bytes=settings.max_frame_bytes)
     try:
         async with asyncio.timeout(settings.handshake_timeout_s):
             try:
-                remote = peer_identity(writer.get_extra_info("ssl_object"), trust)
+                if stream.ssl_object is None:
+                    raise IdentityError("the connection carries no TLS")
+                remote = peer_identity(stream.ssl_object, trust)
             except IdentityError as exc:
                 raise LinkRefused(f"peer {where} refused: {exc.reason}") from exc
-            await stream.send(_hello(identity, settings))
+            await stream.send(hello(identity, settings))
             try:
                 frame = await stream.recv()
             except (ssl.SSLError, ConnectionResetError):
@@ -105,9 +108,9 @@ async def _open_link(
                 reason = frame.get("reason")
                 error = LinkUnavailable if frame.get("retriable") is True else LinkRefused
                 raise error(f"peer {where} refused the link: {reason}")
-            limits = _check_hello(frame, remote, where)
+            limits = check_hello(frame, remote, where)
     except BaseException as exc:
-        await stream.aclose(_CLOSE_WAIT_S)
+        await stream.aclose(CLOSE_WAIT_S)
         if isinstance(exc, TimeoutError):
             raise LinkTimeout(f"peer {where}: no hello within the time allowed") from exc
         if isinstance(exc, RemoteProtocolError):
@@ -159,7 +162,7 @@ class LinkPool:
             handshake_timeout_s,
             close_timeout_s,
         )
-        self._group = _Group(f"link pool of {identity.participant}", close_timeout_s)
+        self._group = Nursery(f"link pool of {identity.participant}", close_timeout_s)
         self._links: dict[tuple[str, int], Link] = {}
         self._opening: dict[tuple[str, int], _Opening] = {}
         self._changed = asyncio.Event()
@@ -191,7 +194,7 @@ class LinkPool:
         *,
         node_id: bytes | None = None,
         timeout_s: float,
-    ) -> dict[str, Any]:
+    ) -> Body:
         """:meth:`Link.request` over the link to ``address`` (opened if needed). With
         ``node_id``, the remote must be that node (else :class:`LinkRefused`). A request
         that never left this peer because its link had just broken is retried once."""
@@ -201,7 +204,7 @@ class LinkPool:
             link = await self.link(address, node_id=node_id, timeout_s=deadline - loop.time())
             try:
                 return await link.request(frame, max(0.0, deadline - loop.time()))
-            except _NotSent:
+            except NotSent:
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
@@ -247,7 +250,7 @@ class LinkPool:
                 key, self.identity, self.trust, self.tls, self.handler, self.settings
             )
             if not self._group.spawn(self._run_link(key, link)):
-                await link._stream.aclose(_CLOSE_WAIT_S)  # never ran: nothing else to stop
+                await link.abort()
                 raise LinkUnavailable("the link pool is closed")
             self._links[key] = link
             log.info("%s: opened", link)
@@ -299,61 +302,3 @@ class _Opening:
 
     done: asyncio.Event = field(default_factory=asyncio.Event)
     error: LinkError | None = None
-
-
-class _Group:
-    """A TaskGroup run by a supervisor task, so that objects with ``start``/``close`` (the
-    server, the pool) can hold one: children are spawned into it; ``close`` cancels them and
-    waits, bounded. Children must not raise (links log their own failures)."""
-
-    def __init__(self, name: str, close_timeout_s: float) -> None:
-        self._name = name
-        self._close_timeout_s = close_timeout_s
-        self._tg: asyncio.TaskGroup | None = None
-        self._supervisor: asyncio.Task[None] | None = None
-        self._ready = asyncio.Event()
-        self._stop = asyncio.Event()
-        self._tasks: set[asyncio.Task[None]] = set()
-        self.closing = False
-
-    async def start(self) -> None:
-        if self._supervisor is None:
-            self._supervisor = asyncio.create_task(self._supervise(), name=self._name)
-            await self._ready.wait()
-
-    async def _supervise(self) -> None:
-        async with asyncio.TaskGroup() as tg:
-            self._tg = tg
-            self._ready.set()
-            await self._stop.wait()
-            for task in list(self._tasks):
-                task.cancel()
-
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> bool:
-        """Run ``coro`` in the group; False (and ``coro`` closed) if the group is closing."""
-        if self._tg is None or self.closing:
-            coro.close()
-            return False
-        task = self._tg.create_task(self._guarded(coro))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return True
-
-    async def _guarded(self, coro: Coroutine[Any, Any, None]) -> None:
-        try:
-            await coro
-        except Exception:  # a bug in one child must not end its siblings
-            log.exception("%s: a task failed", self._name)
-
-    async def close(self) -> None:
-        self.closing = True
-        self._stop.set()
-        if self._supervisor is None:
-            return
-        try:
-            async with asyncio.timeout(self._close_timeout_s + _CLOSE_WAIT_S):
-                await asyncio.shield(self._supervisor)
-        except TimeoutError:
-            log.warning("%s: tasks still running after %.1f s", self._name, self._close_timeout_s)
-            self._supervisor.cancel()
-            await asyncio.wait([self._supervisor], timeout=self._close_timeout_s)

@@ -1,57 +1,61 @@
-"""The peer-link protocol without I/O: its frames, the hello exchange, limits and errors.
+"""The peer-link protocol without I/O: the hello exchange, limits and errors.
 
 Theory of operation
 -------------------
-The handshake frames, then the others (``id`` is chosen by the side sending ``req``/``open``)::
+A link opens with the hellos; the frames after them are the events of
+:mod:`overlay.link.events`::
 
     hello   {version, node_id, participant, max_in_flight, max_streams}
     refused {reason, retriable}  the server's answer instead of its hello
-    req    {id, body}            a request; answered by exactly one rep
-    rep    {id, body} | {id, error: {code, message, retriable, details}}
-    open   {id, body, credit}    a stream; answered by items, then exactly one end
-    item   {id, body}            one item; the sender spends one unit of credit
-    credit {id, n}               the receiver grants n more items
-    end    {id} | {id, error}
-    cancel {id}                  the caller gave up on a req or open; its rep/end still comes
 
 A ``hello`` carries the sender's limits; each side keeps the lower of its own and the remote's
-(a remote's is capped at ``2**16``). :func:`_check_hello` refuses a hello that does not name the
+(a remote's is capped at ``2**16``). :func:`check_hello` refuses a hello that does not name the
 node and participant the sender's TLS certificate proves.
 
-An ``error`` is ``{code, message, retriable, details}``: :func:`_error_payload` makes one of
-the exception a handler raised, and the caller's side raises it as :class:`LinkRemoteError`.
+Errors cross the link as :class:`~overlay.link.events.WireError`: :func:`error_payload` makes
+one of the exception a handler raised, and the caller's side raises it as
+:class:`LinkRemoteError`.
 """
 
 from __future__ import annotations
 
 import logging
-import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from overlay.errors import RemoteProtocolError
 from overlay.identity import NodeIdentity
+from overlay.link.events import WireError
 from overlay.tls import PeerIdentity
 from overlay.wire import DEFAULT_MAX_FRAME_BYTES
 
 __all__ = [
+    "CLOSE_WAIT_S",
     "LINK_VERSION",
     "MAX_CREDIT",
+    "CancelledByCaller",
     "LinkError",
     "LinkRefused",
     "LinkRemoteError",
     "LinkSettings",
     "LinkTimeout",
     "LinkUnavailable",
+    "NotSent",
+    "cancelled_error",
+    "check_hello",
+    "error_payload",
+    "hello",
+    "internal_error",
+    "op_of",
+    "remote_error",
 ]
 
 log = logging.getLogger(__name__)
 
 LINK_VERSION = 1
-MAX_CREDIT = 1 << 16
+MAX_CREDIT = 1 << 16  # unused credit of one stream, at most (docs/protocol.md 9.4)
 _MAX_LIMIT = 1 << 16
-_CLOSE_WAIT_S = 1.0
+CLOSE_WAIT_S = 1.0
 
 
 # -- errors -----------------------------------------------------------------------------------
@@ -86,11 +90,11 @@ class LinkTimeout(LinkUnavailable):
     code = "timeout"
 
 
-class _NotSent(LinkUnavailable):
+class NotSent(LinkUnavailable):
     """The link broke before the request left this peer: safe to retry on a new link."""
 
 
-class _CancelledByCaller(Exception):
+class CancelledByCaller(Exception):
     """The remote sent ``cancel`` for what we were serving."""
 
 
@@ -133,7 +137,7 @@ class LinkSettings:
 # -- the handshake ----------------------------------------------------------------------------
 
 
-def _hello(identity: NodeIdentity, settings: LinkSettings) -> dict[str, Any]:
+def hello(identity: NodeIdentity, settings: LinkSettings) -> dict[str, Any]:
     return {
         "type": "hello",
         "version": LINK_VERSION,
@@ -144,7 +148,7 @@ def _hello(identity: NodeIdentity, settings: LinkSettings) -> dict[str, Any]:
     }
 
 
-def _check_hello(frame: dict[str, Any] | None, remote: PeerIdentity, where: str) -> tuple[int, int]:
+def check_hello(frame: dict[str, Any] | None, remote: PeerIdentity, where: str) -> tuple[int, int]:
     """The remote's limits, if its hello matches what its certificate proves."""
     who = f"peer {where} ({remote.participant}, node {remote.node_id.hex()})"
     if frame is None or frame.get("type") != "hello":
@@ -167,16 +171,13 @@ def _check_hello(frame: dict[str, Any] | None, remote: PeerIdentity, where: str)
     return min(in_flight, _MAX_LIMIT), min(streams, _MAX_LIMIT)
 
 
-def _tls_reason(exc: ssl.SSLError) -> str:
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return f"its certificate was refused ({exc.verify_message})"
-    return exc.reason or str(exc)
+# -- errors on the wire -----------------------------------------------------------------------
 
 
-# -- errors on the wire, frame fields ---------------------------------------------------------
-
-
-def _error_payload(exc: BaseException, where: str) -> dict[str, Any]:
+def error_payload(exc: BaseException, where: str) -> WireError:
+    """What the remote is told of an exception a handler raised: an exception with a str
+    ``code`` and ``to_wire()`` passes on its code, message, details and ``retriable``; any
+    other is a bug here, logged, and the remote hears only ``internal``."""
     code = getattr(exc, "code", None)
     to_wire = getattr(exc, "to_wire", None)
     if isinstance(code, str) and callable(to_wire):
@@ -186,45 +187,31 @@ def _error_payload(exc: BaseException, where: str) -> dict[str, Any]:
             wire = {}
         message = wire.get("message") if isinstance(wire, dict) else None
         details = wire.get("details") if isinstance(wire, dict) else None
-        return {
-            "code": code,
-            "message": message if isinstance(message, str) else str(exc),
-            "retriable": bool(getattr(exc, "retriable", False)),
-            "details": details if isinstance(details, dict) else {},
-        }
+        return WireError(
+            code,
+            message if isinstance(message, str) else str(exc),
+            bool(getattr(exc, "retriable", False)),
+            details if isinstance(details, dict) else {},
+        )
     log.error("%s failed", where, exc_info=exc)
-    return _internal(where)
+    return internal_error(where)
 
 
-def _internal(where: str) -> dict[str, Any]:
-    return {
-        "code": "internal",
-        "message": f"internal error in the remote peer ({where}; its log has the details)",
-        "retriable": False,
-        "details": {},
-    }
-
-
-def _remote_error(error: Any) -> LinkRemoteError:
-    if not isinstance(error, dict):
-        raise RemoteProtocolError("an error must be a map")
-    code, message = error.get("code"), error.get("message")
-    details = error.get("details")
-    return LinkRemoteError(
-        code if isinstance(code, str) else "error",
-        message if isinstance(message, str) else "error",
-        error.get("retriable") is True,
-        details if isinstance(details, dict) else {},
+def internal_error(where: str) -> WireError:
+    return WireError(
+        "internal", f"internal error in the remote peer ({where}; its log has the details)"
     )
 
 
-def _field(frame: dict[str, Any], name: str, kind: type) -> Any:
-    value = frame.get(name)
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise RemoteProtocolError(f"{frame['type']} frame needs a {kind.__name__} {name!r}")
-    return value
+def cancelled_error(where: str) -> WireError:
+    return WireError("cancelled", f"{where} was cancelled by the caller")
 
 
-def _op(frame: Mapping[str, Any]) -> str:
+def remote_error(error: WireError) -> LinkRemoteError:
+    return LinkRemoteError(error.code, error.message, error.retriable, error.details)
+
+
+def op_of(frame: Mapping[str, Any]) -> str:
+    """The operation a body names, for messages (``type``, or the older ``op``)."""
     op = frame.get("type", frame.get("op"))
     return op if isinstance(op, str) else "?"

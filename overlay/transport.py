@@ -1,0 +1,486 @@
+"""The only socket and TLS code of fedstream: listen and connect, both giving frame streams.
+
+Theory of operation
+-------------------
+The client API (:mod:`peer.server`, :mod:`peer.client`) and peer links (:mod:`overlay.link`)
+reach the network only through this module, and only as :class:`~overlay.stream.FrameStream`:
+
+* :data:`TCP` ``.connect(host, port, tls=...)`` opens a TCP connection, upgraded to TLS from
+  its first byte when given a client context. It raises what the handshake raised
+  (``ssl.SSLCertVerificationError``: we refused the server; another ``ssl.SSLError``: it
+  dropped us; ``OSError``: no connection), and each caller says what that means to its user.
+* :class:`Listener` accepts connections on a TCP port and hands each, as a FrameStream, to its
+  owner's ``serve`` in a task of its own. It accepts sockets itself and has the loop wrap each
+  in TLS from its first byte: ``asyncio.start_server`` + ``StreamWriter.start_tls`` loses a
+  ClientHello that the stream read before the upgrade (it always does on uvloop), and
+  ``start_server(ssl=...)`` keeps handshake failures to itself, while a refusal must be logged
+  with its reason. The handshake is bounded by ``handshake_timeout_s``; one that fails closes
+  that socket only. A connection beyond ``max_connections`` is closed before its handshake
+  (peer links: the client takes that as worth retrying), or, when the owner gives a
+  ``refuse`` callback (the API server), handed to that so that it can say why.
+* :class:`MemoryNetwork` is the same without sockets, for tests: a Listener given the network
+  binds to it, and ``network.connect`` hands that listener one end of a
+  :func:`~overlay.stream.memory_stream_pair`. It carries no TLS.
+* :class:`CreditWindow` and :class:`ReceiveWindow` are the one credit-based flow control of
+  both protocols (link streams, API subscriptions): the receiver grants a window of items;
+  the sender takes one unit per item and waits while it has none; the receiver gives taken
+  items back once half of the window (rounded up) has been taken, and counts arrivals, so
+  that an item beyond the credit is caught as the other side's protocol error.
+* :class:`Nursery` is a ``TaskGroup`` that an object with ``start``/``close`` can hold (the
+  listener's connections, a link pool's links).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import socket
+import ssl
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol, TypeAlias
+
+from overlay.stream import FrameStream, memory_stream_pair
+from overlay.wire import DEFAULT_MAX_FRAME_BYTES
+
+__all__ = [
+    "TCP",
+    "CreditError",
+    "CreditWindow",
+    "FrameStream",
+    "Listener",
+    "MemoryNetwork",
+    "Network",
+    "Nursery",
+    "ReceiveWindow",
+    "ServerTls",
+    "memory_stream_pair",
+    "tls_reason",
+]
+
+log = logging.getLogger(__name__)
+
+CLOSE_WAIT_S = 1.0  # how long a refused or finished connection may take to flush and close
+
+ServerTls: TypeAlias = ssl.SSLContext | Callable[[], ssl.SSLContext]
+"""A listener's TLS: a context, or a function giving the current one for each connection."""
+
+Serve: TypeAlias = Callable[[FrameStream], Awaitable[None]]
+
+
+def tls_reason(exc: ssl.SSLError) -> str:
+    """Why a TLS handshake failed, in words a log reader can act on."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"its certificate was refused ({exc.verify_message})"
+    return exc.reason or str(exc)
+
+
+# -- connecting -------------------------------------------------------------------------------
+
+
+class Network(Protocol):
+    """Where connections are opened: :data:`TCP`, or a :class:`MemoryNetwork` in tests."""
+
+    async def connect(
+        self,
+        host: str,
+        port: int,
+        *,
+        tls: ssl.SSLContext | None = None,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    ) -> FrameStream: ...
+
+
+class _Tcp:
+    async def connect(
+        self,
+        host: str,
+        port: int,
+        *,
+        tls: ssl.SSLContext | None = None,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    ) -> FrameStream:
+        """Connect (callers bound the wait with ``asyncio.timeout``); see the module notes."""
+        reader, writer = await asyncio.open_connection(host, port, ssl=tls)
+        return FrameStream(reader, writer, max_frame_bytes=max_frame_bytes)
+
+
+TCP: Network = _Tcp()
+"""The real network."""
+
+
+class MemoryNetwork:
+    """Listeners and connections in one process, without sockets (see the module notes)."""
+
+    def __init__(self) -> None:
+        self._listeners: dict[tuple[str, int], Listener] = {}
+        self._ports = itertools.count(1)
+
+    def bind(self, listener: Listener, host: str, port: int) -> int:
+        """Register ``listener`` at ``host:port`` (port 0: a free one); the bound port."""
+        if port == 0:
+            port = next(p for p in self._ports if (host, p) not in self._listeners)
+        if (host, port) in self._listeners:
+            raise OSError(f"memory address {host}:{port} is already in use")
+        self._listeners[(host, port)] = listener
+        return port
+
+    def unbind(self, host: str, port: int) -> None:
+        self._listeners.pop((host, port), None)
+
+    async def connect(
+        self,
+        host: str,
+        port: int,
+        *,
+        tls: ssl.SSLContext | None = None,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    ) -> FrameStream:
+        if tls is not None:
+            raise ValueError("a memory network carries no TLS")
+        listener = self._listeners.get((host, port))
+        ours, theirs = memory_stream_pair(max_frame_bytes=max_frame_bytes)
+        if listener is None or not listener.hand_over(theirs):
+            raise ConnectionRefusedError(f"nothing listens on memory address {host}:{port}")
+        return ours
+
+
+# -- listening --------------------------------------------------------------------------------
+
+
+class Listener:
+    """Accepts connections and serves each with ``serve`` (see the module notes).
+
+    ``name`` (e.g. ``"peer links"``) starts every log line, written to the owner's ``logger``.
+    After ``serve`` returns (or is cancelled) the stream is closed. :meth:`close` stops
+    listening, cancels every connection's task and waits for them, bounded.
+    """
+
+    def __init__(
+        self,
+        serve: Serve,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        name: str,
+        logger: logging.Logger = log,
+        tls: ServerTls | None = None,
+        max_connections: int = 256,
+        refuse: Serve | None = None,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        handshake_timeout_s: float = 10.0,
+        close_timeout_s: float = 5.0,
+        network: MemoryNetwork | None = None,
+    ) -> None:
+        if network is not None and tls is not None:
+            raise ValueError("a memory network carries no TLS")
+        self.host = host
+        self.name = name
+        self.max_connections = max_connections
+        self.max_frame_bytes = max_frame_bytes
+        self.handshake_timeout_s = handshake_timeout_s
+        self.close_timeout_s = close_timeout_s
+        self._serve = serve
+        self._refuse = refuse
+        self._requested_port = port
+        self._tls = tls
+        self._log = logger
+        self._network = network
+        self._nursery = Nursery(name, close_timeout_s)
+        self._socket: socket.socket | None = None
+        self._port: int | None = None
+        self._connections = 0
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful with ``port=0``)."""
+        if self._port is None:
+            raise RuntimeError(f"{self.name}: not listening")
+        return self._port
+
+    @property
+    def connection_count(self) -> int:
+        """Connections handshaking, served or being refused."""
+        return self._connections
+
+    @property
+    def uses_tls(self) -> bool:
+        return self._tls is not None
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The context for the next connection (None: plain TCP)."""
+        tls = self._tls
+        return tls if tls is None or isinstance(tls, ssl.SSLContext) else tls()
+
+    async def start(self) -> None:
+        if self._port is not None:
+            return
+        self.tls_context()  # a broken TLS setup fails here, not at the first client
+        await self._nursery.start()
+        if self._network is not None:
+            self._port = self._network.bind(self, self.host, self._requested_port)
+            return
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(
+            self.host, self._requested_port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+        family, _type, _proto, _name, address = infos[0]
+        listening = socket.create_server(address[:2], family=family, backlog=128)
+        listening.setblocking(False)
+        self._socket = listening
+        self._port = int(listening.getsockname()[1])
+        self._nursery.spawn(self._accept_loop(listening))
+
+    async def close(self) -> None:
+        """Stop listening, end every connection and wait for them (bounded)."""
+        if self._network is not None and self._port is not None:
+            self._network.unbind(self.host, self._port)
+        await self._nursery.close()
+        if self._socket is not None:
+            self._socket.close()
+
+    async def __aenter__(self) -> Listener:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def hand_over(self, stream: FrameStream) -> bool:
+        """Take a connection made without a socket (a :class:`MemoryNetwork`'s); False if
+        this listener is closing (the caller is refused)."""
+        if self._nursery.closing:
+            return False
+        if self._full() and self._refuse is None:
+            self._log.warning("%s: refused %s (%d open)", self.name, stream.peer, self._connections)
+            self._nursery.spawn(stream.aclose(CLOSE_WAIT_S))
+            return True
+        return self._spawn(self._run(stream, refusing=self._full()))
+
+    def _full(self) -> bool:
+        return self._connections >= self.max_connections
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> bool:
+        self._connections += 1
+        if self._nursery.spawn(self._counted(coro)):
+            return True
+        self._connections -= 1
+        return False
+
+    async def _counted(self, coro: Coroutine[Any, Any, None]) -> None:
+        try:
+            await coro
+        finally:
+            self._connections -= 1
+
+    async def _accept_loop(self, listening: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, peer = await loop.sock_accept(listening)
+            except OSError as exc:  # e.g. out of file descriptors: back off, keep serving
+                self._log.warning("%s: accept failed: %r", self.name, exc)
+                await asyncio.sleep(0.1)
+                continue
+            where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+            if self._full() and self._refuse is None:
+                self._log.warning("%s: refused %s (%d open)", self.name, where, self._connections)
+                conn.close()
+            elif not self._spawn(self._accept(conn, where, refusing=self._full())):
+                conn.close()
+
+    async def _accept(self, conn: socket.socket, where: str, *, refusing: bool) -> None:
+        stream = await self._handshake(conn, where)
+        if stream is not None:
+            await self._run(stream, refusing=refusing)
+
+    async def _handshake(self, conn: socket.socket, where: str) -> FrameStream | None:
+        """The accepted socket as a frame stream, after its TLS handshake if we have TLS;
+        None (socket closed, reason logged) if the handshake fails."""
+        loop = asyncio.get_running_loop()
+        # Frames are whole messages: send each at once. (asyncio sets this only on sockets
+        # whose proto is IPPROTO_TCP, which an accepted socket does not report; without it,
+        # Nagle and delayed ACKs hold back small frames such as credit by ~40 ms.)
+        with contextlib.suppress(OSError):
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        reader = asyncio.StreamReader()
+        protocol = asyncio.StreamReaderProtocol(reader)
+        try:
+            context = self.tls_context()
+            async with asyncio.timeout(self.handshake_timeout_s):
+                transport, _ = await loop.connect_accepted_socket(
+                    lambda: protocol, conn, ssl=context
+                )
+        except BaseException as exc:
+            conn.close()  # the loop closed its transport, if it had made one
+            if isinstance(exc, ssl.SSLError):
+                reason = tls_reason(exc)
+                self._log.warning(
+                    "%s: refused %s at the TLS handshake: %s", self.name, where, reason
+                )
+            elif isinstance(exc, TimeoutError):
+                self._log.info("%s: %s did not finish the TLS handshake in time", self.name, where)
+            elif isinstance(exc, OSError):  # e.g. a client that refused our certificate
+                self._log.info("%s: TLS handshake with %s failed: %r", self.name, where, exc)
+            else:
+                raise
+            return None
+        writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+        return FrameStream(reader, writer, max_frame_bytes=self.max_frame_bytes)
+
+    async def _run(self, stream: FrameStream, *, refusing: bool) -> None:
+        try:
+            if refusing and self._refuse is not None:
+                await self._refuse(stream)
+            else:
+                await self._serve(stream)
+        finally:
+            await stream.aclose(min(CLOSE_WAIT_S, self.close_timeout_s))
+
+
+# -- flow control -----------------------------------------------------------------------------
+
+
+class CreditError(ValueError):
+    """A credit the window does not allow: a grant below 1 or past ``max_credit``, or an
+    item beyond the credit granted. The caller says whose fault it is."""
+
+
+class CreditWindow:
+    """The sender's side: how many more items it may send.
+
+    ``initial`` items are granted at the start (None: no flow control, :meth:`take` never
+    waits). ``max_credit`` bounds the unused credit: peer links allow 2**16 and refuse more
+    (docs/protocol.md 9.4, :meth:`grant`); API subscriptions cap at 2**20 (a client may grant
+    past it, :meth:`grant_capped`).
+    """
+
+    def __init__(self, initial: int | None, *, max_credit: int) -> None:
+        if initial is not None and not 0 <= initial <= max_credit:
+            raise CreditError(f"credit {initial} is out of range")
+        self.max_credit = max_credit
+        self._available = initial
+        self._granted = asyncio.Event()
+
+    @property
+    def available(self) -> int | None:
+        return self._available
+
+    async def take(self) -> None:
+        """Use one unit of credit, waiting for a grant while there is none."""
+        if self._available is None:
+            return
+        while self._available <= 0:
+            self._granted.clear()
+            await self._granted.wait()
+        self._available -= 1
+
+    def grant(self, n: int) -> None:
+        """The receiver allows ``n`` more; CreditError if ``n < 1`` or it passes the cap."""
+        if self._available is None:
+            return
+        if not 1 <= n <= self.max_credit - self._available:
+            raise CreditError(f"credit of {n} is not allowed")
+        self._add(n)
+
+    def grant_capped(self, n: int) -> None:
+        """The receiver allows ``n`` more; the window stops at ``max_credit``."""
+        if self._available is not None and n > 0:
+            self._add(min(n, self.max_credit - self._available))
+
+    def _add(self, n: int) -> None:
+        assert self._available is not None
+        self._available += n
+        self._granted.set()
+
+
+class ReceiveWindow:
+    """The receiver's side of a window of ``window`` items.
+
+    :meth:`arrived` counts an item the sender sent (CreditError beyond the credit granted);
+    :meth:`taken` counts one the consumer took and says how many to grant back now: none until
+    half of the window, rounded up, has been taken, then all taken so far. Invariant: items
+    waiting + credit the sender has not used + taken not yet given back == ``window``.
+    """
+
+    def __init__(self, window: int, *, max_credit: int) -> None:
+        if not 1 <= window <= max_credit:
+            raise ValueError(f"credit must be in 1..{max_credit}")
+        self.window = window
+        self._unused = window  # granted and not yet used by the sender
+        self._taken = 0  # taken by the consumer, not yet given back
+
+    def arrived(self) -> None:
+        if self._unused <= 0:
+            raise CreditError("an item beyond the credit granted")
+        self._unused -= 1
+
+    def taken(self) -> int:
+        self._taken += 1
+        if self._taken * 2 < self.window:
+            return 0
+        n, self._taken = self._taken, 0
+        self._unused += n
+        return n
+
+
+# -- tasks ------------------------------------------------------------------------------------
+
+
+class Nursery:
+    """A TaskGroup run by a supervisor task, so that objects with ``start``/``close`` (a
+    listener, a link pool) can hold one: children are spawned into it; ``close`` cancels them
+    and waits, bounded. A child that raises is logged and does not end its siblings."""
+
+    def __init__(self, name: str, close_timeout_s: float) -> None:
+        self._name = name
+        self._close_timeout_s = close_timeout_s
+        self._tg: asyncio.TaskGroup | None = None
+        self._supervisor: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.closing = False
+
+    async def start(self) -> None:
+        if self._supervisor is None:
+            self._supervisor = asyncio.create_task(self._supervise(), name=self._name)
+            await self._ready.wait()
+
+    async def _supervise(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            self._tg = tg
+            self._ready.set()
+            await self._stop.wait()
+            for task in list(self._tasks):
+                task.cancel()
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> bool:
+        """Run ``coro`` in the group; False (and ``coro`` closed) if the group is closing."""
+        if self._tg is None or self.closing:
+            coro.close()
+            return False
+        task = self._tg.create_task(self._guarded(coro))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return True
+
+    async def _guarded(self, coro: Coroutine[Any, Any, None]) -> None:
+        try:
+            await coro
+        except Exception:  # a bug in one child must not end its siblings
+            log.exception("%s: a task failed", self._name)
+
+    async def close(self) -> None:
+        self.closing = True
+        self._stop.set()
+        if self._supervisor is None:
+            return
+        try:
+            async with asyncio.timeout(self._close_timeout_s + CLOSE_WAIT_S):
+                await asyncio.shield(self._supervisor)
+        except TimeoutError:
+            log.warning("%s: tasks still running after %.1f s", self._name, self._close_timeout_s)
+            self._supervisor.cancel()
+            await asyncio.wait([self._supervisor], timeout=self._close_timeout_s)
