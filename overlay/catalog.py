@@ -185,6 +185,12 @@ class Catalog:
     def forget(self, key: str) -> None:
         self._cache.pop(key, None)
 
+    def forget_prefix(self, prefix: str) -> None:
+        """Forget every cached record whose key starts with ``prefix`` (``place:``: after a
+        member died, the next request re-resolves its streams)."""
+        for key in [k for k in self._cache if k.startswith(prefix)]:
+            del self._cache[key]
+
     # writing
     async def write(
         self, key: str, value: dict[str, Any], *, as_node: bool = False, expiry_s: float

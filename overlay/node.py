@@ -87,7 +87,7 @@ class Overlay:
         *,
         api: tuple[str, int],
         engine: bool,
-        handler: PeerHandler,
+        handler: PeerHandler | None = None,
         on_member: Callable[[Event], Awaitable[None]] | None = None,
     ) -> None:
         self.identity = identity
@@ -395,10 +395,17 @@ class Overlay:
                 raise OverlayError("blob: sha256 must be 32 bytes", retriable=False)
             body = self._dht().storage.get_blob(digest)
             return {"body": body}
-        return await self.handler.handle_link(link, frame)
+        return await self._handler().handle_link(link, frame)
 
     def stream(self, link: Link, frame: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        return self.handler.stream_link(link, frame)
+        return self._handler().stream_link(link, frame)
+
+    def _handler(self) -> PeerHandler:
+        """The peer's handler, attached (``overlay.handler = ...``) once the peer has built
+        what serves its requests; before that, a request gets a retriable refusal."""
+        if self.handler is None:
+            raise OverlayError("this peer is starting; retry")
+        return self.handler
 
     async def fetch_blob(self, node_id: bytes, digest: bytes) -> bytes | None:
         local = self._dht().storage.get_blob(digest)

@@ -149,13 +149,13 @@ def ours_once(a: Any, b: Any, contract: str, run: int, backlog: int) -> dict[str
         async with Client("127.0.0.1", a.port, timeout_s=120) as cl:
             await collect(cl, out, 1, timeout_s=120)
         await push_all(a.port, source, burst, WARM)
-        before = a.peer.spool_set().get(out).latest
+        before = a.peer.site.spools.get(out).latest
         started_ns = time.time_ns()
         loop = asyncio.get_running_loop()
         moved = await loop.run_in_executor(
             None, lambda: a.call(a.peer.move_fragment(name, b_id, contract=contract), 600)
         )
-        spool = b.peer.spool_set().get(out)
+        spool = b.peer.site.spools.get(out)
         first_out = None
         deadline = time.monotonic() + (120 if backlog else 0)  # no backlog: nothing to emit
         while time.monotonic() < deadline:

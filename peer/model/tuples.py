@@ -397,3 +397,11 @@ def _show(value: object) -> str:
         return str(value)
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def arrow_bytes(table: pa.Table) -> bytes:
+    """``table`` as an Arrow IPC stream (what links carry in ``arrow`` fields)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue())

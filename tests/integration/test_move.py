@@ -187,10 +187,10 @@ def test_a_fragment_moves_with_its_state_and_the_output_stays_exact(
     print("move:", moved, "test took", round(time.monotonic() - started, 1), "s")
     assert moved["to"] == b_id.hex() and moved["pause_s"] > 0
     # A let go of it, B runs it with the state it had
-    assert a.peer.local_catalog().find_query("mover") is None
-    assert a.peer.local_catalog().moved() == {"mover": b_id.hex()}
-    assert b.peer.local_catalog().query("mover").status == "RUNNING"
-    assert "moved_out" in b.peer.fed.hosted and "moved_out" not in a.peer.fed.hosted
+    assert a.peer.site.catalog.find_query("mover") is None
+    assert a.peer.site.catalog.moved() == {"mover": b_id.hex()}
+    assert b.peer.site.catalog.query("mover").status == "RUNNING"
+    assert "moved_out" in b.peer.fed.hosting.hosted and "moved_out" not in a.peer.fed.hosting.hosted
 
     def as_counter(got: list[dict[str, Any]]) -> Counter[tuple[int, ...]]:
         return Counter((r["window_start"], r["window_end"], r["k"], r["s"], r["n"]) for r in got)
@@ -231,10 +231,10 @@ def test_a_fragment_moves_there_and_back_and_the_output_stays_exact(
     assert [m["to"] for m in moves] == [b_id.hex(), a_id.hex()]
     got = Counter((r["window_start"], r["window_end"], r["k"], r["s"], r["n"]) for r in rows)
     assert got == want
-    assert a.peer.local_catalog().query("mover").status == "RUNNING"
-    assert b.peer.local_catalog().find_query("mover") is None
+    assert a.peer.site.catalog.query("mover").status == "RUNNING"
+    assert b.peer.site.catalog.find_query("mover") is None
     # B's copy of the input is gone with the fragment; A no longer mirrors the input to B
-    assert source not in b.peer.spool_set()
+    assert source not in b.peer.site.spools
     assert not [m for m in a.peer.fed.mirrors.describe() if m["stream"] == source]  # type: ignore[union-attr]
 
 
@@ -336,7 +336,7 @@ def test_a_middle_fragment_moves_and_its_upstream_and_downstream_follow(
             rows = await collect(cl, "relay_out", sum(want.values()), timeout_s=300, settle_s=3)
             looked = await cl.lookup_object("relay")
             mirrors = {(m["stream"], m["to"]) for m in g.peer.fed.mirrors.describe()}  # type: ignore[union-attr]
-            assert b.peer.local_catalog().query(moved["fragment"]).status == "RUNNING"
+            assert b.peer.site.catalog.query(moved["fragment"]).status == "RUNNING"
             await cl.set_query_status("relay", "STOPPED")
             await cl.set_query_status("relay", "DELETED")
         return moved, rows, looked, mirrors
@@ -354,9 +354,9 @@ def test_a_middle_fragment_moves_and_its_upstream_and_downstream_follow(
     assert not any(to == ids[0].hex()[:16] for _s, to in mirrors), mirrors
     # deleted: the new site dropped the fragment, gamma mirrors nothing any more, and the
     # planned site forgot where the fragment went
-    assert b.peer.local_catalog().find_query(moved["fragment"]) is None
+    assert b.peer.site.catalog.find_query(moved["fragment"]) is None
     assert not g.peer.fed.mirrors.describe()  # type: ignore[union-attr]
-    assert moved["fragment"] not in a.peer.local_catalog().moved()
+    assert moved["fragment"] not in a.peer.site.catalog.moved()
 
 
 def test_a_second_fragment_of_a_stream_waits_for_the_partners_lagging_copy(
@@ -378,7 +378,7 @@ def test_a_second_fragment_of_a_stream_waits_for_the_partners_lagging_copy(
 
     async def read_through_latest() -> None:
         """Until the second fragment on A has committed everything A's spool holds."""
-        spool = a.peer.spool_set().get(source)
+        spool = a.peer.site.spools.get(source)
         readers = [r for s, r in a.peer.engine.running["second"].readers if s == source]
         async with asyncio.timeout(120):
             while min(spool.committed(r) for r in readers) < spool.latest:
@@ -412,11 +412,11 @@ def test_a_second_fragment_of_a_stream_waits_for_the_partners_lagging_copy(
             for out in ("moved_out", "second_out"):
                 rows[out] = await collect(cl, out, sum(want.values()), timeout_s=300, settle_s=3)
         assert b.call(b.peer.engine.failed(), 30) == {}
-        assert {"mover", "second"} <= set(b.peer.local_catalog().query_names())
+        assert {"mover", "second"} <= set(b.peer.site.catalog.query_names())
         # Deleting the queries through A, where they no longer run: each goes where it runs
         # now. A's mirror of the source to B stays while one of them reads B's copy, and
         # then goes, or A's spool would keep every batch for a reader that is gone.
-        readers = a.peer.spool_set().get(source).readers
+        readers = a.peer.site.spools.get(source).readers
         async with Client("127.0.0.1", a.port, timeout_s=120) as cl:
             for name in ("mover", "second"):
                 await cl.set_query_status(name, "STOPPED")
@@ -431,7 +431,7 @@ def test_a_second_fragment_of_a_stream_waits_for_the_partners_lagging_copy(
     for out, got in rows.items():
         counted = Counter((r["window_start"], r["window_end"], r["k"], r["s"], r["n"]) for r in got)
         assert counted == want, out
-    assert not set(b.peer.local_catalog().query_names()) & {"mover", "second"}
-    assert source not in b.peer.spool_set()
+    assert not set(b.peer.site.catalog.query_names()) & {"mover", "second"}
+    assert source not in b.peer.site.spools
     assert not [m for m in a.peer.fed.mirrors.describe() if m["stream"] == source]  # type: ignore[union-attr]
-    assert not a.peer.local_catalog().moved()
+    assert not a.peer.site.catalog.moved()

@@ -80,7 +80,7 @@ def test_pushes_wait_for_a_lagging_reader_then_fail_retriably(tmp_path: Path) ->
             async with Client("127.0.0.1", peer.port) as c:
                 await c.create_schema({"name": "n", "fields": [{"name": "x", "type": "long"}]})
                 await c.create_stream("s", "n")
-                spool = peer.peer.spools.get("s")  # type: ignore[union-attr]
+                spool = peer.peer.site.spools.get("s")  # type: ignore[union-attr]
                 spool.register_reader("lagging")
                 for i in range(4):
                     await c.push("s", {"columns": {"x": [i]}})

@@ -10,7 +10,8 @@ from typing import Any
 import pyarrow as pa
 
 from peer.errors import Unavailable
-from peer.mirror import MIRROR_PREFIX, Mirrors, parse_mirror_batches
+from peer.federation.mirror import MIRROR_PREFIX, Mirrors
+from peer.protocol.link import MirrorAppend
 from peer.storage.spool import Spool, SpoolSet
 from peer.storage.spool_format import read_reader_offset
 
@@ -22,21 +23,13 @@ def table(start: int, n: int = 10) -> pa.Table:
     return pa.table({"x": pa.array(range(start, start + n), pa.int64())})
 
 
-class FakePeer:
-    def __init__(self, spools: SpoolSet) -> None:
-        self.spools = spools
-
-    def spool_set(self) -> SpoolSet:
-        return self.spools
-
-
 class FakeFed:
     """Delivers mirror_append into a real receiving spool; can stall, or lose acks."""
 
     node_id = bytes(20)
 
     def __init__(self, sender: SpoolSet, receiver: Spool) -> None:
-        self.peer = FakePeer(sender)
+        self.spools = sender
         self.receiver = receiver
         self.open = asyncio.Event()
         self.open.set()
@@ -45,19 +38,24 @@ class FakeFed:
         self.calls = 0
         self.lose_ack_on: set[int] = set()
 
-    async def call(self, target: bytes, frame: dict[str, Any]) -> dict[str, Any]:
-        assert target == TARGET and frame["op"] == "mirror_append"
+    def mirrors(self) -> Mirrors:
+        return Mirrors(self.spools, self.node_id, self.call)
+
+    async def call(self, target: bytes, message: MirrorAppend) -> dict[str, Any]:
+        # what travels is the wire form, decoded again as the receiver does
+        message = MirrorAppend.from_wire(message.to_wire())
+        assert target == TARGET
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
             await self.open.wait()
             self.calls += 1
-            for seq, body in parse_mirror_batches(frame):
+            for seq, body in message.batches:
                 t = pa.ipc.open_stream(body).read_all()
-                self.receiver.append(t, origin=frame["origin"], seq=seq)
+                self.receiver.append(t, origin=message.origin, seq=seq)
             if self.calls in self.lose_ack_on:
                 raise Unavailable("the acknowledgement was lost")
-            return {"last": frame["batches"][-1][0]}
+            return {"last": message.batches[-1][0]}
         finally:
             self.in_flight -= 1
 
@@ -87,7 +85,7 @@ def test_exactly_once_across_lost_acks_and_a_stalled_receiver(tmp_path: Path) ->
     async def go() -> FakeFed:
         fed = FakeFed(sender, replica)
         fed.lose_ack_on = {1, 3}
-        mirrors = Mirrors(fed)  # type: ignore[arg-type]
+        mirrors = fed.mirrors()
         fed.open.clear()  # the receiver stalls at first
         runner = asyncio.create_task(mirrors.run())
         await asyncio.sleep(0.05)
@@ -125,7 +123,7 @@ def test_mirrors_restart_from_the_spool_and_stop_cleanly(tmp_path: Path) -> None
     for i in range(5):
         source.append(table(i * 10))
     fed = FakeFed(sender, replica)
-    first = Mirrors(fed)  # type: ignore[arg-type]
+    first = fed.mirrors()
 
     async def start_once() -> None:
         runner = asyncio.create_task(first.run())
@@ -140,7 +138,7 @@ def test_mirrors_restart_from_the_spool_and_stop_cleanly(tmp_path: Path) -> None
     asyncio.run(start_once())
     for i in range(5, 8):
         source.append(table(i * 10))
-    again = Mirrors(fed)  # type: ignore[arg-type]  # a restart: found in the spool's readers
+    again = fed.mirrors()  # a restart: found in the spool's readers
     asyncio.run(run_until(again, lambda: len(received(replica)) >= 80))
     assert received(replica) == list(range(80))
     again.stop("s", TARGET)

@@ -24,7 +24,9 @@ from contracts.keys import generate, load_private
 from overlay.identity import raw_public
 from peer.storage.catalog import LocalCatalog
 from peer.errors import Conflict, FedstreamError, InvalidInput, NotFound, Unauthorized
-from peer.move import Mover, _check_manifest, _extract
+from peer.move import Mover
+from peer.move.package import check_manifest as _check_manifest
+from peer.move.package import extract as _extract
 from peer.storage.spool import SpoolSet
 
 SCHEMA = {"name": "tk", "fields": [{"name": "k", "type": "int"}, {"name": "t", "type": "long"}]}
@@ -162,17 +164,14 @@ def receiver(tmp_path: Path) -> tuple[Mover, str]:
         known_keys={"beta": raw_public(privs["beta"].public_key())},
     )
     assert len(book.contracts) == 1
-    catalog = LocalCatalog(tmp_path / "catalog.sqlite")
-    spools = SpoolSet(tmp_path / "spool")
-    peer = SimpleNamespace(
+    site = SimpleNamespace(
         data_dir=tmp_path / "data",
         engine=object(),
-        fed=None,
-        book=book,
-        local_catalog=lambda: catalog,
-        spool_set=lambda: spools,
+        catalog=LocalCatalog(tmp_path / "catalog.sqlite"),
+        spools=SpoolSet(tmp_path / "spool"),
     )
-    return Mover(peer), made.id  # type: ignore[arg-type]
+    fed = SimpleNamespace(hosting=SimpleNamespace(hosted=set()))
+    return Mover(site, fed, book), made.id  # type: ignore[arg-type]
 
 
 def run(coro: Any) -> Any:
@@ -275,7 +274,7 @@ def test_data_that_does_not_match_the_hash_is_not_installed(
 
     run(go())
     assert not mover.busy
-    catalog = mover.peer.local_catalog()
+    catalog = mover.site.catalog
     assert catalog.find_query("frag") is None and catalog.stream_names() == []
 
 
@@ -294,7 +293,7 @@ def test_a_name_already_here_is_a_conflict(receiver: tuple[Mover, str]) -> None:
     mover, cid = receiver
     from peer.model.schema import parse_schema, to_arrow_schema
 
-    mover.peer.spool_set().create("src", to_arrow_schema(parse_schema(SCHEMA)))
+    mover.site.spools.create("src", to_arrow_schema(parse_schema(SCHEMA)))
     with pytest.raises(Conflict):
         run(mover.handle({"op": "move_begin", "manifest": manifest(cid)}, "alpha"))
     # held here, but not as a copy with the sender's offsets: refused too
@@ -315,8 +314,8 @@ def test_a_copy_here_shorter_than_the_senders_is_refused_and_nothing_installed(
     mover, cid = receiver
     from peer.model.schema import parse_schema, to_arrow_schema
 
-    mover.peer.fed = SimpleNamespace(hosted={"src"})
-    mover.peer.spool_set().create("src", to_arrow_schema(parse_schema(SCHEMA)))
+    mover.fed.hosting.hosted.add("src")
+    mover.site.spools.create("src", to_arrow_schema(parse_schema(SCHEMA)))
     m = manifest(cid)
     m["inputs"]["src"]["mode"] = "local"
     tree = io.BytesIO()
@@ -341,6 +340,6 @@ def test_a_copy_here_shorter_than_the_senders_is_refused_and_nothing_installed(
 
     run(go())
     assert not mover.busy
-    catalog = mover.peer.local_catalog()
+    catalog = mover.site.catalog
     assert catalog.find_query("frag") is None and catalog.stream_names() == []
-    assert "frag-src" not in mover.peer.spool_set().get("src").readers()
+    assert "frag-src" not in mover.site.spools.get("src").readers()

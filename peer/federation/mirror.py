@@ -27,19 +27,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-import pyarrow as pa
-
-from peer.errors import FedstreamError, InvalidInput, Unavailable
+from peer.errors import FedstreamError, Unavailable
+from peer.model.tuples import arrow_bytes
+from peer.protocol.link import Frame, MirrorAppend
+from peer.storage.spool import Spool, SpoolSet
 from peer.storage.spool_format import read_reader_offset, write_reader_offset
 
-if TYPE_CHECKING:
-    from peer.federation import Federation
-
 __all__ = ["MIRROR_PREFIX", "Mirrors"]
+
+Send = Callable[[bytes, MirrorAppend], Awaitable[Frame]]
 
 log = logging.getLogger(__name__)
 
@@ -52,18 +52,14 @@ MAX_BYTES_PER_REQUEST = 8 * 1024 * 1024
 RETRY_MAX_S = 5.0
 
 
-def arrow_bytes(table: pa.Table) -> bytes:
-    sink = io.BytesIO()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue()
-
 
 class Mirrors:
     """The mirrors this peer sends (one task each, restarted from the spools on start)."""
 
-    def __init__(self, fed: Federation) -> None:
-        self.fed = fed
+    def __init__(self, spools: SpoolSet, node_id: bytes, send: Send) -> None:
+        self.spools = spools
+        self.node_id = node_id
+        self._send = send
         self._tasks: dict[tuple[str, bytes], asyncio.Task[None]] = {}
         self._tg: asyncio.TaskGroup | None = None
         self._acked = asyncio.Condition()  # notified after each acknowledgement is recorded
@@ -73,15 +69,15 @@ class Mirrors:
         """The event-id origin of ``stream``'s mirrored batches: this peer's, or that of the
         peer the stream moved here from (its offsets, and so its seqs, carried on)."""
         with contextlib.suppress(KeyError, OSError):
-            spool = self.fed.peer.spool_set().get(stream)
+            spool = self.spools.get(stream)
             return (spool.directory / ORIGIN_FILE).read_text().strip()
-        return f"m:{self.fed.node_id.hex()[:16]}:{stream}"
+        return f"m:{self.node_id.hex()[:16]}:{stream}"
 
     async def run(self) -> None:
         """Run every mirror until cancelled; start the ones recorded in the spools."""
         async with asyncio.TaskGroup() as tg:
             self._tg = tg
-            spools = self.fed.peer.spool_set()
+            spools = self.spools
             for stream in spools.streams():
                 for reader in spools.get(stream).readers():
                     if reader.startswith(MIRROR_PREFIX):
@@ -92,7 +88,7 @@ class Mirrors:
     def start(self, stream: str, target: bytes, after: int | None = None) -> None:
         """Mirror ``stream`` (hosted here) to ``target`` from now on (idempotent); a new
         mirror starts after offset ``after`` when given (what the target holds already)."""
-        spool = self.fed.peer.spool_set().get(stream)
+        spool = self.spools.get(stream)
         reader = MIRROR_PREFIX + target.hex()
         if after is not None and reader not in spool.readers():
             write_reader_offset(spool.directory, reader, after, fsync=spool.fsync)
@@ -101,7 +97,7 @@ class Mirrors:
 
     def resume_stream(self, stream: str) -> None:
         """(Re)start the mirrors recorded as readers of ``stream``'s spool."""
-        for reader in self.fed.peer.spool_set().get(stream).readers():
+        for reader in self.spools.get(stream).readers():
             if reader.startswith(MIRROR_PREFIX):
                 with contextlib.suppress(ValueError):
                     self._launch(stream, bytes.fromhex(reader[len(MIRROR_PREFIX) :]))
@@ -120,7 +116,7 @@ class Mirrors:
     async def detach(self, stream: str, target: bytes) -> int:
         """Stop mirroring ``stream`` to ``target`` for good; the last offset it acknowledged."""
         await self.pause(stream, target)
-        spool = self.fed.peer.spool_set().get(stream)
+        spool = self.spools.get(stream)
         reader = MIRROR_PREFIX + target.hex()
         try:
             acked = read_reader_offset(spool.directory, reader)
@@ -132,7 +128,7 @@ class Mirrors:
     async def acknowledged(self, stream: str, target: bytes, through: int) -> None:
         """Return once ``target`` has acknowledged ``stream``'s batches through offset
         ``through`` (KeyError if it is not a mirror target of the stream)."""
-        spool = self.fed.peer.spool_set().get(stream)
+        spool = self.spools.get(stream)
         reader = MIRROR_PREFIX + target.hex()
         async with self._acked:
             await self._acked.wait_for(
@@ -147,7 +143,7 @@ class Mirrors:
         if task is not None:
             task.cancel()
         with contextlib.suppress(KeyError):
-            self.fed.peer.spool_set().get(stream).unregister_reader(MIRROR_PREFIX + target.hex())
+            self.spools.get(stream).unregister_reader(MIRROR_PREFIX + target.hex())
 
     def stop_stream(self, stream: str) -> None:
         for key in [k for k in self._tasks if k[0] == stream]:
@@ -162,7 +158,7 @@ class Mirrors:
         self._tasks[key] = self._tg.create_task(self._pump(stream, target))
 
     def describe(self) -> list[dict[str, Any]]:
-        spools = self.fed.peer.spool_set()
+        spools = self.spools
         out = []
         for (stream, target), task in sorted(self._tasks.items()):
             if task.done():
@@ -178,7 +174,7 @@ class Mirrors:
         return out
 
     async def _pump(self, stream: str, target: bytes) -> None:
-        spool = self.fed.peer.spool_set().get(stream)
+        spool = self.spools.get(stream)
         reader = MIRROR_PREFIX + target.hex()
         loop = asyncio.get_running_loop()
         wake = asyncio.Event()
@@ -204,14 +200,8 @@ class Mirrors:
                 if not batches:
                     await wake.wait()
                     continue
-                frame = {
-                    "op": "mirror_append",
-                    "stream": stream,
-                    "origin": origin,
-                    "batches": [[offset, body] for offset, body in batches],
-                }
                 try:
-                    await self.fed.call(target, frame)
+                    await self._send(target, MirrorAppend(stream, origin, tuple(batches)))
                 except Unavailable as exc:
                     log.info("mirror of %s to %s waits: %s", stream, target.hex()[:12], exc)
                     await asyncio.sleep(backoff)
@@ -233,7 +223,7 @@ class Mirrors:
             spool.remove_listener(on_append)
 
 
-def _read_chunk(spool: Any, start: int) -> list[tuple[int, bytes]]:
+def _read_chunk(spool: Spool, start: int) -> list[tuple[int, bytes]]:
     """The batches after ``start``: at most MAX_BATCHES_PER_REQUEST and about
     MAX_BYTES_PER_REQUEST (always at least one)."""
     end = min(spool.latest, start + MAX_BATCHES_PER_REQUEST)
@@ -245,21 +235,4 @@ def _read_chunk(spool: Any, start: int) -> list[tuple[int, bytes]]:
             break
         out.append((offset, body))
         size += len(body)
-    return out
-
-
-def parse_mirror_batches(frame: dict[str, Any]) -> list[tuple[int, bytes]]:
-    raw = frame.get("batches")
-    if not isinstance(raw, list) or not raw:
-        raise InvalidInput("mirror_append: batches must be a non-empty list")
-    out = []
-    for item in raw:
-        if (
-            not isinstance(item, list)
-            or len(item) != 2
-            or not isinstance(item[0], int)
-            or not isinstance(item[1], bytes)
-        ):
-            raise InvalidInput("mirror_append: each batch is [offset, arrow bytes]")
-        out.append((item[0], item[1]))
     return out

@@ -10,7 +10,12 @@ query against the schemas of its input streams (catalog records), splits it into
 1. *install*: each fragment's site creates replica spools for the inputs it reads from other
    peers, and the fragment itself as a local query (SETUP), hosting its output streams (their
    ``stream:`` and ``place:`` records say so);
-2. *wire*: the host of every such input starts a mirror to the site (:mod:`peer.mirror`).
+2. *wire*: the host of every such input starts a mirror to the site (:mod:`peer.federation.mirror`).
+
+If any step fails, ``create`` undoes what it did: every fragment installed so far is deleted
+at its site (which drops its result streams, with tombstones, and its replicas, asking their
+hosts to stop mirroring), so a failed query leaves nothing behind and its name can be used
+again.
 
 Then it publishes ``query:NAME``: a pointer to the definition and the fragment list (stored by
 content hash, fetched over links). ``set_status`` reads that record and sends the new status
@@ -29,17 +34,19 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from overlay.membership import MemberInfo, rank, stream_target
+from overlay.node import Overlay
 from peer.errors import AlreadyExists, Conflict, InvalidInput, NotFound, QueryError
+from peer.federation.hosting import Hosting
+from peer.federation.records import CatalogRecords
+from peer.federation.router import Router
 from peer.model.fragments import Fragment, fragment_query
-from peer.model.plan import check_query
+from peer.model.plan import CheckedQuery, check_query
 from peer.model.query import Query, query_to_dict
-from peer.model.schema import parse_schema
-
-if TYPE_CHECKING:
-    from peer.federation import Federation
+from peer.protocol.link import FragmentInput, FragmentStatus, InstallFragment, Lookup, StartMirror
 
 __all__ = ["Coordinator"]
 
@@ -47,8 +54,13 @@ log = logging.getLogger(__name__)
 
 
 class Coordinator:
-    def __init__(self, fed: Federation) -> None:
-        self.fed = fed
+    def __init__(
+        self, overlay: Overlay, records: CatalogRecords, hosting: Hosting, router: Router
+    ) -> None:
+        self.overlay = overlay
+        self.records = records
+        self.hosting = hosting
+        self.router = router
 
     # placement
     def _engines(self, members: list[MemberInfo]) -> list[MemberInfo]:
@@ -58,13 +70,13 @@ class Coordinator:
     def default_site(self, stream: str) -> str:
         """The submitting participant's peer responsible for ``stream`` (any engine peer if
         the participant has none)."""
-        live = self.fed.overlay.live_members()
-        mine = [m for m in live if m.participant == self.fed.overlay.identity.participant]
+        live = self.overlay.live_members()
+        mine = [m for m in live if m.participant == self.overlay.identity.participant]
         candidates = [m for m in mine if m.engine] or self._engines(live)
         return rank(stream_target(stream), candidates)[0].node_id.hex()
 
     def resolve_site(self, node: str, stream: str) -> str:
-        live = self.fed.overlay.live_members()
+        live = self.overlay.live_members()
         of_participant = [m for m in live if m.participant == node]
         if of_participant:
             return rank(stream_target(stream), self._engines(of_participant))[0].node_id.hex()
@@ -83,9 +95,9 @@ class Coordinator:
         )
 
     # create
-    async def create(self, query: Query) -> dict[str, Any]:
-        fed = self.fed
-        pointer = await fed.query_pointer(query.name)
+    async def check(self, query: Query) -> CheckedQuery:
+        """The query checked against its input streams' schemas (catalog records), once."""
+        pointer = await self.records.query_pointer(query.name)
         if pointer is not None and not pointer.get("deleted"):
             raise Conflict(
                 f"query {query.name} already exists in the federation; delete it first",
@@ -93,51 +105,53 @@ class Coordinator:
             )
         produced = {s for box in query.boxes for s in box.outputs}
         inputs = [s for box in query.boxes for s in box.inputs if s not in produced]
-        schemas = {}
-        for stream in dict.fromkeys(inputs):
-            record = await fed.stream_record(stream)
-            schemas[stream] = parse_schema(record["schema"])
+        schemas = {s: await self.records.stream_schema(s) for s in dict.fromkeys(inputs)}
         checked = check_query(query, schemas)
         for stream in checked.outputs:
-            existing = await fed.stream_record_or_none(stream)
-            if existing is not None and not existing.get("deleted"):
+            if await self.records.stream_or_none(stream) is not None:
                 raise AlreadyExists(
                     f"query {query.name}: its result stream {stream} already exists",
                     query=query.name,
                     stream=stream,
                 )
+        return checked
+
+    async def create(self, query: Query) -> dict[str, Any]:
+        checked = await self.check(query)
         fragments = fragment_query(query, default=self.default_site, resolve=self.resolve_site)
         made_by = {s: f.site for f in fragments for s in f.outputs}
-        hosts = {s: (await fed.host_of(s)).hex() for s in schemas}
+        hosts = {s: (await self.hosting.host_of(s)).hex() for s in checked.inputs}
 
         def host(stream: str) -> str:
             return made_by.get(stream) or hosts[stream]
 
-        for fragment in fragments:  # phase 1: install
-            frame = {
-                "op": "install_fragment",
-                "query": query.name,
-                "fragment": fragment.name,
-                "definition": query_to_dict(fragment.as_query()),
-                "inputs": {
-                    s: {"schema": checked.stream_schemas[s].to_dict(), "host": host(s)}
-                    for s in fragment.inputs
-                },
-            }
-            await fed.call_site(bytes.fromhex(fragment.site), frame)
-        for fragment in fragments:  # phase 2: wire
-            for stream in fragment.inputs:
-                if host(stream) != fragment.site:
-                    await fed.call_site(
-                        bytes.fromhex(host(stream)),
-                        {"op": "mirror", "stream": stream, "to": fragment.site},
-                    )
-        plan = _plan(query, fragments, host)
-        await fed.publish_query(
-            query.name,
-            plan,
-            {"inputs": list(checked.inputs), "outputs": list(checked.outputs)},
-        )
+        installed: list[Fragment] = []
+        try:
+            for fragment in fragments:  # phase 1: install
+                message = InstallFragment(
+                    query.name,
+                    fragment.name,
+                    fragment.as_query(),
+                    {
+                        s: FragmentInput(checked.stream_schemas[s], host(s))
+                        for s in fragment.inputs
+                    },
+                )
+                await self.router.ask(bytes.fromhex(fragment.site), message)
+                installed.append(fragment)
+            for fragment in fragments:  # phase 2: wire
+                for stream in fragment.inputs:
+                    if host(stream) != fragment.site:
+                        wire = StartMirror(stream, bytes.fromhex(fragment.site))
+                        await self.router.ask(bytes.fromhex(host(stream)), wire)
+            await self.records.publish_query(
+                query.name,
+                _plan(query, fragments, host),
+                {"inputs": list(checked.inputs), "outputs": list(checked.outputs)},
+            )
+        except BaseException:
+            await self._undo(query.name, installed)
+            raise
         return {
             "query": query.name,
             "status": "SETUP",
@@ -146,9 +160,19 @@ class Coordinator:
             "fragments": [{"name": f.name, "site": f.site} for f in fragments],
         }
 
+    async def _undo(self, name: str, installed: list[Fragment]) -> None:
+        """Delete the fragments a failed ``create`` installed, downstream first."""
+        for fragment in reversed(installed):
+            try:
+                await self.router.ask(
+                    bytes.fromhex(fragment.site), FragmentStatus(fragment.name, "DELETED")
+                )
+            except Exception as exc:  # the site is gone: it has nothing left to undo
+                log.warning("query %s: fragment %s not undone: %s", name, fragment.name, exc)
+
     # status
     async def plan(self, name: str) -> dict[str, Any]:
-        found = await self.fed.query_definition(name)
+        found = await self.records.query_definition(name)
         if found is None or found[0].get("deleted"):
             raise NotFound(f"unknown query {name}", query=name)
         return found[1]
@@ -160,7 +184,7 @@ class Coordinator:
         outputs = fragment.get("outputs") or []
         if not outputs:
             return planned
-        return (await self.fed.host_now(outputs[0], bytes.fromhex(planned))).hex()
+        return (await self.hosting.host_now(outputs[0], bytes.fromhex(planned))).hex()
 
     async def set_status(self, name: str, status: str) -> dict[str, Any]:
         plan = await self.plan(name)
@@ -170,15 +194,15 @@ class Coordinator:
         sites = [await self.site_now(f) for f in fragments]  # where they run now
         # downstream first: a fragment stops before the ones feeding it
         for fragment, site in reversed(list(zip(fragments, sites, strict=True))):
-            frame = {"op": "fragment_status", "fragment": fragment["name"], "status": status}
-            await self.fed.call_site(bytes.fromhex(site), frame)
+            message = FragmentStatus(fragment["name"], status)
+            await self.router.ask(bytes.fromhex(site), message)
             if status == "DELETED" and site != fragment["site"]:
                 try:  # the planned site forgets where it went (the fragment is gone already)
-                    await self.fed.call_site(bytes.fromhex(fragment["site"]), frame)
+                    await self.router.ask(bytes.fromhex(fragment["site"]), message)
                 except Exception as exc:
                     log.info("planned site of %s not told of its deletion: %s", name, exc)
         if status == "DELETED":  # each site has stopped the mirrors into what it dropped
-            await self.fed.publish(f"query:{name}", {"deleted": True})
+            await self.records.publish(f"query:{name}", {"deleted": True})
         return {"query": name, "status": status, "fragments": len(fragments)}
 
     async def describe(self, name: str) -> list[dict[str, Any]]:
@@ -190,9 +214,7 @@ class Coordinator:
             if site != fragment["site"]:
                 info["planned_site"] = fragment["site"]
             try:
-                reply = await self.fed.call_site(
-                    bytes.fromhex(site), {"op": "lookup", "name": fragment["name"]}
-                )
+                reply = await self.router.ask(bytes.fromhex(site), Lookup(fragment["name"]))
                 info["status"] = reply.get("status")
             except Exception as exc:
                 info["status"] = None
@@ -201,7 +223,7 @@ class Coordinator:
         return out
 
 
-def _plan(query: Query, fragments: list[Fragment], host: Any) -> dict[str, Any]:
+def _plan(query: Query, fragments: list[Fragment], host: Callable[[str], str]) -> dict[str, Any]:
     outputs = [s for f in fragments for s in f.outputs]
     return {
         "query": query_to_dict(query),

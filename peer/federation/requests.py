@@ -1,0 +1,179 @@
+"""What other peers ask of this one: the handlers of the peer-link requests of the federation.
+
+Each handler takes a typed message (:mod:`peer.protocol.link`) and the sender's participant,
+and works on the local site, the leases and the mirrors. A coordinator that is itself a
+fragment's site reaches the same handlers through :meth:`peer.federation.router.Router.ask`,
+so a local install and a remote one run the same code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from overlay.catalog import CatalogError
+from peer.errors import FedstreamError, NotFound, Unavailable
+from peer.federation.hosting import Hosting
+from peer.federation.mirror import Mirrors
+from peer.federation.records import CatalogRecords
+from peer.federation.router import Router
+from peer.model.plan import CheckedQuery
+from peer.protocol.link import (
+    FragmentStatus,
+    HostStream,
+    InstallFragment,
+    Lookup,
+    MirrorAppend,
+    PushBatch,
+    StartMirror,
+    StopMirror,
+)
+from peer.site import LocalSite, checked_status
+
+log = logging.getLogger(__name__)
+
+
+class SiteRequests:
+    def __init__(
+        self,
+        site: LocalSite,
+        records: CatalogRecords,
+        hosting: Hosting,
+        mirrors: Mirrors,
+        router: Router,
+    ) -> None:
+        self.site = site
+        self.records = records
+        self.hosting = hosting
+        self.mirrors = mirrors
+        self.router = router
+
+    def register(self) -> None:
+        r = self.router
+        r.register(PushBatch.OP, self.push)
+        r.register(HostStream.OP, self.host_stream)
+        r.register(Lookup.OP, self.lookup)
+        r.register(InstallFragment.OP, self.install_fragment)
+        r.register(FragmentStatus.OP, self.fragment_status)
+        r.register(StartMirror.OP, self.start_mirror)
+        r.register(StopMirror.OP, self.stop_mirror)
+        r.register(MirrorAppend.OP, self.mirror_append)
+
+    @property
+    def me(self) -> bytes:
+        return self.router.node_id
+
+    # streams
+    async def push(self, message: PushBatch, _sender: str) -> dict[str, Any]:
+        stream = message.stream
+        if stream not in self.hosting.hosted:
+            if await self.hosting.host_of(stream, fresh=True) != self.me:
+                raise Unavailable(f"this peer does not host stream {stream}", stream=stream)
+            await self.hosting.take_over(stream)
+        return await self.site.push_here(
+            stream, {"arrow": message.arrow}, message.producer, message.seq
+        )
+
+    async def host_stream(self, message: HostStream, _sender: str) -> dict[str, Any]:
+        await self.site.add_stream(message.stream, message.schema, None)
+        await self.hosting.host(message.stream)
+        return {"stream": message.stream, "host": self.me.hex()}
+
+    async def start_mirror(self, message: StartMirror, _sender: str) -> dict[str, Any]:
+        stream = message.stream
+        if stream not in self.hosting.hosted:
+            raise Unavailable(f"this peer does not host stream {stream}", stream=stream)
+        self.mirrors.start(stream, message.to, message.after)
+        with contextlib.suppress(CatalogError):
+            await self.hosting.renew(stream)  # the lease lists its mirrors, for a successor
+        return {"stream": stream, "to": message.to.hex()}
+
+    async def stop_mirror(self, message: StopMirror, _sender: str) -> dict[str, Any]:
+        if message.stream not in self.site.spools:
+            raise NotFound(f"no stream {message.stream} on this peer", stream=message.stream)
+        acked = await self.mirrors.detach(message.stream, message.to)
+        return {"stream": message.stream, "to": message.to.hex(), "acked": acked}
+
+    async def mirror_append(self, message: MirrorAppend, _sender: str) -> dict[str, Any]:
+        return await self.site.append_mirrored(message.stream, message.origin, message.batches)
+
+    # fragments
+    async def lookup(self, message: Lookup, _sender: str) -> dict[str, Any]:
+        catalog = self.site.catalog
+        moved_to = catalog.moved().get(message.name)
+        if moved_to is not None and catalog.find_query(message.name) is None:
+            return await self.router.call(bytes.fromhex(moved_to), message)
+        return self.site.lookup_here(message.name)
+
+    async def install_fragment(self, message: InstallFragment, _sender: str) -> dict[str, Any]:
+        """Phase 1 of a distributed query, on the fragment's site: replica spools for the
+        inputs hosted elsewhere, then the fragment as a local query."""
+        for stream, info in message.inputs.items():
+            if stream in self.hosting.hosted or info.host == self.me.hex():
+                continue  # hosted here, or made by another fragment here
+            await self.site.add_replica(stream, info.schema, info.host)
+        return await self.create_here(self.site.check_new(message.definition))
+
+    async def create_here(self, checked: CheckedQuery) -> dict[str, Any]:
+        """A query (a whole one, or one fragment) that runs here, its result streams hosted
+        here and published in the catalog."""
+        name = checked.query.name
+        for stream in checked.outputs:
+            schema = checked.stream_schemas[stream]
+            await self.records.publish_stream(stream, schema, name)
+            await self.site.add_stream(stream, schema, name)
+            await self.hosting.host(stream)
+        return await self.site.add_query(checked)
+
+    async def fragment_status(self, message: FragmentStatus, _sender: str) -> dict[str, Any]:
+        """A distributed query's status change, for one fragment here; DELETED also drops
+        its result streams and the replicas no other local query reads."""
+        fragment, status = message.fragment, checked_status(message.status)
+        catalog = self.site.catalog
+        if catalog.find_query(fragment) is None:
+            moved_to = catalog.moved().get(fragment)
+            if moved_to is not None:  # it moved on: tell it there
+                reply = await self.router.call(
+                    bytes.fromhex(moved_to), FragmentStatus(fragment, status)
+                )
+                if status == "DELETED":
+                    await asyncio.to_thread(catalog.forget_moved, fragment)
+                return reply
+            if status == "DELETED":
+                return {"query": fragment, "status": status}  # gone already
+            raise NotFound(f"no fragment {fragment} on this peer", query=fragment)
+        outputs = [s for box in catalog.query(fragment).query.boxes for s in box.outputs]
+        reply = await self.site.set_query_status_here(fragment, status)
+        if status == "DELETED":
+            still_read = self.site.streams_read()
+            await self.drop_streams(
+                [s for s in outputs if s not in still_read and s in catalog.stream_names()],
+                tombstone=True,
+            )
+            unused = {s: host for s, host in catalog.replicas().items() if s not in still_read}
+            for stream, host in unused.items():
+                await self.stop_mirror_here(stream, bytes.fromhex(host))
+            await self.drop_streams(list(unused), tombstone=False)
+        return reply
+
+    async def drop_streams(self, streams: list[str], *, tombstone: bool) -> None:
+        for stream in streams:
+            self.mirrors.stop_stream(stream)
+            self.hosting.drop(stream)
+            if tombstone:
+                with contextlib.suppress(FedstreamError):
+                    await self.records.publish(f"stream:{stream}", {"deleted": True})
+            await self.site.drop_streams([stream])
+
+    async def stop_mirror_here(self, stream: str, recorded_host: bytes) -> None:
+        """Ask the host of ``stream`` to stop mirroring it to us (our replica is no longer
+        read). A mirror left running would keep the host's spool from ever trimming past it."""
+        host = await self.hosting.host_now(stream, recorded_host)
+        if host == self.me:
+            return
+        try:
+            await self.router.call(host, StopMirror(stream, self.me))
+        except FedstreamError as exc:  # its host is gone: nothing left to stop
+            log.warning("the host of %s did not stop mirroring it here: %s", stream, exc)

@@ -1,0 +1,103 @@
+"""One table from a peer-link message to the code that serves it, and the calls that send one.
+
+Incoming frames are decoded once into typed messages (:func:`peer.protocol.link.decode`) and
+dispatched by their type; each room of the peer registers its handlers when the node wires the
+peer together (the federation its own, moves ``move_*``, the brain ``offer``), so this module
+imports none of them. A peer asking itself (a coordinator that is also a fragment's site)
+dispatches the typed message directly, without encoding it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol
+
+from overlay.link import LinkError, LinkRemoteError
+from overlay.node import OverlayError
+from peer.errors import FedstreamError, InvalidInput, Unavailable, from_wire
+from peer.protocol.link import Frame, Raw, Request, Subscribe, decode
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Any, str], Awaitable[Frame]]  # (message, sender participant) -> reply
+StreamHandler = Callable[[Subscribe], AsyncIterator[Frame]]
+
+
+class LinkSender(Protocol):
+    """What the router needs of the overlay to reach other peers."""
+
+    @property
+    def node_id(self) -> bytes: ...
+
+    async def request(
+        self, node_id: bytes, frame: dict[str, Any], *, timeout_s: float | None = None
+    ) -> dict[str, Any]: ...
+
+    def open_stream(
+        self, node_id: bytes, frame: dict[str, Any], *, credit: int = 16
+    ) -> AsyncIterator[dict[str, Any]]: ...
+
+
+class Router:
+    """Serves peer-link requests by message type, and sends requests to other peers."""
+
+    def __init__(self, overlay: LinkSender, participant: str) -> None:
+        self.overlay = overlay
+        self.participant = participant  # the sender of a request to ourselves
+        self._handlers: dict[str, Handler] = {}
+        self._stream: StreamHandler | None = None
+
+    @property
+    def node_id(self) -> bytes:
+        return self.overlay.node_id
+
+    def register(self, op: str, handler: Handler) -> None:
+        if op in self._handlers:
+            raise ValueError(f"peer request {op!r} has a handler already")
+        self._handlers[op] = handler
+
+    def register_stream(self, handler: StreamHandler) -> None:
+        self._stream = handler
+
+    # incoming
+    async def dispatch(self, message: Request, sender: str) -> Frame:
+        op = message.op if isinstance(message, Raw) else message.OP
+        handler = self._handlers.get(op)
+        if handler is None:
+            raise InvalidInput(f"this peer serves no {op!r} requests")
+        return await handler(message, sender)
+
+    async def handle_link(self, link: Any, frame: Frame) -> Frame:
+        """A request from another peer (overlay.node.PeerHandler)."""
+        return await self.dispatch(decode(frame), str(link.remote_participant))
+
+    def stream_link(self, link: Any, frame: Frame) -> AsyncIterator[Frame]:
+        request = Subscribe.from_wire(frame)
+        if self._stream is None:
+            raise InvalidInput("this peer serves no subscriptions")
+        return self._stream(request)
+
+    # outgoing
+    async def ask(self, node_id: bytes, message: Request) -> Frame:
+        """``message`` served by peer ``node_id``: here directly, or over a link."""
+        if node_id == self.node_id:
+            return await self.dispatch(message, self.participant)
+        return await self.call(node_id, message)
+
+    async def call(self, node_id: bytes, message: Request) -> Frame:
+        """``message`` sent over a link to another peer; its errors come back as ours."""
+        try:
+            return await self.overlay.request(node_id, message.to_wire())
+        except LinkRemoteError as exc:
+            raise remote_error(exc) from None
+        except (LinkError, OverlayError, OSError, TimeoutError) as exc:
+            raise Unavailable(f"peer {node_id.hex()[:12]} unreachable: {exc}") from exc
+
+    def open_stream(self, node_id: bytes, request: Subscribe) -> AsyncIterator[Frame]:
+        return self.overlay.open_stream(node_id, request.to_wire())
+
+
+def remote_error(exc: LinkRemoteError) -> FedstreamError:
+    """The error another peer answered, rebuilt as the error class it named."""
+    return from_wire({"code": exc.code, "message": exc.message, "details": exc.details})

@@ -1,0 +1,202 @@
+"""The client API of a peer in a federation: any request, whichever peer serves it.
+
+Any peer takes any request (DESIGN.md section 3). :class:`Federation` decides, for each one,
+whether the local site serves it or which peer does, and carries it there: pushes and
+subscriptions through :mod:`peer.federation.forward`, queries through
+:mod:`peer.federation.coordinator`, catalog records through :mod:`peer.federation.records`.
+It is built from its parts by :mod:`peer.node` and knows nothing of the API server, moves or
+the brain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from overlay.node import Overlay
+from peer.errors import AlreadyExists, InvalidInput, NotFound
+from peer.federation.coordinator import Coordinator
+from peer.federation.forward import Forwarder
+from peer.federation.hosting import LEASE_S, Hosting
+from peer.federation.mirror import Mirrors
+from peer.federation.records import CatalogRecords
+from peer.federation.requests import SiteRequests
+from peer.federation.router import Router
+from peer.model.query import parse_query
+from peer.model.schema import check_name, parse_schema
+from peer.model.tuples import batch_from_wire
+from peer.protocol.link import HostStream
+from peer.site import START_POSITIONS, LocalSite, checked_status
+
+StatusPart = Callable[[], dict[str, Any]]
+
+
+class Federation:
+    """Implements peer.server.PeerService for a peer in an overlay."""
+
+    def __init__(
+        self, site: LocalSite, overlay: Overlay, api: tuple[str, int], *, lease_s: float = LEASE_S
+    ) -> None:
+        self.site = site
+        self.overlay = overlay
+        self.router = Router(overlay, overlay.identity.participant)
+        self.records = CatalogRecords(overlay)
+        self.mirrors = Mirrors(site.spools, overlay.node_id, self.router.call)
+        self.hosting = Hosting(overlay, self.records, site, self.mirrors, api, lease_s=lease_s)
+        self.forwarder = Forwarder(self.router, self.hosting, site, overlay.incarnation)
+        self.coordinator = Coordinator(overlay, self.records, self.hosting, self.router)
+        self.requests = SiteRequests(site, self.records, self.hosting, self.mirrors, self.router)
+        self.requests.register()
+        self.router.register_stream(self.forwarder.serve)
+        self.status_parts: dict[str, StatusPart] = {}  # more of `peer status` (the brain's)
+
+    @property
+    def node_id(self) -> bytes:
+        return self.overlay.node_id
+
+    async def start(self) -> None:
+        """Once the overlay has joined: take our streams back (see Hosting.resume)."""
+        await self.hosting.resume()
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self.hosting.run())
+            tg.create_task(self.mirrors.run())
+
+    # the client API (peer.server.PeerService)
+    async def create_schema(self, schema: str | dict[str, Any]) -> dict[str, Any]:
+        parsed = parse_schema(schema)
+        existing = await self.records.schema(parsed.name)
+        if existing is not None and existing.fields != parsed.fields:
+            raise AlreadyExists(
+                f"schema {parsed.name} already exists in the federation with other fields",
+                schema=parsed.name,
+            )
+        await self.site.add_schema(parsed)
+        if existing is None:
+            await self.records.publish(f"schema:{parsed.name}", {"schema": parsed.to_dict()})
+        return {"schema": parsed.name, "fields": [f.name for f in parsed.fields]}
+
+    async def create_stream(self, name: str, schema: str) -> dict[str, Any]:
+        found = self.site.find_schema(schema) or await self.records.schema(schema)
+        if found is None:
+            raise self.site.unknown_schema(schema)
+        check_name(name, "stream", InvalidInput)
+        existing = await self.records.stream_or_none(name)
+        if existing is not None:
+            if parse_schema(existing["schema"]).fields != found.fields:
+                raise AlreadyExists(
+                    f"stream {name} already exists with schema {existing['schema']['name']}",
+                    stream=name,
+                )
+            host = await self.hosting.host_of(name)
+            return {"stream": name, "schema": found.name, "host": host.hex()}
+        self.site.catalog.check_stream(name, found)
+        host = self.overlay.responsible(name)[0].node_id
+        await self.records.publish_stream(name, found, None)
+        await self.router.ask(host, HostStream(name, found))
+        return {"stream": name, "schema": found.name, "host": host.hex()}
+
+    async def create_query(self, query: str | dict[str, Any]) -> dict[str, Any]:
+        return await self.coordinator.create(parse_query(query))
+
+    async def set_query_status(self, name: str, status: str) -> dict[str, Any]:
+        status = checked_status(status)
+        pointer = await self.records.query_pointer(name)
+        if pointer is not None and not pointer.get("deleted"):
+            return await self.coordinator.set_status(name, status)
+        return await self.site.set_query_status_here(name, status)
+
+    async def push(
+        self, stream: str, payload: dict[str, Any], producer: str | None, seq: int | None
+    ) -> dict[str, Any]:
+        if stream in self.hosting.hosted:
+            return await self.site.push_here(stream, payload, producer, seq)
+        if (producer is None) != (seq is None):
+            raise InvalidInput("push: give both producer and seq, or neither", stream=stream)
+        schema = await self.records.stream_schema(stream)
+        table = await asyncio.to_thread(batch_from_wire, schema, payload, stream=stream)
+        reply = await self.forwarder.push(stream, table, producer, seq)
+        return {**reply, "forwarded": True}
+
+    def subscribe(self, stream: str, start: str) -> AsyncIterator[dict[str, Any]]:
+        if start not in START_POSITIONS:
+            raise InvalidInput(f"subscribe: start must be latest or earliest, not {start!r}")
+        return self.forwarder.relay(stream, start)
+
+    async def lookup(self, name: str) -> dict[str, Any]:
+        catalog = self.site.catalog
+        hosted_here = name in self.hosting.hosted and catalog.find_stream(name) is not None
+        if catalog.find_query(name) is not None or hosted_here:
+            return {**self.site.lookup_here(name), "host": self.node_id.hex()}
+        return await self._lookup_catalog(name)
+
+    async def _lookup_catalog(self, name: str) -> dict[str, Any]:
+        """Describe a stream, query or schema from the DHT catalog (not hosted here)."""
+        # the three namespaces at once: a lookup costs one DHT round trip, not three
+        stream, query, schema = await asyncio.gather(
+            self.records.read(f"stream:{name}"),
+            self.records.read(f"query:{name}"),
+            self.records.read(f"schema:{name}"),
+        )
+        if stream is not None and not stream.get("deleted"):
+            host = await self.hosting.host_of(name)
+            member = self.overlay.member(host)
+            lease = await self.records.placement(name)
+            return {
+                "lease": None
+                if lease is None
+                else {"node": lease.node_id.hex(), "until": round(lease.until, 3)},
+                "kind": "stream",
+                "name": name,
+                "schema": stream["schema"],
+                "derived_from": stream.get("derived_from"),
+                "owner": stream.get("owner"),
+                "host": host.hex(),
+                "responsible": None if member is None else f"{member.api[0]}:{member.api[1]}",
+            }
+        found = (
+            await self.records.query_definition(name)
+            if query is not None and not query.get("deleted")
+            else None
+        )
+        if found is not None:
+            pointer, plan = found
+            fragments = await self.coordinator.describe(name)
+            statuses = {f.get("status") for f in fragments}
+            return {
+                "kind": "query",
+                "name": name,
+                "status": statuses.pop() if len(statuses) == 1 else "MIXED",
+                "definition": plan.get("query", plan),
+                "owner": pointer.get("owner"),
+                "host": bytes(pointer["host"]).hex(),
+                "fragments": fragments,
+            }
+        if schema is not None:
+            return {"kind": "schema", "name": name, "schema": schema["schema"]}
+        participant = await self.records.read(f"participant:{name}")
+        if participant is not None:
+            pk = participant.get("pk")
+            return {
+                "kind": "participant",
+                "name": name,
+                "public_key": pk.hex() if isinstance(pk, bytes) else None,
+                "trusted_here": isinstance(pk, bytes) and self.overlay.trust.is_trusted(pk),
+            }
+        raise NotFound(f"nothing named {name} in the catalog", name=name)
+
+    async def status(self) -> dict[str, Any]:
+        catalog = self.site.catalog
+        return {
+            **await self.site.status(),
+            "overlay": self.overlay.status(),
+            "hosted": sorted(self.hosting.hosted),
+            "replicas": catalog.replicas(),
+            "mirrors": self.mirrors.describe(),
+            "forwarded": self.forwarder.forwarded,
+            "moved": catalog.moved(),
+            **{key: part() for key, part in self.status_parts.items()},
+        }
+

@@ -1,0 +1,112 @@
+"""Moving a running fragment, with its state, to a partner's peer (Medusa's load movement).
+
+Theory of operation
+-------------------
+A fragment reads local spools and writes local spools; Spark keeps its progress (the spool
+offsets each micro-batch consumed) and its operator state (windows, join buffers) in the
+fragment's checkpoint directory. So a fragment moves whole if the new peer gets the checkpoint
+and spools *with the same offsets*: Spark resumes there exactly where it stopped, and a batch
+it re-runs carries the same batch id, which the result spool drops as a replay.
+
+The sender P, holding the move lock (one move in or out at a time):
+
+1. stops the fragment's streaming query: the *pause* starts;
+2. for each input that is a replica of a stream hosted by U: refuses further mirrored appends
+   (and waits for those landing), then asks U to stop mirroring to P (``unmirror``), which
+   answers with the last offset P acknowledged; P's replica is final from then on;
+3. for each input hosted at P itself (P keeps hosting it): registers a mirror reader for the
+   new peer Q at the spool's latest offset L (what the copy will hold); if Q holds a mirror
+   of it already, waits until that mirror has everything P's spool held at the stop;
+4. pauses the mirrors of the fragment's result streams (downstream fragments' copies), so the
+   readers' offsets are final;
+5. exports into a staging directory: the checkpoint; each input's uncommitted spool files
+   (after the fragment's committed offset) with the fragment's reader offsets and the replay
+   memory; each result spool whole (what late subscribers may still read) with the mirror
+   readers, and the origin its mirrors used;
+6. ships it as one tar over the peer link in chunks (``move_begin``, ``move_chunk``...,
+   ``move_install``), with a manifest (definition, incarnation, streams, schemas, contract);
+7. Q checks the sender's contract covers every box type of the fragment, and that its own
+   copy of each input it holds already reaches as far as P's spool did at the stop (``holds``:
+   Spark re-runs the batch it had planned, which may end there), adopts the spools and
+   the checkpoint, enters the streams and the query in its catalog, starts the query from the
+   checkpoint (the pause ends), hosts the result streams (their mirrors carry on under the old
+   origin, so downstream replay memory still applies) and claims their leases;
+8. P then has U mirror to Q from the offset P had acknowledged, mirrors its own inputs to Q,
+   writes a short handover lease naming Q for each result stream, records where the fragment
+   went (requests for it are forwarded), and drops what it no longer needs.
+
+A failure before Q has resumed undoes steps 2-4 and restarts the fragment at P.
+
+Movable: a RUNNING fragment with its own streaming query (not in the stateless lane), whose
+result streams no other local query reads and whose replica inputs no other local query
+reads. Q refuses a fragment whose streams or name it already holds.
+
+The stages live in their own modules: :mod:`~peer.move.plan` (what may move, and how each
+input travels), :mod:`~peer.move.package` (manifest, tar and their checks),
+:mod:`~peer.move.sender` (steps 1-6 and 8) and :mod:`~peer.move.receiver` (step 7).
+"""
+
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from typing import Any
+
+from contracts.book import ContractBook
+from peer.federation import Federation
+from peer.move.plan import movable
+from peer.move.receiver import ArrivalHook, MoveReceiver
+from peer.move.sender import MoveSender
+from peer.protocol.link import Raw
+from peer.site import LocalSite
+
+__all__ = ["ArrivalHook", "Mover"]
+
+MOVE_OPS = ("move_begin", "move_chunk", "move_install", "move_abort")
+
+
+class Mover:
+    """Moves fragments out (:class:`MoveSender`) and takes them in (:class:`MoveReceiver`),
+    one at a time."""
+
+    def __init__(
+        self,
+        site: LocalSite,
+        fed: Federation,
+        book: ContractBook | None,
+        on_arrival: ArrivalHook | None = None,
+    ) -> None:
+        self.site = site
+        self.fed = fed
+        self.lock = asyncio.Lock()  # one move in or out at a time
+        root = site.data_dir / "moves"
+        shutil.rmtree(root, ignore_errors=True)  # leftovers of a crash mid-move
+        root.mkdir(parents=True, exist_ok=True)
+        self.sender = MoveSender(site, fed, self.lock)
+        self.receiver = MoveReceiver(site, fed, book, self.lock, on_arrival)
+
+    def register(self) -> None:
+        """Serve the ``move_*`` peer-link requests."""
+        for op in MOVE_OPS:
+            self.fed.router.register(op, self._handle)
+
+    async def _handle(self, message: Raw, sender: str) -> dict[str, Any]:
+        return await self.receiver.handle(message.frame, sender)
+
+    @property
+    def busy(self) -> bool:
+        return self.lock.locked()
+
+    def movable(self) -> list[tuple[str, tuple[str, ...]]]:
+        """(fragment, box types) of the fragments that may move now."""
+        return movable(self.site, self.fed.hosting.hosted)
+
+    async def move_out(
+        self, name: str, target: bytes, *, contract: str, load: float = 0.0, price: float = 0.0
+    ) -> dict[str, Any]:
+        """Move fragment ``name``, with its state, to peer ``target``."""
+        return await self.sender.move_out(name, target, contract=contract, load=load, price=price)
+
+    async def handle(self, frame: dict[str, Any], sender: str) -> dict[str, Any]:
+        return await self.receiver.handle(frame, sender)

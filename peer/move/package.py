@@ -1,0 +1,178 @@
+"""What a move carries: the manifest, the tar of checkpoint and spools, and their checks.
+
+The sender exports a fragment into a staging directory and packs it as one tar
+(:func:`export_fragment`); the receiver checks every field of a manifest and of the install
+request from another peer before it touches anything (:func:`check_manifest`,
+:func:`check_install`), and unpacks with tarfile's ``data`` filter (no absolute paths, no links
+out, no devices).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from peer.errors import InvalidInput
+from peer.federation.mirror import MIRROR_PREFIX, ORIGIN_FILE
+from peer.model.query import parse_query
+from peer.model.schema import parse_schema
+from peer.site import LocalSite
+from peer.storage.catalog import QueryEntry
+from peer.storage.spool_format import write_reader_offset
+
+_READER = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
+CHUNK_BYTES = 4 * 1024 * 1024
+MAX_MOVE_BYTES = 8 * 1024**3
+
+
+@dataclass
+class Incoming:
+    """A move under way into this peer: its manifest, sender and the tar received so far."""
+
+    manifest: dict[str, Any]
+    sender: str
+    path: Path
+    size: int = 0
+    digest: Any = field(default_factory=hashlib.sha256)
+    touched: float = field(default_factory=time.monotonic)
+
+
+def export_fragment(
+    site: LocalSite,
+    stage: Path,
+    manifest: dict[str, Any],
+    entry: QueryEntry,
+    readers: dict[str, list[str]],
+    hosted_inputs: list[str],
+    own_origin: dict[str, str],
+    target: bytes,
+) -> dict[str, Any]:
+    """Write the tar; what ``move_install`` says besides it (size, hash, reader offsets
+    of the inputs the target holds already)."""
+    spools = site.spools
+    assert site.engine is not None
+    tree = stage / "tree"
+    name = manifest["fragment"]
+    shutil.copytree(site.engine.checkpoint_dir(name, entry.incarnation), tree / "checkpoint")
+    offsets: dict[str, dict[str, int]] = {}
+    for stream, info in manifest["inputs"].items():
+        spool = spools.get(stream)
+        ids = readers.get(stream, [])
+        committed = {r: spool.committed(r) for r in ids}
+        if info["mode"] == "local":
+            offsets[stream] = committed
+            continue
+        floor = min(committed.values(), default=spool.latest)
+        seqs = {}
+        through = spool.latest
+        if stream in hosted_inputs:
+            # P mirrors it to Q from L on, under P's origin, once Q runs the fragment
+            seqs = {own_origin[stream]: through}
+            write_reader_offset(
+                spool.directory, MIRROR_PREFIX + target.hex(), through, fsync=spool.fsync
+            )
+        spool.export(tree / info["dir"], after=floor, through=through, readers=ids, seqs=seqs)
+    for stream, info in manifest["outputs"].items():
+        spool = spools.get(stream)
+        mirror_readers = [r for r in spool.readers() if r.startswith(MIRROR_PREFIX)]
+        spool.export(tree / info["dir"], after=-1, readers=mirror_readers)
+        (tree / info["dir"] / ORIGIN_FILE).write_text(own_origin[stream])
+    tar_path = stage / "move.tar"
+    with tarfile.open(tar_path, "w") as tar:
+        tar.add(tree, arcname="tree")
+    digest = hashlib.sha256()
+    with tar_path.open("rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return {"size": tar_path.stat().st_size, "sha256": digest.hexdigest(), "offsets": offsets}
+
+
+def append_chunk(path: Path, data: bytes) -> None:
+    with path.open("ab") as f:
+        f.write(data)
+
+
+def extract(tar_path: Path, where: Path) -> None:
+    with tarfile.open(tar_path, "r") as tar:
+        tar.extractall(where, filter="data")  # no absolute paths, links out, devices
+
+
+def check_manifest(manifest: Any) -> dict[str, Any]:
+    """The manifest, type-checked; InvalidInput names the first thing wrong."""
+    if not isinstance(manifest, dict):
+        raise InvalidInput("move_begin: manifest must be a map")
+
+    def need(key: str, kind: type | tuple[type, ...]) -> Any:
+        value = manifest.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise InvalidInput(f"move_begin: manifest field {key!r} is missing or mistyped")
+        return value
+
+    for key in ("id", "fragment", "incarnation", "contract", "from_node"):
+        need(key, str)
+    if not all(c in "0123456789abcdef" for c in manifest["id"]) or len(manifest["id"]) != 32:
+        raise InvalidInput("move_begin: id must be 32 hex digits")
+    for key in ("load", "price"):
+        value = need(key, (int, float))
+        if not (value >= 0 and value < float("inf")):
+            raise InvalidInput(f"move_begin: {key} must be finite and >= 0")
+    need("definition", dict)
+    parsed = parse_query(manifest["definition"])
+    if parsed.name != manifest["fragment"]:
+        raise InvalidInput("move_begin: the definition is not the fragment's")
+    types = need("box_types", list)
+    if sorted({b.type for b in parsed.boxes}) != types:
+        raise InvalidInput("move_begin: box_types do not match the definition")
+    for key in ("inputs", "outputs"):
+        streams = need(key, dict)
+        for stream, info in streams.items():
+            if not isinstance(stream, str) or not isinstance(info, dict):
+                raise InvalidInput(f"move_begin: {key} must map stream names to maps")
+            directory = info.get("dir")
+            if not isinstance(directory, str) or not directory.isalnum():
+                raise InvalidInput(f"move_begin: {key}.{stream}.dir must be a plain name")
+            parse_schema(info.get("schema") or {})
+            if key == "inputs" and not isinstance(info.get("source"), str):
+                raise InvalidInput(f"move_begin: inputs.{stream}.source must be a node id")
+            if key == "inputs" and info.get("mode") not in ("copy", "local"):
+                raise InvalidInput(f"move_begin: inputs.{stream}.mode must be copy or local")
+    return manifest
+
+
+def check_install(frame: dict[str, Any], incoming: Incoming) -> dict[str, Any]:
+    """size, sha256, reader offsets and held offsets of a ``move_install``; InvalidInput if
+    mistyped."""
+    size, digest, offsets = frame.get("size"), frame.get("sha256"), frame.get("offsets")
+    holds = frame.get("holds")
+    if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= MAX_MOVE_BYTES:
+        raise InvalidInput("move_install: size must be a positive byte count")
+    if not isinstance(digest, str):
+        raise InvalidInput("move_install: sha256 must be a hex string")
+    if not isinstance(offsets, dict):
+        raise InvalidInput("move_install: offsets must be a map")
+    local = {s for s, i in incoming.manifest["inputs"].items() if i["mode"] == "local"}
+    if set(offsets) != local:
+        raise InvalidInput("move_install: offsets must name exactly the inputs held here")
+    if (
+        not isinstance(holds, dict)
+        or set(holds) != local
+        or not all(isinstance(o, int) and not isinstance(o, bool) for o in holds.values())
+    ):
+        raise InvalidInput("move_install: holds must map each input held here to an offset")
+    for stream, readers in offsets.items():
+        if not isinstance(readers, dict) or not all(
+            isinstance(r, str)
+            and _READER.fullmatch(r)
+            and isinstance(o, int)
+            and not isinstance(o, bool)
+            and o >= -1
+            for r, o in readers.items()
+        ):
+            raise InvalidInput(f"move_install: offsets.{stream} must map reader ids to offsets")
+    return {"size": size, "sha256": digest, "offsets": offsets, "holds": holds}

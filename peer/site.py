@@ -1,0 +1,470 @@
+"""The local site: one peer's streams, queries and engine, and nothing of the overlay.
+
+The walk of a tuple through a single peer (DESIGN.md section 3): ``push`` validates the batch
+against the stream's schema (a bad tuple refuses the whole batch), appends it to the stream's
+spool with an fsync, and only then acknowledges. The Spark engine reads the spool through the
+``fedspool`` source and appends each result micro-batch to the result stream's spool, whose
+listeners wake the subscribers. Nothing blocking runs on the event loop: validation and spool
+I/O go to worker threads, py4j calls to the engine's own thread.
+
+A lone peer (``--no-overlay``) serves the client API with this class alone. In a federation,
+:class:`peer.federation.Federation` decides which requests are local and calls the site for
+them; the site never calls back up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from peer.errors import Conflict, EngineError, InvalidInput, NotFound, Unavailable
+from peer.model.plan import CheckedQuery, check_query
+from peer.model.query import Query, parse_query, query_to_dict
+from peer.model.schema import Schema, check_name, parse_schema, to_arrow_schema
+from peer.model.tuples import batch_from_wire, batch_to_wire
+from peer.storage.catalog import QUERY_STATUSES, LocalCatalog, QueryEntry
+from peer.storage.spool import Spool, SpoolSet
+
+if TYPE_CHECKING:
+    from peer.engine.runner import Engine
+
+log = logging.getLogger(__name__)
+
+SUBSCRIBE_CHUNK = 64  # spool files read per wake-up of a subscriber
+START_POSITIONS = ("latest", "earliest")
+# What a subscription yields first, once its start position is fixed: the API server replies
+# to ``subscribe`` only then (peer.server.AnnouncedBatches).
+READY: dict[str, Any] = {"ready": True}
+
+
+@dataclass(frozen=True)
+class SiteConfig:
+    data_dir: Path
+    # Backpressure: how many batches a stream may hold that its slowest reader (a query, a
+    # mirror to another peer) has not taken; beyond it, pushes and mirrored appends wait
+    # (up to backlog_wait_s, then a retriable error) and queries writing it read no input.
+    max_backlog_batches: int = 1000
+    backlog_wait_s: float = 30.0
+    # How long a stream no query reads (a result stream) keeps its tuples for late subscribers.
+    retention_s: float = 600.0
+
+
+def checked_status(status: str) -> str:
+    status = status.upper()
+    if status not in QUERY_STATUSES:
+        raise InvalidInput(
+            f"unknown query status {status!r} (one of {', '.join(QUERY_STATUSES)})",
+            status=status,
+        )
+    return status
+
+
+class LocalSite:
+    """Streams, queries and the engine of one peer (implements peer.server.PeerService)."""
+
+    def __init__(self, config: SiteConfig, engine: Engine | None = None) -> None:
+        self.config = config
+        self.data_dir = config.data_dir
+        self.engine = engine
+        self.started_at = time.time()
+        self.address = ""  # HOST:PORT of the client API, set once it listens
+        self.query_errors: dict[str, str] = {}
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        self.catalog = LocalCatalog(config.data_dir / "catalog.sqlite")
+        self.spools = SpoolSet(config.data_dir / "spool")
+        for name in self.catalog.stream_names():
+            if name not in self.spools.streams():
+                self.spools.create(name, to_arrow_schema(self.catalog.stream(name).schema))
+        self._checked: dict[str, CheckedQuery] = {}
+        self._frozen: set[str] = set()  # replica streams being moved away: no appends
+        self._landing: dict[str, int] = {}  # mirrored appends under way, per stream
+        self._landed = asyncio.Condition()
+
+    # lifecycle
+    async def resume_queries(self) -> None:
+        """Restart the queries that were RUNNING, from their checkpoints."""
+        for name in self.catalog.query_names():
+            entry = self.catalog.query(name)
+            if entry.status == "RUNNING":
+                try:
+                    await self._run(entry, resume=True)
+                except EngineError as exc:
+                    self.query_errors[name] = exc.message
+                    log.error("query %s could not resume: %s", name, exc.message)
+
+    async def close(self) -> None:
+        if self.engine is not None:
+            await self.engine.close()
+            self.engine = None
+        self.catalog.close()
+
+    async def maintain(self) -> None:
+        """Trim what every reader has taken (and old result tuples); note failed queries."""
+        for name in self.spools.streams():
+            with contextlib.suppress(KeyError, OSError):
+                spool = self.spools.get(name)
+                await asyncio.to_thread(spool.trim, max_age_s=self.config.retention_s)
+        if self.engine is not None:
+            for name, reason in (await self.engine.failed()).items():
+                if self.query_errors.get(name) != reason:
+                    log.error("query %s failed: %s", name, reason)
+                    self.query_errors[name] = reason
+
+    async def _run(self, entry: QueryEntry, *, resume: bool = False) -> None:
+        """Start a query where it ran before (its checkpoint is there), or where the engine
+        places it on its first start, and remember that place."""
+        assert self.engine is not None
+        placement = await self.engine.run_query(
+            self.checked(entry.query),
+            entry.incarnation,
+            resume=resume,
+            placement=entry.placement,
+        )
+        if placement != entry.placement:
+            await asyncio.to_thread(self.catalog.set_placement, entry.query.name, placement)
+
+    def checked(self, query: Query) -> CheckedQuery:
+        """The query checked against the local streams' schemas (once per query)."""
+        found = self._checked.get(query.name)
+        if found is None or found.query is not query:
+            found = check_query(query, self.catalog.stream_schemas())
+            self._checked[query.name] = found
+        return found
+
+    # schemas and streams
+    async def add_schema(self, schema: Schema) -> None:
+        await asyncio.to_thread(self.catalog.add_schema, schema)
+
+    def find_schema(self, name: str) -> Schema | None:
+        return self.catalog.find_schema(name)
+
+    def unknown_schema(self, name: str) -> NotFound:
+        known = ", ".join(self.catalog.schema_names()) or "none"
+        return NotFound(f"unknown schema {name} (known here: {known})", schema=name)
+
+    async def add_stream(self, name: str, schema: Schema, derived_from: str | None) -> None:
+        """A stream held here: its catalog entry and its spool."""
+        await asyncio.to_thread(self.catalog.add_stream, name, schema, derived_from)
+        if name not in self.spools:
+            await asyncio.to_thread(self.spools.create, name, to_arrow_schema(schema))
+
+    async def add_replica(self, stream: str, schema: Schema, source: str) -> None:
+        """A copy of a stream hosted by ``source`` (node id, hex), mirrored here."""
+        await self.add_stream(stream, schema, None)
+        await asyncio.to_thread(self.catalog.add_replica, stream, source)
+
+    def stream_names(self) -> list[str]:
+        return self.catalog.stream_names()
+
+    def replicas(self) -> dict[str, str]:
+        return self.catalog.replicas()
+
+    async def drop_streams(self, streams: list[str]) -> None:
+        for stream in streams:
+            await asyncio.to_thread(self.catalog.remove_stream, stream)
+            if stream in self.spools:
+                await asyncio.to_thread(self.spools.drop, stream)
+
+    def streams_read(self, *, besides: str | None = None) -> set[str]:
+        """The streams the local queries (but ``besides``) read."""
+        return {
+            s
+            for name in self.catalog.query_names()
+            if name != besides
+            for box in self.catalog.query(name).query.boxes
+            for s in box.inputs
+        }
+
+    # queries
+    def check_new(self, query: Query) -> CheckedQuery:
+        """Check a query that is to run here; refuse before anything is written."""
+        if self.catalog.find_query(query.name) is not None:
+            raise Conflict(f"query {query.name} already exists; delete it first", query=query.name)
+        checked = self.checked(query)
+        for stream in checked.outputs:
+            self.catalog.check_stream(stream, checked.stream_schemas[stream])
+        return checked
+
+    async def add_query(self, checked: CheckedQuery) -> dict[str, Any]:
+        """Enter a checked query (SETUP) whose result streams exist here already."""
+        query = checked.query
+        await asyncio.to_thread(self.catalog.add_query, query, uuid.uuid4().hex[:8])
+        return {
+            "query": query.name,
+            "status": "SETUP",
+            "inputs": list(checked.inputs),
+            "outputs": list(checked.outputs),
+        }
+
+    async def set_query_status_here(self, name: str, status: str) -> dict[str, Any]:
+        status = checked_status(status)
+        entry = self.catalog.query(name)
+        if status == "RUNNING" and entry.status != "RUNNING":
+            if self.engine is None:
+                raise Conflict(
+                    f"query {name}: this peer runs without an engine (--no-engine)", query=name
+                )
+            self.query_errors.pop(name, None)
+            await self._run(entry)
+        elif status in ("STOPPED", "SETUP") and entry.status == "RUNNING":
+            assert self.engine is not None
+            await self.engine.stop_query(name)
+        elif status == "DELETED":
+            if self.engine is not None:
+                await self.engine.drop_query(name, entry.incarnation)
+            await asyncio.to_thread(self.catalog.remove_query, name)
+            self._checked.pop(name, None)
+            return {"query": name, "status": "DELETED"}
+        await asyncio.to_thread(self.catalog.set_status, name, status)
+        return {"query": name, "status": status}
+
+    # tuples in
+    async def push_here(
+        self, stream: str, payload: dict[str, Any], producer: str | None, seq: int | None
+    ) -> dict[str, Any]:
+        """Append a batch to a stream held here (fsync before the reply)."""
+        entry = self.catalog.stream(stream)
+        spool = self.spools.get(stream)
+        if (producer is None) != (seq is None):
+            raise InvalidInput("push: give both producer and seq, or neither", stream=stream)
+
+        def land() -> tuple[int, int | None]:
+            table = batch_from_wire(entry.schema, payload)
+            return table.num_rows, spool.append(table, origin=producer, seq=seq)
+
+        await self.room(stream, spool)
+        count, offset = await asyncio.to_thread(land)
+        return {
+            "stream": stream,
+            "count": count,
+            "offset": offset,
+            "duplicate": offset is None and count > 0,
+        }
+
+    async def append_mirrored(
+        self, stream: str, origin: str, batches: tuple[tuple[int, bytes], ...]
+    ) -> dict[str, Any]:
+        """Append mirrored batches of a replica (each fsynced; replays dropped by seq)."""
+        entry = self.catalog.stream(stream)
+        if stream not in self.catalog.replicas():
+            raise Conflict(f"stream {stream} is not mirrored to this peer", stream=stream)
+        spool = self.spools.get(stream)
+
+        def land() -> int:
+            kept = 0
+            for seq, body in batches:
+                table = batch_from_wire(entry.schema, {"arrow": body}, stream=stream)
+                if spool.append(table, origin=origin, seq=seq) is not None:
+                    kept += 1
+            return kept
+
+        if stream in self._frozen:
+            raise Unavailable(f"stream {stream} is moving to another peer", stream=stream)
+        await self.room(stream, spool)
+        self._landing[stream] = self._landing.get(stream, 0) + 1
+        try:
+            kept = await asyncio.to_thread(land)
+        finally:
+            self._landing[stream] -= 1
+            async with self._landed:
+                self._landed.notify_all()
+        return {"stream": stream, "last": batches[-1][0], "kept": kept}
+
+    async def room(self, stream: str, spool: Spool) -> None:
+        """Wait while the stream's slowest reader is too far behind (backpressure): the
+        writer (a client, or the peer mirroring to us) slows down instead of our disk and
+        memory filling up; after backlog_wait_s it gets a retriable error."""
+        limit = self.config.max_backlog_batches
+        if limit <= 0 or spool.backlog() <= limit:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.backlog_wait_s
+        while spool.backlog() > limit:
+            if loop.time() >= deadline:
+                raise Unavailable(
+                    f"stream {stream} is backlogged: its slowest reader is more than {limit} "
+                    "batches behind; retry later",
+                    stream=stream,
+                )
+            await asyncio.sleep(0.05)
+
+    def freeze(self, stream: str) -> None:
+        """Refuse mirrored appends to ``stream`` (a replica whose reader is moving away)."""
+        self._frozen.add(stream)
+
+    def thaw(self, stream: str) -> None:
+        self._frozen.discard(stream)
+
+    async def drained(self, stream: str, timeout_s: float = 30.0) -> None:
+        """Wait until no mirrored append to ``stream`` is landing."""
+        async with asyncio.timeout(timeout_s), self._landed:
+            await self._landed.wait_for(lambda: not self._landing.get(stream))
+
+    # tuples out
+    async def subscribe_here(self, stream: str, start: str) -> AsyncIterator[dict[str, Any]]:
+        """Batches of a stream held here from ``start`` (latest, earliest or ``after:N``, a
+        relay resuming where it was); :data:`READY` first, once the position is fixed."""
+        self.catalog.stream(stream)
+        after = after_offset(start)
+        if start not in START_POSITIONS and after is None:
+            raise InvalidInput(f"subscribe: start must be latest or earliest, not {start!r}")
+        spool = self.spools.get(stream)
+        loop = asyncio.get_running_loop()
+        wake = asyncio.Event()
+
+        def on_append(_offset: int) -> None:
+            loop.call_soon_threadsafe(wake.set)
+
+        spool.add_listener(on_append)
+        try:
+            if after is not None:
+                position = after
+            else:
+                position = spool.latest if start == "latest" else spool.earliest - 1
+            yield {**READY, "after": position}
+            while True:
+                wake.clear()
+                latest = spool.latest
+                if latest <= position:
+                    if stream not in self.spools:  # moved away (peer.move) or dropped
+                        raise Unavailable(
+                            f"stream {stream} is no longer here; subscribe again",
+                            stream=stream,
+                            moved=True,
+                        )
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(wake.wait(), 1.0)
+                    continue
+                end = min(latest, position + SUBSCRIBE_CHUNK)
+                position = max(position, spool.earliest - 1)  # skip what was trimmed meanwhile
+                batches = await asyncio.to_thread(_read_range, spool, position, end)
+                for offset, table in batches:
+                    yield {"offset": offset, **batch_to_wire(table)}
+                position = end
+        finally:
+            spool.remove_listener(on_append)
+
+    # what the brain and moves measure
+    def input_backlog(self) -> int:
+        """Batches waiting in the inputs of this peer's own streaming queries."""
+        if self.engine is None:
+            return 0
+        total = 0
+        for running in list(self.engine.running.values()):
+            for stream, reader in running.readers:
+                with contextlib.suppress(KeyError, ValueError, OSError):
+                    spool = self.spools.get(stream)
+                    total += max(0, spool.latest - spool.committed(reader))
+        return total
+
+    async def engine_busy_seconds(self) -> dict[str, float]:
+        return {} if self.engine is None else await self.engine.busy_seconds()
+
+    # describing
+    def lookup_here(self, name: str) -> dict[str, Any]:
+        stream = self.catalog.find_stream(name)
+        if stream is not None:
+            return {
+                "kind": "stream",
+                "name": name,
+                "schema": stream.schema.to_dict(),
+                "derived_from": stream.derived_from,
+                "responsible": self.address,
+                "latest_offset": self.spools.get(name).latest,
+            }
+        query = self.catalog.find_query(name)
+        if query is not None:
+            return {
+                "kind": "query",
+                "name": name,
+                "status": query.status,
+                "definition": query_to_dict(query.query),
+                "peer": self.address,
+            }
+        schema = self.catalog.find_schema(name)
+        if schema is not None:
+            return {"kind": "schema", "name": name, "schema": schema.to_dict()}
+        raise NotFound(f"nothing named {name} in the catalog", name=name)
+
+    async def status(self) -> dict[str, Any]:
+        names = self.catalog.query_names()
+        engine_info = await self.engine.describe(names) if self.engine is not None else {}
+        queries = []
+        for name in names:
+            info: dict[str, Any] = {"name": name, "status": self.catalog.query(name).status}
+            info.update(engine_info.get(name, {}))
+            if name in self.query_errors:
+                info["error"] = self.query_errors[name]
+            queries.append(info)
+        streams = [
+            {"name": n, "latest_offset": self.spools.get(n).latest}
+            for n in self.catalog.stream_names()
+        ]
+        return {
+            "peer": self.address,
+            "pid": os.getpid(),
+            "uptime_s": round(time.time() - self.started_at, 1),
+            "engine": "spark" if self.engine is not None else "none",
+            "data_dir": str(self.data_dir),
+            "streams": streams,
+            "queries": queries,
+        }
+
+    # the client API of a lone peer (peer.server.PeerService)
+    async def create_schema(self, schema: str | dict[str, Any]) -> dict[str, Any]:
+        parsed = parse_schema(schema)
+        await self.add_schema(parsed)
+        return {"schema": parsed.name, "fields": [f.name for f in parsed.fields]}
+
+    async def create_stream(self, name: str, schema: str) -> dict[str, Any]:
+        found = self.find_schema(schema)
+        if found is None:
+            raise self.unknown_schema(schema)
+        check_name(name, "stream", InvalidInput)
+        await self.add_stream(name, found, None)
+        return {"stream": name, "schema": found.name}
+
+    async def create_query(self, query: str | dict[str, Any]) -> dict[str, Any]:
+        checked = self.check_new(parse_query(query))
+        for stream in checked.outputs:
+            await self.add_stream(stream, checked.stream_schemas[stream], checked.query.name)
+        return await self.add_query(checked)
+
+    async def set_query_status(self, name: str, status: str) -> dict[str, Any]:
+        return await self.set_query_status_here(name, status)
+
+    async def push(
+        self, stream: str, payload: dict[str, Any], producer: str | None, seq: int | None
+    ) -> dict[str, Any]:
+        return await self.push_here(stream, payload, producer, seq)
+
+    def subscribe(self, stream: str, start: str) -> AsyncIterator[dict[str, Any]]:
+        if start not in START_POSITIONS:
+            raise InvalidInput(f"subscribe: start must be latest or earliest, not {start!r}")
+        return self.subscribe_here(stream, start)
+
+    async def lookup(self, name: str) -> dict[str, Any]:
+        return self.lookup_here(name)
+
+
+def after_offset(start: str) -> int | None:
+    if not start.startswith("after:"):
+        return None
+    try:
+        value = int(start[6:])
+    except ValueError:
+        return None
+    return value if value >= -1 else None
+
+
+def _read_range(spool: Spool, start: int, end: int) -> list[tuple[int, Any]]:
+    return list(spool.read(start, end, skip_trimmed=True))
+
