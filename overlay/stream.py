@@ -212,15 +212,21 @@ def memory_stream_pair(
     *,
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     high_water_bytes: int = READ_CHUNK_BYTES,
+    b_max_frame_bytes: int | None = None,
+    names: tuple[str, str] = ("memory:a", "memory:b"),
 ) -> tuple[FrameStream, FrameStream]:
-    """Two FrameStreams joined in memory, each direction buffering at most about
-    ``high_water_bytes`` before ``send`` blocks: a socket-free link for tests."""
+    """Two FrameStreams ``a`` and ``b`` joined in memory, each direction buffering at most
+    about ``high_water_bytes`` before ``send`` blocks: a socket-free link for tests.
+
+    ``b`` reads frames of up to ``b_max_frame_bytes`` (default: ``max_frame_bytes``, as
+    ``a``); ``names`` are the ends' addresses (each one's ``peer`` is the other's name)."""
     a_to_b = _Pipe(high_water_bytes)
     b_to_a = _Pipe(high_water_bytes)
-    a = FrameStream(
-        b_to_a, _MemoryWriter(a_to_b, b_to_a, "memory:b"), max_frame_bytes=max_frame_bytes
-    )
+    a_name, b_name = names
+    a = FrameStream(b_to_a, _MemoryWriter(a_to_b, b_to_a, b_name), max_frame_bytes=max_frame_bytes)
     b = FrameStream(
-        a_to_b, _MemoryWriter(b_to_a, a_to_b, "memory:a"), max_frame_bytes=max_frame_bytes
+        a_to_b,
+        _MemoryWriter(b_to_a, a_to_b, a_name),
+        max_frame_bytes=max_frame_bytes if b_max_frame_bytes is None else b_max_frame_bytes,
     )
     return a, b

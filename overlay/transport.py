@@ -116,6 +116,7 @@ class MemoryNetwork:
     def __init__(self) -> None:
         self._listeners: dict[tuple[str, int], Listener] = {}
         self._ports = itertools.count(1)
+        self._clients = itertools.count(1)
 
     def bind(self, listener: Listener, host: str, port: int) -> int:
         """Register ``listener`` at ``host:port`` (port 0: a free one); the bound port."""
@@ -140,8 +141,14 @@ class MemoryNetwork:
         if tls is not None:
             raise ValueError("a memory network carries no TLS")
         listener = self._listeners.get((host, port))
-        ours, theirs = memory_stream_pair(max_frame_bytes=max_frame_bytes)
-        if listener is None or not listener.hand_over(theirs):
+        if listener is None:
+            raise ConnectionRefusedError(f"nothing listens on memory address {host}:{port}")
+        ours, theirs = memory_stream_pair(
+            max_frame_bytes=max_frame_bytes,
+            b_max_frame_bytes=listener.max_frame_bytes,
+            names=(f"memory:{next(self._clients)}", f"memory:{host}:{port}"),
+        )
+        if not listener.hand_over(theirs):
             raise ConnectionRefusedError(f"nothing listens on memory address {host}:{port}")
         return ours
 

@@ -32,7 +32,6 @@ from overlay.link import (
     LinkTimeout,
     LinkUnavailable,
 )
-from overlay.transport import FrameStream
 from overlay.tls import (
     TlsContexts,
     anchor_name,
@@ -41,6 +40,7 @@ from overlay.tls import (
     peer_participant,
     server_context,
 )
+from overlay.transport import FrameStream
 
 T = TypeVar("T")
 

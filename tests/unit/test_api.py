@@ -1,4 +1,5 @@
-"""The client API server, driven by the real Client over loopback sockets (no JVM).
+"""The client API server, driven by the real Client over an in-memory network (no sockets,
+no JVM).
 
 The PeerService is an in-memory fake: a few dicts, one schema check, a batch log per stream.
 """
@@ -16,8 +17,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from overlay.wire import FrameDecoder, encode_frame
-from peer.api import ApiServer, PeerService
+from overlay.transport import FrameStream, MemoryNetwork
+from overlay.wire import encode_frame
 from peer.client import Client
 from peer.errors import (
     AlreadyExists,
@@ -28,6 +29,7 @@ from peer.errors import (
     TupleError,
     Unavailable,
 )
+from peer.server import ApiServer, PeerService
 
 TEST_TIMEOUT_S = 20
 PY_TYPES = {"int": int, "long": int, "double": float, "string": str, "bool": bool}
@@ -190,13 +192,25 @@ def async_test(fn: Callable[..., Awaitable[None]]) -> Callable[..., None]:
     return wrapper
 
 
+# The network the servers and clients of one test meet on (each test runs on its own loop).
+NETWORK = MemoryNetwork()
+
+
+def api_server(service: PeerService, **options: Any) -> ApiServer:
+    return ApiServer(service, "127.0.0.1", 0, network=NETWORK, **options)
+
+
+def client_of(server: ApiServer, **options: Any) -> Client:
+    options.setdefault("timeout_s", 5)
+    return Client("127.0.0.1", server.port, network=NETWORK, **options)
+
+
 @contextlib.asynccontextmanager
 async def serving(
     peer_class: type[FakePeer] = FakePeer, **options: Any
 ) -> AsyncIterator[tuple[ApiServer, FakePeer]]:
     peer = peer_class()
-    service: PeerService = peer
-    server = ApiServer(service, "127.0.0.1", 0, **options)
+    server = api_server(peer, **options)
     await server.start()
     try:
         yield server, peer
@@ -207,7 +221,7 @@ async def serving(
 
 @contextlib.asynccontextmanager
 async def connected(server: ApiServer, **options: Any) -> AsyncIterator[Client]:
-    async with Client("127.0.0.1", server.port, timeout_s=5, **options) as client:
+    async with client_of(server, **options) as client:
         yield client
 
 
@@ -219,29 +233,21 @@ async def with_people(client: Client) -> None:
 class RawConnection:
     """A client that speaks bytes, to send what the real Client never would."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-        self.decoder = FrameDecoder()
+    def __init__(self, stream: FrameStream) -> None:
+        self.stream = stream
 
     @classmethod
     async def open(cls, port: int) -> RawConnection:
-        return cls(*await asyncio.open_connection("127.0.0.1", port))
+        return cls(await NETWORK.connect("127.0.0.1", port))
 
     async def send(self, data: bytes | dict[str, Any]) -> None:
-        self.writer.write(data if isinstance(data, bytes) else encode_frame(data))
-        await self.writer.drain()
+        await self.stream.send_encoded(data if isinstance(data, bytes) else encode_frame(data))
 
     async def recv(self) -> dict[str, Any] | None:
-        while (frame := self.decoder.next_frame()) is None:
-            if self.decoder.at_eof:
-                return None
-            self.decoder.receive_data(await self.reader.read(65536))
-        return frame
+        return await self.stream.recv()
 
     async def close(self) -> None:
-        self.writer.close()
-        with contextlib.suppress(OSError):
-            await self.writer.wait_closed()
+        await self.stream.aclose()
 
 
 # -- every op ---------------------------------------------------------------------------------
@@ -326,7 +332,7 @@ async def test_service_errors_arrive_as_their_classes() -> None:
 async def test_unexpected_exception_is_internal_and_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="peer.api")
+    caplog.set_level(logging.ERROR, logger="peer.server")
     async with serving() as (server, _), connected(server) as client:
         with pytest.raises(FedstreamError) as err:
             await client.lookup_object("broken")
@@ -578,9 +584,9 @@ async def test_too_many_connections_are_refused() -> None:
 @async_test
 async def test_server_close_ends_everything_within_a_timeout() -> None:
     peer = FakePeer()
-    server = ApiServer(peer, "127.0.0.1", 0, close_timeout_s=2)
+    server = api_server(peer, close_timeout_s=2)
     await server.start()
-    clients = [Client("127.0.0.1", server.port, timeout_s=10) for _ in range(3)]
+    clients = [client_of(server, timeout_s=10) for _ in range(3)]
     for client in clients:
         await client.connect()
     await with_people(clients[0])
@@ -601,7 +607,7 @@ async def test_server_close_ends_everything_within_a_timeout() -> None:
     with pytest.raises(Unavailable):
         await clients[2].status()
     with pytest.raises(Unavailable):
-        await Client("127.0.0.1", server.port, timeout_s=1).connect()
+        await client_of(server, timeout_s=1).connect()
     for client in clients:
         await client.close()
     await raw.close()
@@ -609,14 +615,14 @@ async def test_server_close_ends_everything_within_a_timeout() -> None:
 
 @async_test
 async def test_serve_forever_closes_when_cancelled() -> None:
-    server = ApiServer(FakePeer(), "127.0.0.1", 0)
+    server = api_server(FakePeer())
     task = asyncio.create_task(server.serve_forever())
     while True:
         with contextlib.suppress(RuntimeError):
             port = server.port
             break
         await asyncio.sleep(0.01)
-    async with Client("127.0.0.1", port, timeout_s=5) as client:
+    async with Client("127.0.0.1", port, timeout_s=5, network=NETWORK) as client:
         assert (await client.status())["peer"] == "fake"
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

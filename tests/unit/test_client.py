@@ -8,8 +8,10 @@ from datetime import UTC, datetime, timedelta, timezone
 import pyarrow as pa
 import pytest
 
-from peer.client import Batch, Client, _error_from_frame, batch_payload
+from overlay.transport import MemoryNetwork
+from peer.client import Batch, Client, batch_payload
 from peer.errors import FedstreamError, InvalidInput, TupleError, Unavailable
+from peer.protocol.api import error_from_wire
 
 
 def test_columns_rows_and_arrow_payloads() -> None:
@@ -55,7 +57,7 @@ def test_batch_rows() -> None:
 
 
 def test_error_frames_become_their_classes() -> None:
-    err = _error_from_frame(
+    err = error_from_wire(
         {
             "type": "error",
             "id": 1,
@@ -65,7 +67,7 @@ def test_error_frames_become_their_classes() -> None:
         }
     )
     assert isinstance(err, TupleError) and err.details == {"field": "x"}
-    internal = _error_from_frame(
+    internal = error_from_wire(
         {"type": "error", "id": 1, "code": "internal", "message": "oops", "details": {}}
     )
     assert type(internal) is FedstreamError and internal.code == "internal"
@@ -74,7 +76,7 @@ def test_error_frames_become_their_classes() -> None:
 def test_requests_without_a_connection_are_unavailable() -> None:
     async def main() -> None:
         async with asyncio.timeout(5):
-            client = Client("127.0.0.1", 1, timeout_s=1)
+            client = Client("127.0.0.1", 1, timeout_s=1, network=MemoryNetwork())
             with pytest.raises(Unavailable):
                 await client.status()
             with pytest.raises(Unavailable, match="cannot connect"):

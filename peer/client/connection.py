@@ -1,274 +1,64 @@
-"""The asyncio Python client of a peer's API, with the Medusa API names.
-
-::
-
-    async with Client("127.0.0.1", 7700) as client:
-        await client.create_schema(schema_xml)
-        await client.create_stream("people", schema="people")
-        subscription = await client.subscribe("MrX")
-        await client.push("people", {"person_name": ["Ann", "X"], "person_id": [1, 2]})
-        async for batch in subscription:
-            print(batch.rows())
+"""The client's connection to one peer's API: :class:`Client`.
 
 One task (the reader) reads every frame of the connection and routes it: replies to the
 request waiting on their ``id``, ``batch`` frames to their subscription. Every request waits
 at most ``timeout_s``; a peer error raises the :mod:`peer.errors` class of its code; losing the
 connection fails every waiting request and subscription with
-:class:`~peer.errors.Unavailable`.
-
-Subscriptions use credit-based flow control: the peer sends at most ``subscription_credit``
-batches that the application has not yet taken, so a slow consumer never makes the reader
-block, and replies to other requests keep flowing.
-
-A peer whose API port is not on loopback speaks only mutual TLS: give the client a
-``participant`` and its ``key_path`` (from ``peer keygen``). It presents a short-lived
-certificate signed by that key, and accepts only a peer whose node certificate is issued by a
-participant it trusts: its own, or one whose ``NAME.pub`` is in ``trust_dir``. Either side
-refusing the other raises :class:`~peer.errors.Unauthorized`.
+:class:`~peer.errors.Unavailable`. Messages are :mod:`peer.protocol.api`'s typed values; the
+connection is opened through :mod:`overlay.transport` (a ``network=`` of
+:class:`~overlay.transport.MemoryNetwork` runs it without sockets, in tests).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import ssl
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from overlay.errors import LocalProtocolError, RemoteProtocolError
-from overlay.stream import FrameStream
+from overlay.transport import TCP, FrameStream, Network
 from overlay.wire import DEFAULT_MAX_FRAME_BYTES, encode_frame
-from peer.api import PROTOCOL_VERSION
-from peer.errors import (
-    FedstreamError,
-    InvalidInput,
-    NotFound,
-    Unauthorized,
-    Unavailable,
-    from_wire,
+from peer.client.payload import Batch, batch_payload
+from peer.client.subscription import Subscription
+from peer.errors import FedstreamError, InvalidInput, Unauthorized, Unavailable
+from peer.protocol.api import (
+    PROTOCOL_VERSION,
+    BatchFrame,
+    CreateQuery,
+    CreateSchema,
+    CreateStream,
+    Credit,
+    Hello,
+    Lookup,
+    Ok,
+    Push,
+    Request,
+    SetQueryStatus,
+    Status,
+    error_from_wire,
 )
 
 if TYPE_CHECKING:  # cryptography is imported only by clients that use TLS
     from overlay.identity import TrustStore
 
-__all__ = ["DEFAULT_PORT", "Batch", "Client", "Subscription"]
+__all__ = ["DEFAULT_PORT", "Client"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 7700
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
 
-
-@dataclass(frozen=True, slots=True)
-class Batch:
-    """Tuples of one stream as delivered by a subscription, column-wise."""
-
-    stream: str
-    offset: int  # the batch's position in the stream's log (increasing)
-    columns: dict[str, list[Any]]
-    part: int = 0  # a batch too big for one frame comes as parts 0..parts-1, same offset
-    parts: int = 1
-
-    @property
-    def num_rows(self) -> int:
-        return len(next(iter(self.columns.values()), []))
-
-    def rows(self) -> list[dict[str, Any]]:
-        names = list(self.columns)
-        return [
-            dict(zip(names, values, strict=True))
-            for values in zip(*self.columns.values(), strict=True)
-        ]
-
-
-def _wire_value(value: Any) -> Any:
-    # Timestamps travel as int microseconds since the epoch, UTC (naive datetimes are UTC).
-    if isinstance(value, datetime):
-        aware = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-        return (aware - _EPOCH) // _MICROSECOND
-    return value
-
-
-def _column(values: Any) -> list[Any]:
-    if hasattr(values, "tolist"):  # numpy arrays, pandas Series: plain Python values
-        values = values.tolist()
-    if isinstance(values, str | bytes) or not isinstance(values, Sequence):
-        raise InvalidInput(f"a column must be a sequence of values, not {type(values).__name__}")
-    return [_wire_value(v) for v in values]
-
-
-def batch_payload(data: Any) -> dict[str, Any]:
-    """The batch part of a ``push`` frame for a pyarrow Table/RecordBatch, a mapping of
-    columns, or a sequence of row mappings. A payload already in wire form
-    (``{"columns": {...}}``, ``{"rows": [...]}``, ``{"arrow": bytes}``) is accepted too."""
-    if isinstance(data, Mapping) and len(data) == 1:
-        ((key, value),) = data.items()
-        if key == "columns" and isinstance(value, Mapping):
-            return batch_payload(value)
-        if (
-            key == "rows"
-            and isinstance(value, list | tuple)
-            and all(isinstance(row, Mapping) for row in value)
-        ):
-            return batch_payload(value)
-        if key == "arrow" and isinstance(value, bytes | bytearray | memoryview):
-            return {"arrow": bytes(value)}
-    if isinstance(data, Mapping):
-        return {"columns": {str(name): _column(values) for name, values in data.items()}}
-    if isinstance(data, Sequence) and not isinstance(data, str | bytes):
-        rows = []
-        for i, row in enumerate(data):
-            if not isinstance(row, Mapping):
-                raise InvalidInput(f"row {i} is a {type(row).__name__}, not a mapping", row=i)
-            rows.append({str(k): _wire_value(v) for k, v in row.items()})
-        return {"rows": rows}
-    import pyarrow as pa  # only for Arrow input: keeps `import peer.client` light
-
-    if isinstance(data, pa.Table | pa.RecordBatch):
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, data.schema) as writer:
-            writer.write(data)
-        return {"arrow": sink.getvalue().to_pybytes()}
-    raise InvalidInput(
-        f"cannot push a {type(data).__name__}: give a pyarrow Table, a dict of columns "
-        "or a list of row dicts"
-    )
-
-
-def _error_from_frame(frame: Mapping[str, Any]) -> FedstreamError:
-    err = from_wire(dict(frame))
-    code = frame.get("code")
-    if isinstance(code, str) and err.code != code:
-        err.code = code  # a code this client has no class for ("internal", "protocol"): keep it
-    return err
-
-
-class Subscription:
-    """An async iterator of :class:`Batch` (from :meth:`Client.subscribe`).
-
-    ``await client.subscribe(...)`` returns it once the peer has accepted it (so nothing pushed
-    after that is missed); ``async for batch in client.subscribe(...)`` subscribes on the
-    first iteration. ``aclose()`` (or leaving ``async with``) unsubscribes. Iteration ends
-    when the peer ends the subscription; it raises the peer's error if it failed, and
-    :class:`~peer.errors.Unavailable` if the connection was lost.
-    """
-
-    def __init__(self, client: Client, stream: str, start: str, credit: int) -> None:
-        self.stream = stream
-        self.start = start
-        self.sid: int | None = None
-        self._client = client
-        self._credit = credit
-        self._opened = False
-        self._taken = 0  # batches taken since the last credit grant
-        self._queue: asyncio.Queue[Batch | FedstreamError | None] = asyncio.Queue()
-        self._finished = False  # the peer ended it, or the connection is gone
-        self._closed = False  # the application is done with it
-
-    def __await__(self) -> Generator[Any, None, Subscription]:
-        return self._open().__await__()
-
-    async def _open(self) -> Subscription:
-        if self._opened:
-            return self
-        self._opened = True
-        try:
-            await self._client._request(
-                "subscribe",
-                {"stream": self.stream, "start": self.start, "credit": self._credit},
-                on_ok=self._register,
-            )
-        except BaseException:
-            self._closed = True
-            raise
-        return self
-
-    def _register(self, result: dict[str, Any]) -> None:
-        # Runs in the client's reader, before it reads the frame after the reply: no batch
-        # can arrive before the subscription is known.
-        sid = result.get("subscription")
-        if not isinstance(sid, int):
-            raise RemoteProtocolError("subscribe reply has no integer 'subscription'")
-        self.sid = sid
-        self._client._subscriptions[sid] = self
-
-    def __aiter__(self) -> Subscription:
-        return self
-
-    async def __anext__(self) -> Batch:
-        if not self._opened:
-            await self._open()
-        if self._closed:
-            raise StopAsyncIteration
-        item = await self._queue.get()
-        if item is None:
-            self._closed = True
-            raise StopAsyncIteration
-        if isinstance(item, FedstreamError):
-            self._closed = True
-            raise item
-        self._taken += 1
-        if self._taken * 2 >= self._credit and not self._finished:
-            await self._grant()
-        return item
-
-    async def next_batch(self, timeout_s: float) -> Batch | None:
-        """The next batch, or None if none arrives within ``timeout_s`` or the subscription
-        has ended."""
-        try:
-            async with asyncio.timeout(timeout_s):
-                return await anext(self)
-        except (TimeoutError, StopAsyncIteration):
-            return None
-
-    async def aclose(self) -> None:
-        """Unsubscribe (no more batches are delivered after this returns)."""
-        if self._closed:
-            return
-        self._closed = True
-        if not self._finished and self.sid is not None:
-            self._finished = True
-            self._client._subscriptions.pop(self.sid, None)
-            # NotFound: it ended on its own; Unavailable: the connection is gone. Either way
-            # there is nothing left to undo.
-            with contextlib.suppress(NotFound, Unavailable):
-                await self._client._request("unsubscribe", {"subscription": self.sid})
-
-    async def __aenter__(self) -> Subscription:
-        return await self._open()
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-    async def _grant(self) -> None:
-        batches, self._taken = self._taken, 0
-        # If the connection is gone the reader has seen (or will see) it and ends us.
-        with contextlib.suppress(Unavailable):
-            await self._client._send(
-                {"type": "credit", "subscription": self.sid, "batches": batches}
-            )
-
-    def _deliver(self, batch: Batch) -> None:
-        if self._queue.qsize() >= self._credit:
-            raise RemoteProtocolError(f"peer sent more batches than the credit of {self._credit}")
-        self._queue.put_nowait(batch)
-
-    def _finish(self, error: FedstreamError | None) -> None:
-        if not self._finished:
-            self._finished = True
-            self._queue.put_nowait(error)
+OnOk = Callable[[dict[str, Any]], None]
 
 
 @dataclass(slots=True)
 class _Pending:
     future: asyncio.Future[dict[str, Any]]
-    on_ok: Callable[[dict[str, Any]], None] | None
+    on_ok: OnOk | None
 
 
 class Client:
@@ -276,7 +66,8 @@ class Client:
 
     With ``participant`` and ``key_path`` the connection is mutual TLS (see the module
     notes); ``trust_dir`` holds the ``NAME.pub`` of the participants whose peers the client
-    accepts besides its own. ``ssl`` is for a TLS context made by hand instead.
+    accepts besides its own. ``ssl`` is for a TLS context made by hand instead. ``network``
+    is where to connect: the real one, or a :class:`~overlay.transport.MemoryNetwork` in tests.
     """
 
     def __init__(
@@ -291,6 +82,7 @@ class Client:
         key_path: Path | None = None,
         trust_dir: Path | None = None,
         ssl: ssl.SSLContext | None = None,
+        network: Network = TCP,
     ) -> None:
         if subscription_credit < 1:
             raise ValueError("subscription_credit must be at least 1")
@@ -311,6 +103,8 @@ class Client:
         self.server_info: dict[str, Any] = {}
         self.server_participant: str | None = None  # proven by the peer's TLS certificate
         self._ssl = ssl
+        self._network = network
+        self._subscription_port = _Port(self)
         self._trust: TrustStore | None = None
         self._heard = False  # any frame arrived on this connection
         self._max_frame_bytes = DEFAULT_MAX_FRAME_BYTES
@@ -339,9 +133,7 @@ class Client:
         self._heard = False
         self._reader = asyncio.create_task(self._read_loop(self._stream))
         try:
-            self.server_info = await self._request(
-                "hello", {"client": self.client_name, "version": PROTOCOL_VERSION}
-            )
+            self.server_info = await self._ask(Hello(self.client_name, PROTOCOL_VERSION))
         except Unavailable as exc:
             await self.close()
             if self._heard or isinstance(exc.__cause__, TimeoutError):
@@ -358,7 +150,7 @@ class Client:
         context = self._ssl_context()
         try:
             async with asyncio.timeout(self.timeout_s):
-                reader, writer = await asyncio.open_connection(self.host, self.port, ssl=context)
+                stream = await self._network.connect(self.host, self.port, tls=context)
         except ssl.SSLCertVerificationError as exc:
             raise Unauthorized(
                 f"refusing peer {self.address}: its TLS certificate is not issued by a "
@@ -376,19 +168,16 @@ class Client:
             raise Unavailable(
                 f"cannot connect to peer {self.address}: {exc or 'timed out'}", peer=self.address
             ) from exc
-        stream = FrameStream(reader, writer)
         if self._trust is not None:
-            from overlay.identity import IdentityError
-            from overlay.tls import peer_identity
+            from peer.client.tls import server_participant
 
             try:
-                remote = peer_identity(writer.get_extra_info("ssl_object"), self._trust)
-            except IdentityError as exc:
+                self.server_participant = server_participant(
+                    stream.ssl_object, self._trust, self.address
+                )
+            except Unauthorized:
                 await stream.aclose()
-                raise Unauthorized(
-                    f"refusing peer {self.address}: {exc.reason}", peer=self.address
-                ) from exc
-            self.server_participant = remote.participant
+                raise
         return stream
 
     def _ssl_context(self) -> ssl.SSLContext | None:
@@ -396,25 +185,9 @@ class Client:
         certificate it presents is short-lived."""
         if self.key_path is None or self.participant is None:
             return self._ssl
-        from contracts.keys import KeyError_, load_private
-        from overlay.identity import IdentityError, TrustStore
-        from overlay.tls import client_cert_context
+        from peer.client.tls import participant_context
 
-        try:
-            key = load_private(self.key_path)
-            trust = TrustStore()
-            trust.add(self.participant, key.public_key())
-            if self.trust_dir is not None:
-                if not self.trust_dir.is_dir():
-                    raise IdentityError(f"trust directory {self.trust_dir} does not exist")
-                trust.load_dir(self.trust_dir)
-            context = client_cert_context(self.participant, key, trust)
-        except (KeyError_, IdentityError) as exc:
-            raise InvalidInput(
-                f"cannot act as participant {self.participant!r} with key {self.key_path}: {exc}",
-                participant=self.participant,
-            ) from exc
-        self._trust = trust
+        context, self._trust = participant_context(self.participant, self.key_path, self.trust_dir)
         return context
 
     def _dropped_error(self) -> FedstreamError:
@@ -461,18 +234,18 @@ class Client:
 
     async def create_schema(self, schema: str | Mapping[str, Any]) -> dict[str, Any]:
         """Create a schema from Medusa XML, JSON text, or a dict."""
-        return await self._request("create_schema", {"schema": _plain(schema)})
+        return await self._ask(CreateSchema(_plain(schema)))
 
     async def create_stream(self, name: str, schema: str) -> dict[str, Any]:
-        return await self._request("create_stream", {"name": name, "schema": schema})
+        return await self._ask(CreateStream(name, schema))
 
     async def create_query(self, query: str | Mapping[str, Any]) -> dict[str, Any]:
         """Submit a query: Medusa/Borealis XML, JSON text, or a dict."""
-        return await self._request("create_query", {"query": _plain(query)})
+        return await self._ask(CreateQuery(_plain(query)))
 
     async def set_query_status(self, name: str, status: str) -> dict[str, Any]:
         """SETUP, RUNNING, STOPPED or DELETED."""
-        return await self._request("set_query_status", {"name": name, "status": status})
+        return await self._ask(SetQueryStatus(name, status))
 
     async def start_query(self, name: str) -> dict[str, Any]:
         return await self.set_query_status(name, "RUNNING")
@@ -484,17 +257,12 @@ class Client:
         return await self.set_query_status(name, "DELETED")
 
     async def push(
-        self, stream: str, data: Any, *, producer: str | None = None, seq: int | None = None
+        self, stream: str, data: object, *, producer: str | None = None, seq: int | None = None
     ) -> dict[str, Any]:
         """Push a batch (pyarrow Table, dict of columns, or list of row dicts); returns once
         the peer has durably accepted all of it. ``producer``/``seq`` make retries safe: the
         peer drops a batch whose (producer, seq) it has already accepted."""
-        args: dict[str, Any] = {"stream": stream, **batch_payload(data)}
-        if producer is not None:
-            args["producer"] = producer
-        if seq is not None:
-            args["seq"] = seq
-        return await self._request("push", args)
+        return await self._ask(Push(stream, batch_payload(data), producer, seq))
 
     async def post_event(self, stream: str, event: Mapping[str, Any]) -> dict[str, Any]:
         """Push one tuple."""
@@ -506,7 +274,7 @@ class Client:
         ``sub = await client.subscribe(s)`` waits until the peer has accepted (every tuple
         pushed after that is delivered); ``async for batch in client.subscribe(s)`` works too.
         """
-        return Subscription(self, stream, start, self.subscription_credit)
+        return Subscription(self._subscription_port, stream, start, self.subscription_credit)
 
     async def receive_events(
         self,
@@ -532,26 +300,32 @@ class Client:
 
     async def lookup_object(self, name: str) -> dict[str, Any]:
         """What the catalog knows about a schema, stream, query, participant or peer."""
-        return await self._request("lookup", {"name": name})
+        return await self._ask(Lookup(name))
 
     async def status(self) -> dict[str, Any]:
-        return await self._request("status", {})
+        return await self._ask(Status())
 
     # -- plumbing --------------------------------------------------------------------------
 
+    async def _ask(self, request: Request, *, on_ok: OnOk | None = None) -> dict[str, Any]:
+        """Send a typed request and return its result."""
+        return await self._round_trip(request.op, request.to_wire, on_ok)
+
     async def _request(
-        self,
-        op: str,
-        args: dict[str, Any],
-        *,
-        on_ok: Callable[[dict[str, Any]], None] | None = None,
+        self, op: str, args: dict[str, Any], *, on_ok: OnOk | None = None
+    ) -> dict[str, Any]:
+        """Send any request, typed or not (tests send what a typed one cannot)."""
+        return await self._round_trip(op, lambda rid: {"type": op, "id": rid, **args}, on_ok)
+
+    async def _round_trip(
+        self, op: str, frame_of: Callable[[int], dict[str, Any]], on_ok: OnOk | None
     ) -> dict[str, Any]:
         rid = next(self._ids)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[rid] = _Pending(future, on_ok)
         try:
             async with asyncio.timeout(self.timeout_s):
-                await self._send({"type": op, "id": rid, **args})
+                await self._send(frame_of(rid))
                 return await future
         except TimeoutError as exc:
             raise Unavailable(
@@ -605,35 +379,23 @@ class Client:
             if pending is None or pending.future.done():
                 log.debug("reply to request %s that nobody waits for", rid)
             elif kind == "ok":
-                result = frame.get("result")
-                if not isinstance(result, dict):
-                    raise RemoteProtocolError(f"reply to request {rid} has no result map")
+                result = Ok.from_wire(frame).result
                 if pending.on_ok is not None:
                     pending.on_ok(result)
                 pending.future.set_result(result)
             else:
-                pending.future.set_exception(_error_from_frame(frame))
+                pending.future.set_exception(error_from_wire(frame))
         elif kind == "batch":
-            sid, offset, stream, columns = (
-                frame.get(k) for k in ("subscription", "offset", "stream", "columns")
-            )
-            part, parts = frame.get("part", 0), frame.get("parts", 1)
-            if not (
-                isinstance(sid, int)
-                and isinstance(offset, int)
-                and isinstance(stream, str)
-                and isinstance(columns, dict)
-                and isinstance(part, int)
-                and isinstance(parts, int)
-            ):
-                raise RemoteProtocolError("batch frame lacks subscription/offset/stream/columns")
-            sub = self._subscriptions.get(sid)
+            batch = BatchFrame.from_wire(frame)
+            sub = self._subscriptions.get(batch.subscription)
             if sub is not None:
-                sub._deliver(Batch(stream, offset, columns, part, parts))
+                sub.deliver(
+                    Batch(batch.stream, batch.offset, batch.columns, batch.part, batch.parts)
+                )
         elif kind in ("end", "error") and isinstance(frame.get("subscription"), int):
             sub = self._subscriptions.pop(frame["subscription"], None)
             if sub is not None:
-                sub._finish(_error_from_frame(frame) if kind == "error" else None)
+                sub.finish(error_from_wire(frame) if kind == "error" else None)
         elif kind == "error":
             # Not tied to a request: the peer is about to close the connection.
             self._lost = Unavailable(
@@ -654,9 +416,28 @@ class Client:
                 pending.future.set_exception(Unavailable(reason.message, **reason.details))
         self._pending.clear()
         for sub in self._subscriptions.values():
-            sub._finish(Unavailable(reason.message, **reason.details))
+            sub.finish(Unavailable(reason.message, **reason.details))
         self._subscriptions.clear()
 
 
 def _plain(definition: str | Mapping[str, Any]) -> str | dict[str, Any]:
     return definition if isinstance(definition, str) else dict(definition)
+
+
+class _Port:
+    """What the client's subscriptions need of it (a SubscriptionPort)."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    async def request(self, request: Request, *, on_ok: OnOk | None = None) -> dict[str, Any]:
+        return await self._client._ask(request, on_ok=on_ok)
+
+    async def send(self, message: Credit) -> None:
+        await self._client._send(message.to_wire())
+
+    def attach(self, sid: int, subscription: Subscription) -> None:
+        self._client._subscriptions[sid] = subscription
+
+    def detach(self, sid: int) -> None:
+        self._client._subscriptions.pop(sid, None)

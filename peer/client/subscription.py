@@ -1,0 +1,160 @@
+"""A subscription of the client: an async iterator of batches, with credit-based flow control.
+
+The peer sends at most ``credit`` batch frames that the application has not yet taken (the
+receiving side of :class:`~overlay.transport.ReceiveWindow`), so a slow consumer never makes
+the client's reader block, and replies to other requests keep flowing. A subscription knows
+its client only through the :class:`SubscriptionPort` it was given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Generator
+from typing import Any, Protocol
+
+from overlay.errors import RemoteProtocolError
+from overlay.transport import CreditError, ReceiveWindow
+from peer.client.payload import Batch
+from peer.errors import FedstreamError, NotFound, Unavailable
+from peer.protocol.api import MAX_CREDIT, Credit, Request, Subscribe, Unsubscribe
+
+__all__ = ["Subscription", "SubscriptionPort"]
+
+
+class SubscriptionPort(Protocol):
+    """What a subscription needs of the connection it belongs to."""
+
+    async def request(
+        self, request: Request, *, on_ok: Callable[[dict[str, Any]], None] | None = None
+    ) -> dict[str, Any]:
+        """Send ``request`` and return its result; ``on_ok`` runs in the reader before it
+        reads the frame after the reply."""
+        ...
+
+    async def send(self, message: Credit) -> None: ...
+
+    def attach(self, sid: int, subscription: Subscription) -> None:
+        """Route the batches and the end of subscription ``sid`` to ``subscription``."""
+        ...
+
+    def detach(self, sid: int) -> None: ...
+
+
+class Subscription:
+    """An async iterator of :class:`Batch` (from :meth:`Client.subscribe`).
+
+    ``await client.subscribe(...)`` returns it once the peer has accepted it (so nothing pushed
+    after that is missed); ``async for batch in client.subscribe(...)`` subscribes on the
+    first iteration. ``aclose()`` (or leaving ``async with``) unsubscribes. Iteration ends
+    when the peer ends the subscription; it raises the peer's error if it failed, and
+    :class:`~peer.errors.Unavailable` if the connection was lost.
+    """
+
+    def __init__(self, port: SubscriptionPort, stream: str, start: str, credit: int) -> None:
+        self.stream = stream
+        self.start = start
+        self.sid: int | None = None
+        self._port = port
+        self._credit = credit
+        # (a server keeps at most MAX_CREDIT of a larger credit: it never sends more than asked)
+        self._window = ReceiveWindow(credit, max_credit=max(credit, MAX_CREDIT))
+        self._opened = False
+        self._queue: asyncio.Queue[Batch | FedstreamError | None] = asyncio.Queue()
+        self._finished = False  # the peer ended it, or the connection is gone
+        self._closed = False  # the application is done with it
+
+    def __await__(self) -> Generator[Any, None, Subscription]:
+        return self._open().__await__()
+
+    async def _open(self) -> Subscription:
+        if self._opened:
+            return self
+        self._opened = True
+        try:
+            request = Subscribe(self.stream, self.start, self._credit)
+            await self._port.request(request, on_ok=self._register)
+        except BaseException:
+            self._closed = True
+            raise
+        return self
+
+    def _register(self, result: dict[str, Any]) -> None:
+        # Runs in the client's reader, before it reads the frame after the reply: no batch
+        # can arrive before the subscription is known.
+        sid = result.get("subscription")
+        if not isinstance(sid, int):
+            raise RemoteProtocolError("subscribe reply has no integer 'subscription'")
+        self.sid = sid
+        self._port.attach(sid, self)
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> Batch:
+        if not self._opened:
+            await self._open()
+        if self._closed:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if item is None:
+            self._closed = True
+            raise StopAsyncIteration
+        if isinstance(item, FedstreamError):
+            self._closed = True
+            raise item
+        grant = self._window.taken()
+        if grant and not self._finished:
+            await self._grant(grant)
+        return item
+
+    async def next_batch(self, timeout_s: float) -> Batch | None:
+        """The next batch, or None if none arrives within ``timeout_s`` or the subscription
+        has ended."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await anext(self)
+        except (TimeoutError, StopAsyncIteration):
+            return None
+
+    async def aclose(self) -> None:
+        """Unsubscribe (no more batches are delivered after this returns)."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self._finished and self.sid is not None:
+            self._finished = True
+            self._port.detach(self.sid)
+            # NotFound: it ended on its own; Unavailable: the connection is gone. Either way
+            # there is nothing left to undo.
+            with contextlib.suppress(NotFound, Unavailable):
+                await self._port.request(Unsubscribe(self.sid))
+
+    async def __aenter__(self) -> Subscription:
+        return await self._open()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def _grant(self, batches: int) -> None:
+        assert self.sid is not None
+        # If the connection is gone the reader has seen (or will see) it and ends us.
+        with contextlib.suppress(Unavailable):
+            await self._port.send(Credit(self.sid, batches))
+
+    def deliver(self, batch: Batch) -> None:
+        """A batch frame arrived (the client's reader calls this)."""
+        try:
+            self._window.arrived()
+        except CreditError as exc:
+            raise RemoteProtocolError(
+                f"peer sent more batches than the credit of {self._credit}"
+            ) from exc
+        self._queue.put_nowait(batch)
+
+    def finish(self, error: FedstreamError | None) -> None:
+        """The peer ended the subscription (with ``error`` if it failed), or the connection
+        is gone."""
+        if not self._finished:
+            self._finished = True
+            self._queue.put_nowait(error)
