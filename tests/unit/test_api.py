@@ -541,7 +541,7 @@ async def test_slow_subscriber_does_not_block_other_clients() -> None:
             await asyncio.sleep(0.01)
         watch = await fast.subscribe("people")
         blob = "x" * 65536
-        for i in range(200):  # ~13 MiB: far more than the lazy socket's buffers hold
+        for i in range(200):  # ~13 MiB: far more than the lazy connection's buffers hold
             async with asyncio.timeout(2):
                 await fast.push("people", {"name": [blob], "id": [i]})
             batch = await watch.next_batch(2)

@@ -1,22 +1,17 @@
 """Backpressure: a stream's slowest reader bounds what its writers may add (no JVM: the Spark
-source's planning is called directly, the peer runs without an engine)."""
+source's planning is called directly). What a client sees of it, through a running peer, is
+tests/integration/test_backpressure.py."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pyarrow as pa
-import pytest
 from pyspark.sql.types import LongType, StructField, StructType
 
-from peer.client import Client
 from peer.engine.source import SpoolStreamReader
-from peer.errors import Unavailable
-from peer.node import PeerConfig
 from peer.storage.spool import Spool
 from peer.storage.spool_format import backlog, write_reader_offset, write_taken
-from peer.testing import PeerThread
 
 SCHEMA = pa.schema([("x", pa.int64())])
 
@@ -63,32 +58,3 @@ def test_a_query_reads_no_input_while_its_output_is_backlogged(tmp_path: Path) -
     assert reader.latestOffset(start, reader.getDefaultReadLimit()) == start
     write_reader_offset(output.directory, "downstream", 3, fsync=False)  # 2 behind now
     assert reader.latestOffset(start, reader.getDefaultReadLimit()) == {"offset": 4}
-
-
-def test_pushes_wait_for_a_lagging_reader_then_fail_retriably(tmp_path: Path) -> None:
-    config = PeerConfig(
-        data_dir=tmp_path / "p",
-        port=0,
-        engine=False,
-        overlay=False,
-        max_backlog_batches=3,
-        backlog_wait_s=0.5,
-    )
-    with PeerThread(config) as peer:
-
-        async def go() -> None:
-            async with Client("127.0.0.1", peer.port) as c:
-                await c.create_schema({"name": "n", "fields": [{"name": "x", "type": "long"}]})
-                await c.create_stream("s", "n")
-                spool = peer.peer.site.spools.get("s")  # type: ignore[union-attr]
-                spool.register_reader("lagging")
-                for i in range(4):
-                    await c.push("s", {"columns": {"x": [i]}})
-                with pytest.raises(Unavailable, match="backlogged"):
-                    await c.push("s", {"columns": {"x": [4]}})
-                assert spool.latest == 3  # the refused batch was not kept
-                write_reader_offset(spool.directory, "lagging", 2, fsync=False)
-                await c.push("s", {"columns": {"x": [4]}})
-                assert spool.latest == 4
-
-        asyncio.run(go())
