@@ -63,7 +63,7 @@ def pair(tmp_path: Path) -> Iterator[tuple[PeerProcess, PeerProcess]]:
         key, pub = generate(name, tmp_path / "keys")
         (trust / pub.name).write_bytes(pub.read_bytes())
         keys[name] = key
-    common = ("--trust", str(trust), "--spark-master", "local[1]")
+    common: tuple[str, ...] = ("--trust", str(trust), "--spark-master", "local[1]")
     common += ("--max-backlog", str(BACKLOG), "--backlog-wait", "2")
     common += ("--dead-after", "600", "--suspect-after", "300")
     a = PeerProcess(tmp_path / "a", "--participant", "acme", "--key", str(keys["acme"]), *common)

@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -32,6 +32,12 @@ from peer.testing import (
     stream_name_on,
 )
 
+if TYPE_CHECKING:
+    from overlay.node import Overlay
+    from peer.engine.runner import Engine
+    from peer.federation import Federation
+    from peer.site import LocalSite
+
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(600)]
 
 SCHEMA = {
@@ -42,6 +48,27 @@ SCHEMA = {
         {"name": "t", "type": "long"},
     ],
 }
+
+
+# A running peer's parts (None only before it starts or after it stops).
+def overlay_of(p: PeerThread) -> Overlay:
+    assert p.peer.overlay is not None
+    return p.peer.overlay
+
+
+def site_of(p: PeerThread) -> LocalSite:
+    assert p.peer.site is not None
+    return p.peer.site
+
+
+def fed_of(p: PeerThread) -> Federation:
+    assert p.peer.fed is not None
+    return p.peer.fed
+
+
+def engine_of(p: PeerThread) -> Engine:
+    assert p.peer.engine is not None
+    return p.peer.engine
 
 
 def query(source: str) -> dict[str, Any]:
@@ -152,6 +179,7 @@ def test_a_fragment_moves_with_its_state_and_the_output_stays_exact(
     assert a.peer.overlay is not None and b.peer.overlay is not None
     a_id, b_id = a.peer.overlay.node_id, b.peer.overlay.node_id
     # the partners trust each other through the contract alone
+    assert b.peer.identity is not None
     assert a.peer.trust is not None and a.peer.trust.is_trusted(b.peer.identity.participant_pub)
 
     source = stream_name_on(a_id, (a_id, b_id), "mticks")
@@ -187,10 +215,10 @@ def test_a_fragment_moves_with_its_state_and_the_output_stays_exact(
     print("move:", moved, "test took", round(time.monotonic() - started, 1), "s")
     assert moved["to"] == b_id.hex() and moved["pause_s"] > 0
     # A let go of it, B runs it with the state it had
-    assert a.peer.site.catalog.find_query("mover") is None
-    assert a.peer.site.catalog.moved() == {"mover": b_id.hex()}
-    assert b.peer.site.catalog.query("mover").status == "RUNNING"
-    assert "moved_out" in b.peer.fed.hosting.hosted and "moved_out" not in a.peer.fed.hosting.hosted
+    assert site_of(a).catalog.find_query("mover") is None
+    assert site_of(a).catalog.moved() == {"mover": b_id.hex()}
+    assert site_of(b).catalog.query("mover").status == "RUNNING"
+    assert "moved_out" in fed_of(b).hosting.hosted and "moved_out" not in fed_of(a).hosting.hosted
 
     def as_counter(got: list[dict[str, Any]]) -> Counter[tuple[int, ...]]:
         return Counter((r["window_start"], r["window_end"], r["k"], r["s"], r["n"]) for r in got)
@@ -205,7 +233,7 @@ def test_a_fragment_moves_there_and_back_and_the_output_stays_exact(
     """Back on the peer that hosts its input, the fragment reads the original stream again:
     the copy it read on the partner numbered its batches as the original does."""
     a, b, contract_id = pair
-    a_id, b_id = a.peer.overlay.node_id, b.peer.overlay.node_id  # type: ignore[union-attr]
+    a_id, b_id = overlay_of(a).node_id, overlay_of(b).node_id
 
     source = stream_name_on(a_id, (a_id, b_id), "rtticks")
     batches = make_batches(seed=23)
@@ -231,11 +259,11 @@ def test_a_fragment_moves_there_and_back_and_the_output_stays_exact(
     assert [m["to"] for m in moves] == [b_id.hex(), a_id.hex()]
     got = Counter((r["window_start"], r["window_end"], r["k"], r["s"], r["n"]) for r in rows)
     assert got == want
-    assert a.peer.site.catalog.query("mover").status == "RUNNING"
-    assert b.peer.site.catalog.find_query("mover") is None
+    assert site_of(a).catalog.query("mover").status == "RUNNING"
+    assert site_of(b).catalog.find_query("mover") is None
     # B's copy of the input is gone with the fragment; A no longer mirrors the input to B
-    assert source not in b.peer.site.spools
-    assert not [m for m in a.peer.fed.mirrors.describe() if m["stream"] == source]  # type: ignore[union-attr]
+    assert source not in site_of(b).spools
+    assert not [m for m in fed_of(a).mirrors.describe() if m["stream"] == source]
 
 
 def chain_query(source: str) -> dict[str, Any]:
@@ -313,7 +341,7 @@ def test_a_middle_fragment_moves_and_its_upstream_and_downstream_follow(
     gamma's mirror diverts to the new peer, and the new peer mirrors back under the old
     origin, so gamma's copy has no gap and no duplicate."""
     a, b, g = trio
-    ids = [p.peer.overlay.node_id for p in trio]  # type: ignore[union-attr]
+    ids = [overlay_of(p).node_id for p in trio]
 
     source = stream_name_on(ids[2], ids, "rticks")
     batches = make_batches(seed=11)
@@ -335,8 +363,8 @@ def test_a_middle_fragment_moves_and_its_upstream_and_downstream_follow(
         async with Client("127.0.0.1", g.port, timeout_s=120) as cl:
             rows = await collect(cl, "relay_out", sum(want.values()), timeout_s=300, settle_s=3)
             looked = await cl.lookup_object("relay")
-            mirrors = {(m["stream"], m["to"]) for m in g.peer.fed.mirrors.describe()}  # type: ignore[union-attr]
-            assert b.peer.site.catalog.query(moved["fragment"]).status == "RUNNING"
+            mirrors = {(m["stream"], m["to"]) for m in fed_of(g).mirrors.describe()}
+            assert site_of(b).catalog.query(moved["fragment"]).status == "RUNNING"
             await cl.set_query_status("relay", "STOPPED")
             await cl.set_query_status("relay", "DELETED")
         return moved, rows, looked, mirrors
@@ -354,9 +382,9 @@ def test_a_middle_fragment_moves_and_its_upstream_and_downstream_follow(
     assert not any(to == ids[0].hex()[:16] for _s, to in mirrors), mirrors
     # deleted: the new site dropped the fragment, gamma mirrors nothing any more, and the
     # planned site forgot where the fragment went
-    assert b.peer.site.catalog.find_query(moved["fragment"]) is None
-    assert not g.peer.fed.mirrors.describe()  # type: ignore[union-attr]
-    assert moved["fragment"] not in a.peer.site.catalog.moved()
+    assert site_of(b).catalog.find_query(moved["fragment"]) is None
+    assert not fed_of(g).mirrors.describe()
+    assert moved["fragment"] not in site_of(a).catalog.moved()
 
 
 def test_a_second_fragment_of_a_stream_waits_for_the_partners_lagging_copy(
@@ -368,7 +396,7 @@ def test_a_second_fragment_of_a_stream_waits_for_the_partners_lagging_copy(
     pause, until B's copy holds everything A's spool held at the stop (B refuses a copy that
     ends earlier: Spark re-runs the batch it had planned, and a missing file fails it)."""
     a, b, contract_id = pair
-    a_id, b_id = a.peer.overlay.node_id, b.peer.overlay.node_id  # type: ignore[union-attr]
+    a_id, b_id = overlay_of(a).node_id, overlay_of(b).node_id
 
     source = stream_name_on(a_id, (a_id, b_id), "lagticks")
     batches = make_batches(seed=31)
@@ -378,14 +406,14 @@ def test_a_second_fragment_of_a_stream_waits_for_the_partners_lagging_copy(
 
     async def read_through_latest() -> None:
         """Until the second fragment on A has committed everything A's spool holds."""
-        spool = a.peer.site.spools.get(source)
-        readers = [r for s, r in a.peer.engine.running["second"].readers if s == source]
+        spool = site_of(a).spools.get(source)
+        readers = [r for s, r in engine_of(a).running["second"].readers if s == source]
         async with asyncio.timeout(120):
             while min(spool.committed(r) for r in readers) < spool.latest:
                 await asyncio.sleep(0.1)
 
     async def resume_mirror() -> None:
-        a.peer.fed.mirrors.resume_stream(source)  # type: ignore[union-attr]
+        fed_of(a).mirrors.resume_stream(source)
 
     async def scenario() -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
         second_query = keyed_window_query(
@@ -394,12 +422,12 @@ def test_a_second_fragment_of_a_stream_waits_for_the_partners_lagging_copy(
         await set_up(a.port, 2, source, query(source), second_query)
         await push(a.port, source, batches[:third], 0)
         moves = [await on_peer(a, a.peer.move_fragment("mover", b_id, contract=contract_id))]
-        await on_peer(a, a.peer.fed.mirrors.pause(source))  # type: ignore[union-attr]
+        await on_peer(a, fed_of(a).mirrors.pause(source))
         await push(a.port, source, batches[third : third + stalled], third)
         await on_peer(a, read_through_latest())
         second = on_peer(a, a.peer.move_fragment("second", b_id, contract=contract_id))
         async with asyncio.timeout(120):  # the pause starts
-            while "second" in a.peer.engine.running and not second.done():
+            while "second" in engine_of(a).running and not second.done():
                 await asyncio.sleep(0.05)
         # long enough for the rest of a move (export, ship, install: under a second here) had
         # it not waited for B's copy
@@ -411,12 +439,12 @@ def test_a_second_fragment_of_a_stream_waits_for_the_partners_lagging_copy(
         async with Client("127.0.0.1", b.port, timeout_s=120) as cl:
             for out in ("moved_out", "second_out"):
                 rows[out] = await collect(cl, out, sum(want.values()), timeout_s=300, settle_s=3)
-        assert b.call(b.peer.engine.failed(), 30) == {}
-        assert {"mover", "second"} <= set(b.peer.site.catalog.query_names())
+        assert b.call(engine_of(b).failed(), 30) == {}
+        assert {"mover", "second"} <= set(site_of(b).catalog.query_names())
         # Deleting the queries through A, where they no longer run: each goes where it runs
         # now. A's mirror of the source to B stays while one of them reads B's copy, and
         # then goes, or A's spool would keep every batch for a reader that is gone.
-        readers = a.peer.site.spools.get(source).readers
+        readers = site_of(a).spools.get(source).readers
         async with Client("127.0.0.1", a.port, timeout_s=120) as cl:
             for name in ("mover", "second"):
                 await cl.set_query_status(name, "STOPPED")
@@ -431,7 +459,7 @@ def test_a_second_fragment_of_a_stream_waits_for_the_partners_lagging_copy(
     for out, got in rows.items():
         counted = Counter((r["window_start"], r["window_end"], r["k"], r["s"], r["n"]) for r in got)
         assert counted == want, out
-    assert not set(b.peer.site.catalog.query_names()) & {"mover", "second"}
-    assert source not in b.peer.site.spools
-    assert not [m for m in a.peer.fed.mirrors.describe() if m["stream"] == source]  # type: ignore[union-attr]
-    assert not a.peer.site.catalog.moved()
+    assert not set(site_of(b).catalog.query_names()) & {"mover", "second"}
+    assert source not in site_of(b).spools
+    assert not [m for m in fed_of(a).mirrors.describe() if m["stream"] == source]
+    assert not site_of(a).catalog.moved()

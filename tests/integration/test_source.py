@@ -102,7 +102,11 @@ def test_rows_arrive_once_in_order_and_later_appends_are_picked_up(
         wait_for("the backlog", lambda: sink.count() >= 60_000)
         for i in range(5, 8):
             spool.append(rows(i * 12_000, 12_000))
-            wait_for(f"file {i}", lambda i=i: sink.count() >= (i + 1) * 12_000)
+
+            def arrived(i: int = i) -> bool:
+                return sink.count() >= (i + 1) * 12_000
+
+            wait_for(f"file {i}", arrived)
         time.sleep(1.0)  # nothing more may arrive
     assert sink.keys() == list(range(96_000))
     table = sink.table()

@@ -17,27 +17,27 @@ from peer.engine.java import parse_java_version
         ('openjdk version "25-ea" 2025-09-16', 25),
     ],
 )
-def test_parse_java_version(output, major):
+def test_parse_java_version(output: str, major: int) -> None:
     parsed = parse_java_version(output)
     assert parsed is not None and parsed[0] == major
 
 
-def test_parse_java_version_garbage():
+def test_parse_java_version_garbage() -> None:
     assert parse_java_version("command not found") is None
 
 
 @pytest.mark.parametrize("text", ["localhost", "127.0.0.1:", ":7700", "h:99999", "h:port"])
-def test_bad_addresses_name_the_option(text):
+def test_bad_addresses_name_the_option(text: str) -> None:
     with pytest.raises(UsageError, match="--peer"):
         parse_addr(text, what="--peer")
 
 
-def test_good_address():
+def test_good_address() -> None:
     assert parse_addr("[::1]:7700") == ("::1", 7700)
     assert parse_addr("127.0.0.1:0") == ("127.0.0.1", 0)
 
 
-def test_synopsis_commands_parse():
+def test_synopsis_commands_parse() -> None:
     parser = build_parser()
     for argv in (
         ["keygen", "acme", "--dir", "/tmp/k"],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from peer.errors import QueryError
@@ -9,15 +11,25 @@ from peer.model.fragments import fragment_query, topological_boxes
 from peer.model.query import parse_query
 
 
-def box(name: str, kind: str, inputs: list[str], outputs: list[str], node: str | None = None):
-    params = {"expression.0": "x > 0"} if kind == "filter" else {}
-    made = {"name": name, "type": kind, "inputs": inputs, "outputs": outputs, "params": params}
+def box(
+    name: str, kind: str, inputs: list[str], outputs: list[str], node: str | None = None
+) -> dict[str, Any]:
+    params: dict[str, str] = {"expression.0": "x > 0"} if kind == "filter" else {}
+    made: dict[str, Any] = {
+        "name": name,
+        "type": kind,
+        "inputs": inputs,
+        "outputs": outputs,
+        "params": params,
+    }
     if node:
         made["node"] = node
     return made
 
 
-def split(boxes: list[dict], default: str = "A") -> list[tuple[str, str, list[str], tuple, tuple]]:
+def split(
+    boxes: list[dict[str, Any]], default: str = "A"
+) -> list[tuple[str, str, list[str], tuple[str, ...], tuple[str, ...]]]:
     query = parse_query({"name": "q", "boxes": boxes})
     fragments = fragment_query(
         query, default=lambda stream: default, resolve=lambda node, stream: node.upper()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from peer.errors import TupleError
@@ -22,7 +24,7 @@ SCHEMA = parse_schema(
 )
 
 
-def test_jsonl_and_csv_give_the_same_columns():
+def test_jsonl_and_csv_give_the_same_columns() -> None:
     jsonl = [
         '{"id": 1, "v": 2.5, "ok": true, "name": "a", "t": "2024-01-01T00:00:01Z"}',
         "",
@@ -50,7 +52,7 @@ def test_jsonl_and_csv_give_the_same_columns():
         ('{"id": 1, "v": 1, "ok": true, "name": "a", "t": 0, "zz": 1}', "zz"),
     ],
 )
-def test_bad_value_names_line_and_field(line, field):
+def test_bad_value_names_line_and_field(line: str, field: str) -> None:
     good = '{"id": 1, "v": 1, "ok": true, "name": "a", "t": 0}'
     with pytest.raises(TupleError) as info:
         read_columns([good, line], "jsonl", SCHEMA)
@@ -59,18 +61,18 @@ def test_bad_value_names_line_and_field(line, field):
     assert "line 2" in info.value.message and field in info.value.message
 
 
-def test_not_json_names_line():
+def test_not_json_names_line() -> None:
     with pytest.raises(TupleError, match="line 1"):
         read_columns(["{nope"], "jsonl", SCHEMA)
 
 
-def test_csv_ragged_row():
+def test_csv_ragged_row() -> None:
     with pytest.raises(TupleError, match="line 2"):
         read_columns(["id,v", "1"], "csv", SCHEMA)
 
 
-def test_chunks_and_jsonl_output():
-    cols = {"a": list(range(5)), "b": list("abcde")}
+def test_chunks_and_jsonl_output() -> None:
+    cols: dict[str, list[Any]] = {"a": list(range(5)), "b": list("abcde")}
     parts = list(chunks(cols, 2))
     assert [p["a"] for p in parts] == [[0, 1], [2, 3], [4]]
     text = to_jsonl([{"id": 1, "t": 1_000_000}], SCHEMA)

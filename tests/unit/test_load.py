@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import psutil
 import pytest
@@ -125,7 +125,7 @@ def test_a_process_that_cannot_be_read_is_skipped() -> None:
         def oneshot(self) -> Any:
             raise psutil.AccessDenied(self.pid)
 
-    meter = LoadMeter(Gone())  # type: ignore[arg-type]
+    meter = LoadMeter(cast(psutil.Process, Gone()))
     assert meter.sample() == 0.0
     assert meter.sample() == 0.0
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -19,8 +21,10 @@ CALLS = (
 )
 
 
-def reference_windows(values: list[int], size: int, advance: int) -> list[tuple]:
-    out = []
+def reference_windows(
+    values: list[int], size: int, advance: int
+) -> list[tuple[int, int, list[int]]]:
+    out: list[tuple[int, int, list[int]]] = []
     start = 0
     while start + size <= len(values):
         w = values[start : start + size]
@@ -37,10 +41,12 @@ def reference_windows(values: list[int], size: int, advance: int) -> list[tuple]
     st.integers(1, 7),
     st.integers(1, 10),
 )
-def test_tuple_windows_match_reference_across_state_round_trips(values, size, advance, every):
+def test_tuple_windows_match_reference_across_state_round_trips(
+    values: list[int], size: int, advance: int, every: int
+) -> None:
     advance = min(advance, size)
     windows = TupleWindows(size, advance, CALLS)
-    got = []
+    got: list[tuple[int, int, list[Any]]] = []
     for i, v in enumerate(values):
         if i % every == 0:  # a micro-batch boundary: state goes through the state store
             restored = TupleWindows(size, advance, CALLS)
@@ -61,9 +67,9 @@ def reference_bsort(items: list[tuple[int, int]], slack: int) -> list[int]:
 
 
 @given(st.lists(st.integers(0, 20), max_size=50), st.integers(0, 5), st.integers(1, 10))
-def test_bounded_sort_matches_reference(orders, slack, every):
+def test_bounded_sort_matches_reference(orders: list[int], slack: int, every: int) -> None:
     sorter = BoundedSorter(slack)
-    got = []
+    got: list[Any] = []
     for seq, order in enumerate(orders):
         if seq % every == 0:
             restored = BoundedSorter(slack)
@@ -73,6 +79,6 @@ def test_bounded_sort_matches_reference(orders, slack, every):
     assert got == reference_bsort(list(zip(orders, range(len(orders)), strict=True)), slack)
 
 
-def test_bounded_sort_with_zero_slack_is_identity():
+def test_bounded_sort_with_zero_slack_is_identity() -> None:
     sorter = BoundedSorter(0)
     assert [sorter.add(o, i, [o]) for i, o in enumerate([3, 1, 2])] == [[[3]], [[1]], [[2]]]
