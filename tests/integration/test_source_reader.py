@@ -23,8 +23,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from peer.storage import spool_format as fmt
 from peer.engine.source import SpoolDataSource, SpoolRange, SpoolStreamReader
+from peer.storage import spool_format as fmt
 from peer.storage.spool import Spool
 from peer.storage.spool_format import TrimmedError
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from peer.storage.catalog import LocalCatalog
 from peer.errors import AlreadyExists
 from peer.model.schema import parse_schema
+from peer.storage.catalog import LocalCatalog
 
 PERSON = parse_schema({"name": "person", "fields": [{"name": "id", "type": "int"}]})
 # A query result stream named "person" gets a derived schema of that name, other fields.

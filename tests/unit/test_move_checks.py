@@ -22,11 +22,11 @@ from contracts import contract as ct
 from contracts.book import ContractBook
 from contracts.keys import generate, load_private
 from overlay.identity import raw_public
-from peer.storage.catalog import LocalCatalog
 from peer.errors import Conflict, FedstreamError, InvalidInput, NotFound, Unauthorized
 from peer.move import Mover
 from peer.move.package import check_manifest as _check_manifest
 from peer.move.package import extract as _extract
+from peer.storage.catalog import LocalCatalog
 from peer.storage.spool import SpoolSet
 
 SCHEMA = {"name": "tk", "fields": [{"name": "k", "type": "int"}, {"name": "t", "type": "long"}]}
