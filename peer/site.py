@@ -134,7 +134,7 @@ class LocalSite:
     def checked(self, query: Query) -> CheckedQuery:
         """The query checked against the local streams' schemas (once per query)."""
         found = self._checked.get(query.name)
-        if found is None or found.query is not query:
+        if found is None or found.query != query:  # the catalog parses a fresh copy
             found = check_query(query, self.catalog.stream_schemas())
             self._checked[query.name] = found
         return found
@@ -467,4 +467,3 @@ def after_offset(start: str) -> int | None:
 
 def _read_range(spool: Spool, start: int, end: int) -> list[tuple[int, Any]]:
     return list(spool.read(start, end, skip_trimmed=True))
-
