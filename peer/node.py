@@ -86,8 +86,6 @@ class PeerConfig:
     brain: bool = True  # run the brain when there are contracts
 
 
-
-
 class Peer:
     """A peer process's objects, built from a :class:`PeerConfig` and run under one
     TaskGroup until :meth:`stop`."""

@@ -93,11 +93,11 @@ import bench_common as bc
 from bench_peer import parse_rates
 
 from contracts.keys import generate as generate_key
-from peer.storage import spool_format as fmt
 from peer.client import Client
 from peer.engine.runner import query_key
 from peer.examples import traffic
 from peer.model.schema import parse_schema, to_arrow_schema
+from peer.storage import spool_format as fmt
 from peer.testing import PeerProcess, stream_name_on
 
 PARTICIPANTS = ("acme", "globex", "initech")

@@ -32,10 +32,10 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
-from peer.storage import spool_format as fmt
 from peer.engine.source import SEQ_COLUMN as SEQ
 from peer.engine.source import seq_column
 from peer.model.schema import spark_type
+from peer.storage import spool_format as fmt
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType

@@ -132,10 +132,7 @@ class Coordinator:
                     query.name,
                     fragment.name,
                     fragment.as_query(),
-                    {
-                        s: FragmentInput(checked.stream_schemas[s], host(s))
-                        for s in fragment.inputs
-                    },
+                    {s: FragmentInput(checked.stream_schemas[s], host(s)) for s in fragment.inputs},
                 )
                 await self.router.ask(bytes.fromhex(fragment.site), message)
                 installed.append(fragment)

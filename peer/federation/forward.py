@@ -36,7 +36,6 @@ FORWARD_SLOTS = 8
 FORWARD_DEADLINE_S = 30.0
 
 
-
 class Forwarder:
     def __init__(self, router: Router, hosting: Hosting, site: LocalSite, incarnation: int) -> None:
         self.router = router

@@ -52,7 +52,6 @@ MAX_BYTES_PER_REQUEST = 8 * 1024 * 1024
 RETRY_MAX_S = 5.0
 
 
-
 class Mirrors:
     """The mirrors this peer sends (one task each, restarted from the spools on start)."""
 

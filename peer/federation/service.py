@@ -199,4 +199,3 @@ class Federation:
             "moved": catalog.moved(),
             **{key: part() for key, part in self.status_parts.items()},
         }
-

@@ -46,7 +46,6 @@ input travels), :mod:`~peer.move.package` (manifest, tar and their checks),
 :mod:`~peer.move.sender` (steps 1-6 and 8) and :mod:`~peer.move.receiver` (step 7).
 """
 
-
 from __future__ import annotations
 
 import asyncio

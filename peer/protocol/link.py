@@ -202,9 +202,7 @@ class StartMirror:
 
     @classmethod
     def from_wire(cls, frame: Frame) -> StartMirror:
-        return cls(
-            _str(frame, "stream"), _node(frame, "to"), _offset(frame.get("after"), "mirror")
-        )
+        return cls(_str(frame, "stream"), _node(frame, "to"), _offset(frame.get("after"), "mirror"))
 
 
 @dataclass(frozen=True)
