@@ -19,7 +19,7 @@ import pytest
 
 from overlay.transport import FrameStream, MemoryNetwork
 from overlay.wire import encode_frame
-from peer.client import Client
+from peer.client import Batch, Client
 from peer.errors import (
     AlreadyExists,
     FedstreamError,
@@ -148,10 +148,13 @@ class FakePeer:
         log = self.log[stream]
         while True:
             async with self.appended:
-                await self.appended.wait_for(lambda p=position: len(log) > p)
+                await self.appended.wait_for(functools.partial(self._beyond, stream, position))
             while position < len(log):
                 yield log[position]
                 position += 1
+
+    def _beyond(self, stream: str, position: int) -> bool:
+        return len(self.log[stream]) > position
 
     async def lookup(self, name: str) -> dict[str, Any]:
         if name == "slow":
@@ -170,7 +173,7 @@ class FakePeer:
 class EagerFakePeer(FakePeer):
     """A service whose subscribe checks and fixes its position when called."""
 
-    def subscribe(self, stream: str, start: str) -> AsyncIterator[dict[str, Any]]:  # type: ignore[override]
+    def subscribe(self, stream: str, start: str) -> AsyncIterator[dict[str, Any]]:
         if stream not in self.streams:
             raise NotFound(f"no stream {stream!r}", stream=stream)
         self.subscribe_calls += 1
@@ -351,7 +354,7 @@ async def test_unknown_op_and_wrong_argument_types() -> None:
         with pytest.raises(InvalidInput, match="unknown op 'frobnicate'") as unknown:
             await client._request("frobnicate", {})
         assert unknown.value.code == "invalid" and unknown.value.details == {"op": "frobnicate"}
-        cases = [
+        cases: list[tuple[str, dict[str, Any], str]] = [
             ("create_stream", {"name": 7, "schema": "people"}, "name"),
             ("create_stream", {"name": "s"}, "schema"),
             ("create_schema", {"schema": [1]}, "schema"),
@@ -459,7 +462,7 @@ async def test_big_batches_are_split_to_fit_the_frame_limit() -> None:
         names = [f"{i:04d}" * 10 for i in range(300)]  # ~13 KiB as one batch frame
         await peer.append("people", {"name": names, "id": list(range(300))})
         await client.post_event("people", {"name": "small", "id": 300})
-        parts = []
+        parts: list[Batch] = []
         while not parts or parts[-1].part < parts[-1].parts - 1:
             parts.append(await anext(sub))
         assert len(parts) >= 4

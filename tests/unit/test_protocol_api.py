@@ -155,7 +155,10 @@ def decode(data: bytes) -> dict[str, Any]:
 
 
 def test_a_batch_too_big_for_one_frame_comes_in_parts_that_fit() -> None:
-    columns = {"name": [f"{i:04d}" * 10 for i in range(300)], "id": list(range(300))}
+    columns: dict[str, list[Any]] = {
+        "name": [f"{i:04d}" * 10 for i in range(300)],
+        "id": list(range(300)),
+    }
     assert len(batch_frames(1, "s", 7, {"id": [1]}, max_frame_bytes=4096)) == 1
     parts = [
         BatchFrame.from_wire(decode(d))

@@ -243,7 +243,7 @@ def test_both_windows_together_never_let_more_than_the_window_be_unread() -> Non
                 peak = max(peak, queue.qsize())
 
         producer = asyncio.create_task(produce())
-        got = []
+        got: list[int] = []
         while len(got) < total:
             got.append(await queue.get())
             await asyncio.sleep(0)
