@@ -7,8 +7,9 @@ operation and an integer ``id``) and ``credit`` frames; the server answers each 
 exactly one ``ok`` or ``error`` carrying the same id, and sends a subscription's ``batch``
 frames and then its ``end`` (or an ``error`` naming the subscription).
 
-Each request is a frozen dataclass. :func:`request_id` and :func:`decode_request` check a
-frame from a client with the messages clients have always seen: an id that is not an integer
+Each request is a frozen dataclass whose ``from_wire`` checks a frame from a client with the
+messages clients have always seen; :func:`request_id` and :func:`decode_request` (which picks
+the class by ``type``) come first: an id that is not an integer
 is an :class:`~peer.errors.InvalidInput` to be answered with id ``None``; an unknown operation
 or a missing or mistyped argument is one to be answered with the request's id, naming the
 argument. ``to_wire(rid)`` gives the frame a client sends. Replies go the other way: the server
@@ -81,6 +82,18 @@ class Hello:
     def to_wire(self, rid: int) -> Frame:
         return _request(self.op, rid, client=self.client, version=self.version)
 
+    @classmethod
+    def from_wire(cls, frame: Frame) -> Hello:
+        client = _arg(frame, "client", str)
+        version = _arg(frame, "version", int, required=False)
+        if version is not None and version != PROTOCOL_VERSION:
+            raise InvalidInput(
+                f"hello: protocol version {version} is not supported (this peer speaks "
+                f"{PROTOCOL_VERSION})",
+                argument="version",
+            )
+        return cls(client, version)
+
 
 @dataclass(frozen=True, slots=True)
 class CreateSchema:
@@ -89,6 +102,10 @@ class CreateSchema:
 
     def to_wire(self, rid: int) -> Frame:
         return _request(self.op, rid, schema=self.schema)
+
+    @classmethod
+    def from_wire(cls, frame: Frame) -> CreateSchema:
+        return cls(_arg(frame, "schema", str, dict))
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +117,10 @@ class CreateStream:
     def to_wire(self, rid: int) -> Frame:
         return _request(self.op, rid, name=self.name, schema=self.schema)
 
+    @classmethod
+    def from_wire(cls, frame: Frame) -> CreateStream:
+        return cls(_arg(frame, "name", str), _arg(frame, "schema", str))
+
 
 @dataclass(frozen=True, slots=True)
 class CreateQuery:
@@ -108,6 +129,10 @@ class CreateQuery:
 
     def to_wire(self, rid: int) -> Frame:
         return _request(self.op, rid, query=self.query)
+
+    @classmethod
+    def from_wire(cls, frame: Frame) -> CreateQuery:
+        return cls(_arg(frame, "query", str, dict))
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +143,18 @@ class SetQueryStatus:
 
     def to_wire(self, rid: int) -> Frame:
         return _request(self.op, rid, name=self.name, status=self.status)
+
+    @classmethod
+    def from_wire(cls, frame: Frame) -> SetQueryStatus:
+        name = _arg(frame, "name", str)
+        status = _arg(frame, "status", str).upper()
+        if status not in QUERY_STATUSES:
+            raise InvalidInput(
+                f"set_query_status: status must be one of {', '.join(QUERY_STATUSES)}, "
+                f"not {frame['status']!r}",
+                argument="status",
+            )
+        return cls(name, status)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +177,38 @@ class Push:
             frame["seq"] = self.seq
         return frame
 
+    @classmethod
+    def from_wire(cls, frame: Frame) -> Push:
+        stream = _arg(frame, "stream", str)
+        given = [key for key in BATCH_ENCODINGS if frame.get(key) is not None]
+        if len(given) != 1:
+            raise InvalidInput(
+                f"push to {stream!r}: give exactly one of 'columns', 'rows', 'arrow' "
+                f"(got {', '.join(given) or 'none'})",
+                stream=stream,
+            )
+        encoding = given[0]
+        data = _arg(frame, encoding, {"columns": dict, "rows": list, "arrow": bytes}[encoding])
+        if encoding == "columns":
+            for name, values in data.items():
+                if not isinstance(values, list):
+                    raise InvalidInput(
+                        f"push to {stream!r}: column {name!r} must be an array",
+                        stream=stream,
+                        field=name,
+                    )
+        elif encoding == "rows":
+            for i, row in enumerate(data):
+                if not isinstance(row, dict):
+                    raise InvalidInput(
+                        f"push to {stream!r}: row {i} must be a map", stream=stream, row=i
+                    )
+        producer = _arg(frame, "producer", str, required=False)
+        seq = _arg(frame, "seq", int, required=False)
+        if seq is not None and seq < 0:
+            raise InvalidInput("push: 'seq' must not be negative", argument="seq")
+        return cls(stream, {encoding: data}, producer, seq)
+
 
 @dataclass(frozen=True, slots=True)
 class Subscribe:
@@ -151,6 +220,20 @@ class Subscribe:
     def to_wire(self, rid: int) -> Frame:
         return _request(self.op, rid, stream=self.stream, start=self.start, credit=self.credit)
 
+    @classmethod
+    def from_wire(cls, frame: Frame) -> Subscribe:
+        stream = _arg(frame, "stream", str)
+        start = _arg(frame, "start", str, required=False) or "latest"
+        if start not in START_POSITIONS:
+            raise InvalidInput(
+                f"subscribe: start must be 'latest' or 'earliest', not {start!r}",
+                argument="start",
+            )
+        credit = _arg(frame, "credit", int, required=False)
+        if credit is not None and credit < 1:
+            raise InvalidInput("subscribe: 'credit' must be at least 1", argument="credit")
+        return cls(stream, start, credit)
+
 
 @dataclass(frozen=True, slots=True)
 class Unsubscribe:
@@ -159,6 +242,10 @@ class Unsubscribe:
 
     def to_wire(self, rid: int) -> Frame:
         return _request(self.op, rid, subscription=self.subscription)
+
+    @classmethod
+    def from_wire(cls, frame: Frame) -> Unsubscribe:
+        return cls(_arg(frame, "subscription", int))
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +256,10 @@ class Lookup:
     def to_wire(self, rid: int) -> Frame:
         return _request(self.op, rid, name=self.name)
 
+    @classmethod
+    def from_wire(cls, frame: Frame) -> Lookup:
+        return cls(_arg(frame, "name", str))
+
 
 @dataclass(frozen=True, slots=True)
 class Status:
@@ -176,6 +267,10 @@ class Status:
 
     def to_wire(self, rid: int) -> Frame:
         return _request(self.op, rid)
+
+    @classmethod
+    def from_wire(cls, frame: Frame) -> Status:
+        return cls()
 
 
 Request: TypeAlias = (
@@ -234,86 +329,20 @@ def decode_request(frame: Frame) -> Request:
     return decode(frame)
 
 
-def _hello(frame: Frame) -> Hello:
-    client = _arg(frame, "client", str)
-    version = _arg(frame, "version", int, required=False)
-    if version is not None and version != PROTOCOL_VERSION:
-        raise InvalidInput(
-            f"hello: protocol version {version} is not supported (this peer speaks "
-            f"{PROTOCOL_VERSION})",
-            argument="version",
-        )
-    return Hello(client, version)
-
-
-def _set_query_status(frame: Frame) -> SetQueryStatus:
-    name = _arg(frame, "name", str)
-    status = _arg(frame, "status", str).upper()
-    if status not in QUERY_STATUSES:
-        raise InvalidInput(
-            f"set_query_status: status must be one of {', '.join(QUERY_STATUSES)}, "
-            f"not {frame['status']!r}",
-            argument="status",
-        )
-    return SetQueryStatus(name, status)
-
-
-def _push(frame: Frame) -> Push:
-    stream = _arg(frame, "stream", str)
-    given = [key for key in BATCH_ENCODINGS if frame.get(key) is not None]
-    if len(given) != 1:
-        raise InvalidInput(
-            f"push to {stream!r}: give exactly one of 'columns', 'rows', 'arrow' "
-            f"(got {', '.join(given) or 'none'})",
-            stream=stream,
-        )
-    encoding = given[0]
-    data = _arg(frame, encoding, {"columns": dict, "rows": list, "arrow": bytes}[encoding])
-    if encoding == "columns":
-        for name, values in data.items():
-            if not isinstance(values, list):
-                raise InvalidInput(
-                    f"push to {stream!r}: column {name!r} must be an array",
-                    stream=stream,
-                    field=name,
-                )
-    elif encoding == "rows":
-        for i, row in enumerate(data):
-            if not isinstance(row, dict):
-                raise InvalidInput(
-                    f"push to {stream!r}: row {i} must be a map", stream=stream, row=i
-                )
-    producer = _arg(frame, "producer", str, required=False)
-    seq = _arg(frame, "seq", int, required=False)
-    if seq is not None and seq < 0:
-        raise InvalidInput("push: 'seq' must not be negative", argument="seq")
-    return Push(stream, {encoding: data}, producer, seq)
-
-
-def _subscribe(frame: Frame) -> Subscribe:
-    stream = _arg(frame, "stream", str)
-    start = _arg(frame, "start", str, required=False) or "latest"
-    if start not in START_POSITIONS:
-        raise InvalidInput(
-            f"subscribe: start must be 'latest' or 'earliest', not {start!r}", argument="start"
-        )
-    credit = _arg(frame, "credit", int, required=False)
-    if credit is not None and credit < 1:
-        raise InvalidInput("subscribe: 'credit' must be at least 1", argument="credit")
-    return Subscribe(stream, start, credit)
-
-
 _DECODERS: dict[str, Callable[[Frame], Request]] = {
-    "hello": _hello,
-    "create_schema": lambda f: CreateSchema(_arg(f, "schema", str, dict)),
-    "create_stream": lambda f: CreateStream(_arg(f, "name", str), _arg(f, "schema", str)),
-    "create_query": lambda f: CreateQuery(_arg(f, "query", str, dict)),
-    "set_query_status": _set_query_status,
-    "push": _push,
-    "subscribe": _subscribe,
-    "unsubscribe": lambda f: Unsubscribe(_arg(f, "subscription", int)),
-    "lookup": lambda f: Lookup(_arg(f, "name", str)),
-    "status": lambda f: Status(),
+    cls.op: cls.from_wire
+    for cls in (
+        Hello,
+        CreateSchema,
+        CreateStream,
+        CreateQuery,
+        SetQueryStatus,
+        Push,
+        Subscribe,
+        Unsubscribe,
+        Lookup,
+        Status,
+    )
 }
 
 
