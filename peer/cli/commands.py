@@ -1,9 +1,15 @@
 """The ``peer`` commands that talk to a running peer through its client API.
 
 ``schema create``, ``stream create``, ``query submit|start|stop|delete``, ``push``,
-``subscribe``, ``lookup`` and ``status`` (DESIGN.md section 8). Each opens one connection
-(:func:`with_client`: an unreachable peer is exit 2 with a hint), makes its requests, prints
-the replies (:mod:`peer.cli.render`) and closes it.
+``subscribe``, ``lookup`` and ``status`` (DESIGN.md section 8). Each opens one connection,
+to the first peer of ``--peer`` that answers (:func:`with_peers`: none answering is exit 2
+with a hint), makes its requests, prints the replies (:mod:`peer.cli.render`) and closes it.
+
+``push`` sends its input in chunks, each under an event id: one producer id per run (or
+``--producer``, to resume an earlier run) and seq 1, 2, ... per chunk. A chunk refused with a
+retriable error, or whose reply was lost with the connection, is sent again under the same
+id, to the next peer of the list if the connection is gone; the stream keeps it once
+(:meth:`peer.client.PeerList.push`).
 """
 
 from __future__ import annotations
@@ -11,38 +17,56 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from peer.cli.options import UsageError, add_client_options, client_tls, peer_addr
+from peer.cli.options import UsageError, add_client_options, client_tls, peer_addrs
 from peer.cli.render import print_json, print_status
 from peer.errors import Unavailable
 
 if TYPE_CHECKING:
-    from peer.client import Client
+    from peer.client import Client, PeerList, RetryPolicy
 
 Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
+DEFAULT_RETRY_TIMEOUT_S = 120.0  # peer.client.retry.DEFAULT_RETRY_DEADLINE_S
+MAX_PRODUCER_CHARS = 200
 
-async def with_client(args: argparse.Namespace, fn: Callable[[Client], Awaitable[int]]) -> int:
-    """``fn`` on a connection to the peer the options name; closed afterwards."""
-    from peer.client import Client
 
-    host, port = peer_addr(args)
+async def with_peers(args: argparse.Namespace, fn: Callable[[PeerList], Awaitable[int]]) -> int:
+    """``fn`` on the peers the options name, connected to the first that answers; closed
+    afterwards."""
+    from peer.client import Client, PeerList
+
+    tls = client_tls(args)
+
+    def make_client(host: str, port: int) -> Client:
+        return Client(host, port, timeout_s=args.timeout, **tls)
+
+    peers = PeerList(peer_addrs(args), make_client)
     try:
-        client = Client(host, port, timeout_s=args.timeout, **client_tls(args))
-        await client.connect()
+        await peers.connect()
     except (OSError, Unavailable, TimeoutError) as exc:
         raise Unavailable(
-            f"cannot reach a peer at {host}:{port} ({exc}); is `peer join` "
+            f"cannot reach a peer at {peers.described} ({exc}); is `peer join` "
             "running there? Point --peer or PEER_ADDR at it."
         ) from exc
     try:
-        return await fn(client)
+        return await fn(peers)
     finally:
-        await client.close()
+        await peers.close()
+
+
+async def with_client(args: argparse.Namespace, fn: Callable[[Client], Awaitable[int]]) -> int:
+    """``fn`` on a connection to the first peer of the options that answers."""
+
+    async def on_client(peers: PeerList) -> int:
+        return await fn(peers.client)
+
+    return await with_peers(args, on_client)
 
 
 async def cmd_schema_create(args: argparse.Namespace) -> int:
@@ -90,27 +114,73 @@ def status_cmd(status: str) -> Command:
 
 
 async def cmd_push(args: argparse.Namespace) -> int:
-    from peer.ingest import chunks, read_columns
-    from peer.model.schema import parse_schema
+    from peer.client import RetryPolicy, new_producer_id
 
+    producer = args.producer if args.producer is not None else new_producer_id("cli")
+    if not producer.strip() or len(producer) > MAX_PRODUCER_CHARS:
+        raise UsageError(
+            f"--producer {producer!r} must be a non-blank id of at most {MAX_PRODUCER_CHARS} "
+            "characters (the one an earlier run printed, to resume it)"
+        )
+    if not math.isfinite(args.retry_timeout) or args.retry_timeout < 0:
+        raise UsageError(f"--retry-timeout must be seconds >= 0, not {args.retry_timeout}")
+    if args.batch_size < 1:
+        raise UsageError(f"--batch-size must be at least 1, not {args.batch_size}")
+    policy = RetryPolicy(deadline_s=args.retry_timeout)
     source = sys.stdin if args.file in (None, "-") else Path(args.file).open()  # noqa: SIM115
     with source:
         text = source.read().splitlines()
 
-    async def go(client: Client) -> int:
-        info = await client.lookup_object(args.stream)
-        if info.get("kind") != "stream":
-            raise UsageError(f"{args.stream} is a {info.get('kind')}, not a stream")
-        schema = parse_schema(info["schema"])
-        columns = read_columns(text, args.format, schema)
-        total = 0
-        for part in chunks(columns, args.batch_size):
-            reply = await client.push(args.stream, {"columns": part})
-            total += int(reply.get("count", 0))
-        print(json.dumps({"stream": args.stream, "pushed": total}))
+    async def go(peers: PeerList) -> int:
+        result = await push_lines(
+            peers, args.stream, text, args.format, args.batch_size, producer, policy
+        )
+        print(json.dumps(result))
         return 0
 
-    return await with_client(args, go)
+    return await with_peers(args, go)
+
+
+async def push_lines(
+    peers: PeerList,
+    stream: str,
+    lines: list[str],
+    fmt: str,
+    batch_size: int,
+    producer: str,
+    policy: RetryPolicy,
+) -> dict[str, Any]:
+    """Push tuples (JSONL or CSV lines) in chunks of ``batch_size``, chunk n under event id
+    (``producer``, n); what ``peer push`` prints: the rows acknowledged, and among them those
+    the stream held already (``duplicates``: a resumed run's, or a retry's whose reply was
+    lost), if any."""
+    from peer.ingest import chunks, read_columns
+    from peer.model.schema import parse_schema
+
+    info = await (await peers.connect()).lookup_object(stream)
+    if info.get("kind") != "stream":
+        raise UsageError(f"{stream} is a {info.get('kind')}, not a stream")
+    columns = read_columns(lines, fmt, parse_schema(info["schema"]))
+    pushed = duplicates = 0
+    for seq, part in enumerate(chunks(columns, batch_size), start=1):
+        rows = len(next(iter(part.values()), []))
+        try:
+            reply = await peers.push(
+                stream, {"columns": part}, producer=producer, seq=seq, policy=policy
+            )
+        except Unavailable as exc:
+            raise Unavailable(
+                f"{exc.message}. {pushed} rows were acknowledged before it; to push the rest "
+                f"without duplicates, run the same command again with --producer {producer}",
+                **exc.details,
+            ) from exc
+        pushed += rows
+        if reply.get("duplicate"):
+            duplicates += rows
+    result: dict[str, Any] = {"stream": stream, "pushed": pushed}
+    if duplicates:
+        result["duplicates"] = duplicates
+    return result
 
 
 async def cmd_subscribe(args: argparse.Namespace) -> int:
@@ -190,7 +260,22 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     p.add_argument("stream")
     p.add_argument("file", nargs="?", default="-")
     p.add_argument("--format", choices=("jsonl", "csv"), default="jsonl")
-    p.add_argument("--batch-size", type=int, default=10_000)
+    p.add_argument("--batch-size", type=int, default=10_000, help="tuples per chunk")
+    p.add_argument(
+        "--producer",
+        metavar="ID",
+        help="the event id's producer (default a fresh cli:<16 hex> per run); give a failed "
+        "run's to push the rest of the same input (same --batch-size) without duplicates",
+    )
+    p.add_argument(
+        "--retry-timeout",
+        type=float,
+        default=DEFAULT_RETRY_TIMEOUT_S,
+        metavar="S",
+        help="retry a chunk refused with a retriable error (or whose connection was lost, "
+        "on the next --peer) for up to S seconds "
+        f"(default {DEFAULT_RETRY_TIMEOUT_S:g}; 0: no retries)",
+    )
     p.set_defaults(run=cmd_push)
 
     p = add_client_options(sub.add_parser("subscribe", help="print a stream's tuples as JSONL"))

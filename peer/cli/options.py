@@ -1,7 +1,9 @@
 """What every ``peer`` command shares: usage errors, addresses, and how to reach a peer.
 
 A client command finds its peer through ``--peer`` (else ``$PEER_ADDR``, else
-``127.0.0.1:7700``) and speaks TLS when given a participant and its key (``--participant``
+``127.0.0.1:7700``): one HOST:PORT, or several separated by commas, tried in turn (the
+command talks to the first that answers; ``push`` moves on to the next when its connection
+is lost). It speaks TLS when given a participant and its key (``--participant``
 and ``--key``, else ``$PEER_PARTICIPANT`` and ``$PEER_KEY``), trusting the public keys in
 ``--trust`` (else ``$PEER_TRUST``) besides its own participant's.
 """
@@ -27,10 +29,41 @@ def parse_addr(text: str, *, what: str = "address") -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def parse_addrs(text: str, *, what: str = "address") -> list[tuple[str, int]]:
+    """``HOST:PORT[,HOST:PORT...]``, in order, each address once."""
+    addresses: list[tuple[str, int]] = []
+    for part in text.split(","):
+        if not part.strip():
+            raise UsageError(
+                f"{what} {text!r} has an empty entry: give HOST:PORT or HOST:PORT,HOST:PORT"
+            )
+        address = parse_addr(part.strip(), what=what)
+        if address not in addresses:
+            addresses.append(address)
+    return addresses
+
+
+# More than the peer's longest wait before it answers (30 s: a backlogged stream, a stream
+# host being found; peer.client.connection.SERVER_LONGEST_WAIT_S), so that a slow answer is
+# not taken for a lost one.
+DEFAULT_TIMEOUT_S = 60.0
+
+
 def add_client_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The options of a command that talks to a peer."""
-    p.add_argument("--peer", help=f"HOST:PORT of a peer (default $PEER_ADDR or {DEFAULT_PEER})")
-    p.add_argument("--timeout", type=float, default=60.0, help="request timeout, seconds")
+    p.add_argument(
+        "--peer",
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="the peer to talk to, or several tried in turn: the first that answers "
+        f"(default $PEER_ADDR or {DEFAULT_PEER})",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help=f"request timeout, seconds (default {DEFAULT_TIMEOUT_S:g}: more than the "
+        "30 s a peer may wait before it answers)",
+    )
     p.add_argument(
         "--participant",
         help="connect with TLS as this participant (with --key), as a peer whose API port "
@@ -46,8 +79,14 @@ def add_client_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
-def peer_addr(args: argparse.Namespace) -> tuple[str, int]:
-    return parse_addr(args.peer or os.environ.get("PEER_ADDR") or DEFAULT_PEER, what="--peer")
+def peer_addrs(args: argparse.Namespace) -> list[tuple[str, int]]:
+    """--peer, else $PEER_ADDR, else 127.0.0.1:7700, as the list of addresses to try."""
+    if args.peer:
+        return parse_addrs(args.peer, what="--peer")
+    env = os.environ.get("PEER_ADDR")
+    if env:
+        return parse_addrs(env, what="PEER_ADDR")
+    return parse_addrs(DEFAULT_PEER, what="--peer")
 
 
 class ClientTls(TypedDict):

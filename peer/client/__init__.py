@@ -10,9 +10,19 @@
         async for batch in subscription:
             print(batch.rows())
 
-Every request waits at most ``timeout_s``; a peer error raises the :mod:`peer.errors` class of
-its code; losing the connection fails every waiting request and subscription with
-:class:`~peer.errors.Unavailable`.
+Every request waits at most ``timeout_s`` (longer than any wait of the peer's own, see
+:data:`~peer.client.connection.DEFAULT_TIMEOUT_S`); a peer error raises the
+:mod:`peer.errors` class of its code; losing the connection fails every waiting request and
+subscription with :class:`~peer.errors.Unavailable`.
+
+A writer that must not lose or duplicate a batch pushes through a :class:`PeerList`: a list
+of peers tried in turn, and each batch retried under its event id (producer, seq) until one
+of them has accepted it::
+
+    producer = new_producer_id("sensor")
+    async with PeerList([("10.0.0.1", 7700), ("10.0.0.2", 7700)]) as peers:
+        for seq, batch in enumerate(batches, start=1):
+            await peers.push("readings", batch, producer=producer, seq=seq)
 
 Subscriptions use credit-based flow control: the peer sends at most ``subscription_credit``
 batches that the application has not yet taken, so a slow consumer never makes the reader
@@ -25,14 +35,28 @@ participant it trusts: its own, or one whose ``NAME.pub`` is in ``trust_dir``. E
 refusing the other raises :class:`~peer.errors.Unauthorized`.
 
 The layers: :mod:`peer.client.connection` (the :class:`Client`),
-:mod:`peer.client.subscription`, :mod:`peer.client.payload` (what is pushed, :class:`Batch`)
-and :mod:`peer.client.tls`; the messages are :mod:`peer.protocol.api`'s.
+:mod:`peer.client.subscription`, :mod:`peer.client.payload` (what is pushed, :class:`Batch`),
+:mod:`peer.client.tls`, :mod:`peer.client.peers` (:class:`PeerList`) and
+:mod:`peer.client.retry` (when to retry); the messages are :mod:`peer.protocol.api`'s.
 """
 
 from __future__ import annotations
 
-from peer.client.connection import DEFAULT_PORT, Client
+from peer.client.connection import DEFAULT_PORT, DEFAULT_TIMEOUT_S, Client
 from peer.client.payload import Batch, batch_payload
+from peer.client.peers import Address, PeerList
+from peer.client.retry import RetryPolicy, new_producer_id
 from peer.client.subscription import Subscription
 
-__all__ = ["DEFAULT_PORT", "Batch", "Client", "Subscription", "batch_payload"]
+__all__ = [
+    "DEFAULT_PORT",
+    "DEFAULT_TIMEOUT_S",
+    "Address",
+    "Batch",
+    "Client",
+    "PeerList",
+    "RetryPolicy",
+    "Subscription",
+    "batch_payload",
+    "new_producer_id",
+]

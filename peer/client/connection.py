@@ -46,11 +46,32 @@ from peer.protocol.api import (
 if TYPE_CHECKING:  # cryptography is imported only by clients that use TLS
     from overlay.identity import TrustStore
 
-__all__ = ["DEFAULT_PORT", "Client"]
+__all__ = [
+    "DEFAULT_CONNECT_TIMEOUT_S",
+    "DEFAULT_PORT",
+    "DEFAULT_TIMEOUT_S",
+    "SERVER_LONGEST_WAIT_S",
+    "Client",
+]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 7700
+
+# How long a peer may take, at most, before it answers a request on purpose: a push waits up
+# to 30 s for room in a backlogged stream (``backlog_wait_s`` of peer.site.SiteConfig and
+# peer.node.PeerConfig), and a peer forwarding a push tries the stream's host for up to 30 s
+# (peer.federation.forward.FORWARD_DEADLINE_S); either then answers with a retriable refusal.
+SERVER_LONGEST_WAIT_S = 30.0
+# A request waits longer than that (by half again), so that a peer that is only waiting gets
+# to answer, with its reply or its refusal, before the client gives up: a timeout then means
+# a lost or stuck peer, never a busy one. (Equal waits made every slow push ambiguous: the
+# client gave up just as the peer appended it.) tests/unit/test_client_retry.py checks the
+# order of these numbers against the server's.
+DEFAULT_TIMEOUT_S = 45.0
+# Opening a connection (TCP, and the TLS handshake) takes milliseconds when the peer is there;
+# a short bound lets a list of peers move on past one that is not (peer.client.peers).
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
 
 OnOk = Callable[[dict[str, Any]], None]
 
@@ -68,6 +89,10 @@ class Client:
     notes); ``trust_dir`` holds the ``NAME.pub`` of the participants whose peers the client
     accepts besides its own. ``ssl`` is for a TLS context made by hand instead. ``network``
     is where to connect: the real one, or a :class:`~overlay.transport.MemoryNetwork` in tests.
+
+    ``timeout_s`` bounds each request (see :data:`DEFAULT_TIMEOUT_S` for why it exceeds the
+    peer's own waits); ``connect_timeout_s`` bounds opening the connection (default the
+    smaller of ``timeout_s`` and :data:`DEFAULT_CONNECT_TIMEOUT_S`).
     """
 
     def __init__(
@@ -75,7 +100,8 @@ class Client:
         host: str = "127.0.0.1",
         port: int = DEFAULT_PORT,
         *,
-        timeout_s: float = 30.0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        connect_timeout_s: float | None = None,
         client_name: str = "fedstream-python",
         subscription_credit: int = 64,
         participant: str | None = None,
@@ -95,6 +121,11 @@ class Client:
         self.host = host
         self.port = port
         self.timeout_s = timeout_s
+        self.connect_timeout_s = (
+            min(timeout_s, DEFAULT_CONNECT_TIMEOUT_S)
+            if connect_timeout_s is None
+            else connect_timeout_s
+        )
         self.client_name = client_name
         self.subscription_credit = subscription_credit
         self.participant = participant
@@ -118,6 +149,11 @@ class Client:
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def connected(self) -> bool:
+        """Connected, and the connection not lost (a lost one needs :meth:`close` first)."""
+        return self._stream is not None and self._lost is None
 
     @property
     def uses_tls(self) -> bool:
@@ -149,7 +185,7 @@ class Client:
     async def _open(self) -> FrameStream:
         context = self._ssl_context()
         try:
-            async with asyncio.timeout(self.timeout_s):
+            async with asyncio.timeout(self.connect_timeout_s):
                 stream = await self._network.connect(self.host, self.port, tls=context)
         except ssl.SSLCertVerificationError as exc:
             raise Unauthorized(
@@ -261,7 +297,9 @@ class Client:
     ) -> dict[str, Any]:
         """Push a batch (pyarrow Table, dict of columns, or list of row dicts); returns once
         the peer has durably accepted all of it. ``producer``/``seq`` make retries safe: the
-        peer drops a batch whose (producer, seq) it has already accepted."""
+        peer drops a batch whose (producer, seq) it has already accepted (a seq at or below
+        the highest it holds of that producer), and says ``duplicate: true``. This sends once;
+        :meth:`peer.client.PeerList.push` retries."""
         return await self._ask(Push(stream, batch_payload(data), producer, seq))
 
     async def post_event(self, stream: str, event: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """The `peer` command against a real `peer join --no-engine` process (no JVM needed).
 
 Covers the contract of DESIGN.md section 8 for one peer: exit codes, messages a person can act
-on, push of JSONL and CSV files and stdin (acknowledged only when durable), subscribe as JSONL,
-lookup and status.
+on, push of JSONL and CSV files and stdin (acknowledged only when durable; chunks under a
+producer id, so a run pushed again with ``--producer`` adds nothing), ``--peer`` lists,
+subscribe as JSONL, lookup and status.
 """
 
 from __future__ import annotations
@@ -186,6 +187,35 @@ def test_query_on_a_peer_without_engine_is_refused_at_start(
     started = cli(peer, "query", "start", "keep")
     assert started.returncode == 1 and "without an engine" in started.stderr
     assert cli(peer, "query", "delete", "keep").returncode == 0
+
+
+def test_push_tries_a_peer_list_in_turn_and_resumes_by_producer(
+    peer: PeerProcess, tmp_path: Path
+) -> None:
+    """``--peer`` with a refusing address first, then the peer; a run pushed again under its
+    producer id (a resume) adds nothing, and a fresh run appends (ids are per run)."""
+    schema = tmp_path / "r.json"
+    schema.write_text(json.dumps({"name": "rs", "fields": [{"name": "x", "type": "int"}]}))
+    peers = f"127.0.0.1:1,127.0.0.1:{peer.port}"
+    assert cli(None, "schema", "create", str(schema), "--peer", peers).returncode == 0
+    assert (
+        cli(None, "stream", "create", "resumable", "--schema", "rs", "--peer", peers).returncode
+        == 0
+    )
+    lines = "".join(f'{{"x": {i}}}\n' for i in range(5))
+    push = ("push", "resumable", "-", "--batch-size", "2", "--producer", "cli:0123abcd")
+    first = cli(None, *push, "--peer", peers, stdin=lines)
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout) == {"stream": "resumable", "pushed": 5}
+    again = cli(peer, *push, stdin=lines)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout) == {"stream": "resumable", "pushed": 5, "duplicates": 5}
+    assert json.loads(cli(peer, "lookup", "resumable").stdout)["latest_offset"] == 2
+    fresh = cli(peer, "push", "resumable", "-", stdin=lines)
+    assert json.loads(fresh.stdout) == {"stream": "resumable", "pushed": 5}
+    assert json.loads(cli(peer, "lookup", "resumable").stdout)["latest_offset"] == 3
+    sub = cli(peer, "subscribe", "resumable", "--start", "earliest", "--idle-timeout", "2")
+    assert [json.loads(line)["x"] for line in sub.stdout.splitlines()] == [*range(5), *range(5)]
 
 
 def test_keygen_writes_private_key_0600(tmp_path: Path) -> None:
