@@ -32,6 +32,7 @@ from peer.model.schema import Schema, check_name, parse_schema, to_arrow_schema
 from peer.model.tuples import batch_from_wire, batch_to_wire
 from peer.storage.catalog import QUERY_STATUSES, LocalCatalog, QueryEntry
 from peer.storage.spool import Spool, SpoolSet
+from peer.storage.spool_format import Quarantine, TrimmedError
 
 if TYPE_CHECKING:
     from peer.engine.runner import Engine
@@ -79,9 +80,9 @@ class LocalSite:
         self.query_errors: dict[str, str] = {}
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.catalog = LocalCatalog(config.data_dir / "catalog.sqlite")
-        self.spools = SpoolSet(config.data_dir / "spool")
+        self.spools = SpoolSet(config.data_dir / "spool")  # quarantines what does not open
         for name in self.catalog.stream_names():
-            if name not in self.spools.streams():
+            if name not in self.spools and self.spools.quarantine_of(name) is None:
                 self.spools.create(name, to_arrow_schema(self.catalog.stream(name).schema))
         self._checked: dict[str, CheckedQuery] = {}
         self._frozen: set[str] = set()  # replica streams being moved away: no appends
@@ -94,6 +95,11 @@ class LocalSite:
         for name in self.catalog.query_names():
             entry = self.catalog.query(name)
             if entry.status == "RUNNING":
+                blocked = self.quarantined_streams(entry.query)
+                if blocked:
+                    self.query_errors[name] = blocked[0].error().message
+                    log.error("query %s cannot resume: %s", name, self.query_errors[name])
+                    continue
                 try:
                     await self._run(entry, resume=True)
                 except EngineError as exc:
@@ -130,6 +136,12 @@ class LocalSite:
         )
         if placement != entry.placement:
             await asyncio.to_thread(self.catalog.set_placement, entry.query.name, placement)
+
+    def quarantined_streams(self, query: Query) -> list[Quarantine]:
+        """The quarantined spools among the streams ``query`` reads or writes."""
+        streams = {s for box in query.boxes for s in (*box.inputs, *box.outputs)}
+        found = (self.spools.quarantine_of(s) for s in sorted(streams))
+        return [q for q in found if q is not None]
 
     def checked(self, query: Query) -> CheckedQuery:
         """The query checked against the local streams' schemas (once per query)."""
@@ -311,7 +323,11 @@ class LocalSite:
     # tuples out
     async def subscribe_here(self, stream: str, start: str) -> AsyncIterator[dict[str, Any]]:
         """Batches of a stream held here from ``start`` (latest, earliest or ``after:N``, a
-        relay resuming where it was); :data:`READY` first, once the position is fixed."""
+        relay resuming where it was); :data:`READY` first, once the position is fixed.
+
+        Never skips: when the next batch a subscriber needs has been trimmed (it fell more
+        than the retention behind, or resumes from an offset no longer kept), it gets
+        :func:`trimmed_gap`, naming the first missing offset, and may subscribe again."""
         self.catalog.stream(stream)
         after = after_offset(start)
         if start not in START_POSITIONS and after is None:
@@ -329,6 +345,8 @@ class LocalSite:
                 position = after
             else:
                 position = spool.latest if start == "latest" else spool.earliest - 1
+            if position + 1 < spool.earliest:
+                raise trimmed_gap(stream, position + 1, spool.earliest)
             yield {**READY, "after": position}
             while True:
                 wake.clear()
@@ -344,8 +362,10 @@ class LocalSite:
                         await asyncio.wait_for(wake.wait(), 1.0)
                     continue
                 end = min(latest, position + SUBSCRIBE_CHUNK)
-                position = max(position, spool.earliest - 1)  # skip what was trimmed meanwhile
-                batches = await asyncio.to_thread(_read_range, spool, position, end)
+                try:
+                    batches = await asyncio.to_thread(_read_range, spool, position, end)
+                except TrimmedError:  # trimmed before this subscriber read it
+                    raise trimmed_gap(stream, position + 1, spool.earliest) from None
                 for offset, table in batches:
                     yield {"offset": offset, **batch_to_wire(table)}
                 position = end
@@ -404,10 +424,14 @@ class LocalSite:
             if name in self.query_errors:
                 info["error"] = self.query_errors[name]
             queries.append(info)
-        streams = [
-            {"name": n, "latest_offset": self.spools.get(n).latest}
-            for n in self.catalog.stream_names()
-        ]
+        quarantined = {q.stream: q for q in self.spools.quarantined()}
+        streams: list[dict[str, Any]] = []
+        for n in self.catalog.stream_names():
+            q = quarantined.get(n)
+            if q is None:
+                streams.append({"name": n, "latest_offset": self.spools.get(n).latest})
+            else:
+                streams.append({"name": n, "latest_offset": None, "quarantined": q.reason})
         return {
             "peer": self.address,
             "pid": os.getpid(),
@@ -416,6 +440,7 @@ class LocalSite:
             "data_dir": str(self.data_dir),
             "streams": streams,
             "queries": queries,
+            "quarantined": [q.to_dict() for q in quarantined.values()],
         }
 
     # the client API of a lone peer (peer.server.PeerService)
@@ -465,5 +490,17 @@ def after_offset(start: str) -> int | None:
     return value if value >= -1 else None
 
 
+def trimmed_gap(stream: str, first_missing: int, earliest: int) -> NotFound:
+    """The error of a subscriber whose next batch (``first_missing``) was trimmed."""
+    return NotFound(
+        f"stream {stream}: offsets {first_missing}..{earliest - 1} were trimmed before this "
+        f"subscriber read them (first missing offset {first_missing}; the earliest kept is "
+        f"{earliest}); subscribe again to go on from there",
+        stream=stream,
+        first_missing=first_missing,
+        earliest=earliest,
+    )
+
+
 def _read_range(spool: Spool, start: int, end: int) -> list[tuple[int, Any]]:
-    return list(spool.read(start, end, skip_trimmed=True))
+    return list(spool.read(start, end))  # TrimmedError rather than a silent gap

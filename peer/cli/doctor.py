@@ -14,6 +14,7 @@ from pathlib import Path
 
 from peer.engine.java import HOW_TO_FIX, find_java
 from peer.errors import FedstreamError
+from peer.storage.spool_format import STREAM_FILE, scan_spools
 
 
 def _python() -> str:
@@ -60,6 +61,24 @@ def _data_dir(path: Path) -> Callable[[], str]:
     return check
 
 
+def _spools(data_dir: Path) -> Callable[[], str]:
+    """The spools a peer on ``data_dir`` would quarantine (read only: nothing is changed)."""
+
+    def check() -> str:
+        root = data_dir / "spool"
+        bad = scan_spools(root)
+        if bad:
+            lines = [f"{q.reason}\n          fix: {q.fix}" for q in bad]
+            raise RuntimeError(
+                f"{len(bad)} spool(s) will be quarantined (not served) when the peer starts:\n"
+                + "\n".join(f"          {line}" for line in lines)
+            )
+        count = len(list(root.glob(f"*/{STREAM_FILE}"))) if root.is_dir() else 0
+        return f"{count} spool(s) in {root} open cleanly"
+
+    return check
+
+
 def _port(listen: str) -> Callable[[], str]:
     def check() -> str:
         host, _, port = listen.rpartition(":")
@@ -98,6 +117,7 @@ def run_doctor(*, data_dir: Path, listen: str, spark: bool = True) -> int:
         ("packages", _packages),
         ("java", _java),
         ("data dir", _data_dir(data_dir)),
+        ("spools", _spools(data_dir)),
         ("port", _port(listen)),
     ]
     if spark:
@@ -123,7 +143,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def add_doctor_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("doctor", help="check Java, Spark, data directory and ports")
+    p = sub.add_parser("doctor", help="check Java, Spark, data directory, spools and ports")
     p.add_argument("--data-dir", default="./peer-data")
     p.add_argument("--listen", default="127.0.0.1:7700")
     p.add_argument("--quick", action="store_true", help="skip the Spark start-up check")

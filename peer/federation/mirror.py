@@ -21,6 +21,10 @@ Upstream backup and exactly-once delivery come from the spools themselves:
   so sequences arrive increasing, as the replay check needs. A receiver that falls behind
   answers late; the sender waits, and its spool (on disk) holds the rest: memory stays bounded
   and nothing is dropped.
+* A disk fault on the sender (a full disk refusing the acknowledged offset, an unreadable
+  spool file) stops that one mirror for a while, logged, and it tries again: never the other
+  mirrors or the peer. An acknowledgement not yet written only means a resend, which the
+  receiver drops as a replay.
 """
 
 from __future__ import annotations
@@ -189,13 +193,17 @@ class Mirrors:
                 wake.clear()
                 try:
                     acked = read_reader_offset(spool.directory, reader)
+                    start = max(acked, spool.earliest - 1)
+                    if spool.latest <= start:
+                        await wake.wait()
+                        continue
+                    batches = await asyncio.to_thread(_read_chunk, spool, start)
                 except KeyError:
                     return  # unregistered: the mirror was stopped
-                start = max(acked, spool.earliest - 1)
-                if spool.latest <= start:
-                    await wake.wait()
+                except (OSError, ValueError, FedstreamError) as exc:  # a disk fault here
+                    log.error("mirror of %s to %s cannot read: %s", stream, target.hex()[:12], exc)
+                    await asyncio.sleep(RETRY_MAX_S)
                     continue
-                batches = await asyncio.to_thread(_read_chunk, spool, start)
                 if not batches:
                     await wake.wait()
                     continue
@@ -213,13 +221,34 @@ class Mirrors:
                 backoff = 0.1
                 last = batches[-1][0]
                 self.sent_batches += len(batches)
-                await asyncio.to_thread(
-                    write_reader_offset, spool.directory, reader, last, fsync=spool.fsync
-                )
+                await self._record(spool, reader, last, stream, target)
                 async with self._acked:
                     self._acked.notify_all()
         finally:
             spool.remove_listener(on_append)
+
+    async def _record(
+        self, spool: Spool, reader: str, last: int, stream: str, target: bytes
+    ) -> None:
+        """Write that ``target`` acknowledged ``last``; a disk fault (ENOSPC, EIO) is logged
+        and retried until it passes, never raised: the task group and the peer go on."""
+        delay = 0.1
+        while True:
+            try:
+                await asyncio.to_thread(
+                    write_reader_offset, spool.directory, reader, last, fsync=spool.fsync
+                )
+                return
+            except OSError as exc:
+                log.error(
+                    "mirror of %s to %s: cannot record acknowledged offset %d (%s); retrying",
+                    stream,
+                    target.hex()[:12],
+                    last,
+                    exc.strerror or exc,
+                )
+                await asyncio.sleep(delay)
+                delay = min(RETRY_MAX_S, delay * 2)
 
 
 def _read_chunk(spool: Spool, start: int) -> list[tuple[int, bytes]]:

@@ -17,6 +17,21 @@ deletes files, so before it does, it records the seqs and the trimmed offset in
 ``spool-state.json`` (written atomically). Offsets therefore never go backwards, even when
 every file has been trimmed.
 
+Disk faults answer the request, never the peer: an append that meets an OSError (ENOSPC, EIO)
+raises :class:`SpoolFault` and keeps nothing. If the directory fsync after the rename fails,
+the rename is undone before the lock is released, so no later append or reader takes the
+offset for granted (a Spark reader that looked in that instant finds the file gone and fails
+its batch). Should even the undo fail, the spool refuses appends until the peer restarts.
+
+Replicas store their primary's bytes at its offsets (``read_file_bytes``, ``append_file``)
+and drop a divergent tail with ``truncate_after``, newest file first, each removal fsynced, so
+that a crash leaves a whole, shorter log. The replay memory of trimmed files (the state file)
+is kept apart from that of the files present: a truncation forgets exactly what it removed.
+
+A spool whose files are not what it wrote (a truncated footer, an unreadable schema or state
+file, a file missing in the middle) does not open: :class:`SpoolSet` *quarantines* it (keeps
+it on disk, serves it to nobody, names the file in every refusal) and opens the others.
+
 Readers are Spark streaming queries in *another* process. Each registered reader owns
 ``readers/<id>.offset``; the Spark source rewrites it atomically on every commit. ``trim``
 deletes only what every registered reader has committed.
@@ -40,38 +55,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from peer.storage.spool_format import (
-    MAX_ROWS_PER_FILE,
-    META_APPEND_NS,
-    META_ORIGIN,
-    META_ROWS,
-    META_SEQ,
-    READERS_DIR,
-    SCHEMA_FILE,
-    STATE_FILE,
-    STREAM_FILE,
-    SUFFIX,
-    TMP_PREFIX,
-    Listener,
-    TrimmedError,
-    atomic_write,
-    conform,
-    file_metadata,
-    fsync_dir,
-    list_offsets,
-    load_schema,
-    load_state,
-    offset_path,
-    read_file,
-    read_reader_offset,
-    reader_path,
-    remove_temporaries,
-    stream_dirname,
-    taken_offset,
-    write_reader_offset,
-)
+from peer.storage import spool_format as fmt
 
 log = logging.getLogger(__name__)
+MAX_ROWS_PER_FILE = fmt.MAX_ROWS_PER_FILE
 
 
 # --------------------------------------------------------------------------- Spool
@@ -80,105 +67,161 @@ log = logging.getLogger(__name__)
 class Spool:
     """One stream's durable log. Thread-safe; owned by exactly one process."""
 
-    def __init__(self, directory: Path, schema: pa.Schema, *, fsync: bool = True) -> None:
+    def __init__(
+        self, directory: Path, schema: pa.Schema, *, fsync: bool = True, name: str | None = None
+    ) -> None:
+        """Open (or create) the spool in ``directory``; ``name`` is its stream's, for errors
+        (by default read from the directory name). SpoolCorrupt names a bad file."""
         self.directory = Path(directory)
+        self.name = name if name is not None else fmt.stream_name_of(self.directory)
         self.schema = schema.remove_metadata()
         self.fsync = fsync
         self._lock = threading.Lock()
-        self._listeners: list[Listener] = []
+        self._listeners: list[fmt.Listener] = []
+        self._broken: str | None = None  # why appends are refused until a restart
         self.directory.mkdir(parents=True, exist_ok=True)
-        (self.directory / READERS_DIR).mkdir(exist_ok=True)
+        (self.directory / fmt.READERS_DIR).mkdir(exist_ok=True)
         self._check_schema_file()
-        remove_temporaries(self.directory)
-        remove_temporaries(self.directory / READERS_DIR)
-        self._trimmed, self._seqs = load_state(self.directory)
-        self._append_ns: dict[int, int] = {}
-        offsets = list_offsets(self.directory)
+        fmt.remove_temporaries(self.directory)
+        fmt.remove_temporaries(self.directory / fmt.READERS_DIR)
+        layout = fmt.read_layout(self.directory, self.schema, self.name)
         # A crash between writing the state file and deleting the files: finish that trim.
-        for offset in [o for o in offsets if o <= self._trimmed]:
-            offset_path(self.directory, offset).unlink()
-        offsets = [o for o in offsets if o > self._trimmed]
-        for offset in offsets:
-            meta = file_metadata(offset_path(self.directory, offset))
-            self._append_ns[offset] = int(meta.get(META_APPEND_NS, b"0"))
-            if META_ORIGIN in meta and META_SEQ in meta:
-                origin = meta[META_ORIGIN].decode()
-                self._seqs[origin] = max(self._seqs.get(origin, -1), int(meta[META_SEQ]))
-        self._latest = max(offsets[-1] if offsets else -1, self._trimmed)
-        self._earliest = offsets[0] if offsets else self._latest + 1
+        for offset in layout.stale:
+            fmt.offset_path(self.directory, offset).unlink()
+        self._trimmed = layout.trimmed
+        self._base_seqs = layout.base_seqs  # replay memory of the trimmed files
+        self._tags = {o: info.tag for o, info in layout.files.items() if info.tag is not None}
+        self._append_ns = {o: info.append_ns for o, info in layout.files.items()}
+        self._seqs = self._merged_seqs()
+        self._latest = layout.offsets[-1] if layout.offsets else self._trimmed
+        self._earliest = self._trimmed + 1
+
+    def _merged_seqs(self) -> dict[str, int]:
+        seqs = dict(self._base_seqs)
+        for origin, seq in self._tags.values():
+            seqs[origin] = max(seqs.get(origin, -1), seq)
+        return seqs
 
     def _check_schema_file(self) -> None:
-        path = self.directory / SCHEMA_FILE
+        path = self.directory / fmt.SCHEMA_FILE
         if path.exists():
-            stored = load_schema(self.directory)
+            stored = fmt.read_schema_file(self.directory, self.name)
             if not stored.equals(self.schema):
                 raise ValueError(
                     f"spool {self.directory} holds schema {stored}, not the given {self.schema}"
                 )
             return
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_file(sink, self.schema):
-            pass
-        atomic_write(path, sink.getvalue().to_pybytes(), fsync=self.fsync)
+        fmt.atomic_write(path, fmt.file_bytes(self.schema.empty_table()), fsync=self.fsync)
 
     # ----------------------------------------------------------------------- writing
 
     def append(
         self, table: pa.Table, *, origin: str | None = None, seq: int | None = None
     ) -> int | None:
-        """Durably append one batch; its new offset, or None if empty or a replay."""
-        columns = conform(table, self.schema)  # before anything touches the disk
+        """Durably append one batch; its new offset, or None if empty or a replay.
+        SpoolFault when the disk refuses (nothing is kept)."""
+        columns = fmt.conform(table, self.schema)  # before anything touches the disk
         rows = table.num_rows
         if rows == 0:
             return None
         if rows > MAX_ROWS_PER_FILE:
             raise ValueError(f"a batch holds {rows} rows; at most {MAX_ROWS_PER_FILE} per append")
-        tagged = origin is not None and seq is not None
-        if tagged and self._is_replay(origin, seq):
+        tag = (str(origin), int(seq)) if origin is not None and seq is not None else None
+        if tag is not None and self._is_replay(*tag):
             return None
         append_ns = time.time_ns()
-        meta = {META_ROWS: str(rows).encode(), META_APPEND_NS: str(append_ns).encode()}
-        if tagged:
-            meta[META_ORIGIN] = str(origin).encode()
-            meta[META_SEQ] = str(seq).encode()
+        meta = {fmt.META_ROWS: str(rows).encode(), fmt.META_APPEND_NS: str(append_ns).encode()}
+        if tag is not None:
+            meta[fmt.META_ORIGIN] = tag[0].encode()
+            meta[fmt.META_SEQ] = str(tag[1]).encode()
         batch = pa.Table.from_arrays(columns, schema=self.schema.with_metadata(meta))
+        return self._store(fmt.file_bytes(batch), append_ns, tag, offset=None)
+
+    def append_file(self, offset: int, data: bytes) -> int:
+        """Store a spool file written by this stream's primary, byte for byte, at ``offset``,
+        which must be ``latest + 1``. The bytes must be one whole spool file of this schema
+        (ValueError says what is wrong); their tag joins the replay memory as it is (the
+        primary dropped the replays). SpoolFault when the disk refuses."""
+        try:
+            info = fmt.check_file_bytes(data, self.schema)
+        except ValueError as exc:
+            raise ValueError(f"stream {self.name}: offset {offset}: {exc}") from None
+        self._check_next(offset)  # early, before the write; _store checks again
+        self._store(data, info.append_ns, info.tag, offset=offset)  # (no replay check)
+        return offset
+
+    def _check_next(self, offset: int) -> None:
+        if offset != self._latest + 1:
+            raise ValueError(
+                f"stream {self.name}: a file for offset {offset} cannot be stored here: "
+                f"the next offset is {self._latest + 1}"
+            )
+
+    def _store(
+        self, data: bytes, append_ns: int, tag: tuple[str, int] | None, *, offset: int | None
+    ) -> int | None:
+        """Write ``data`` as the next file (at ``offset`` if given: no replay check then)."""
+        if self._broken is not None:
+            raise fmt.SpoolFault(
+                f"stream {self.name}: the spool refuses appends since a failed write could not "
+                f"be undone ({self._broken}); restart the peer",
+                stream=self.name,
+            )
         # The expensive part (write + fsync of the data) runs outside the lock, so that
         # concurrent appenders overlap their I/O; only naming the file is serialised.
-        tmp = self.directory / f"{TMP_PREFIX}{uuid.uuid4().hex}{SUFFIX}"
+        tmp = self.directory / f"{fmt.TMP_PREFIX}{uuid.uuid4().hex}{fmt.SUFFIX}"
         try:
-            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, batch.schema) as out:
-                out.write_table(batch)
-            if self.fsync:
-                fd = os.open(tmp, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+            fmt.write_new_file(tmp, data, fsync=self.fsync, stream=self.name)
             with self._lock:
-                if tagged and self._is_replay(origin, seq):
-                    return None  # a concurrent duplicate won the race; finally removes tmp
-                offset = self._latest + 1
-                os.rename(tmp, offset_path(self.directory, offset))
-                if self.fsync:
-                    fsync_dir(self.directory)
-                self._latest = offset
-                self._append_ns[offset] = append_ns
-                if tagged:
-                    assert origin is not None and seq is not None
-                    self._seqs[origin] = seq
+                if offset is None:
+                    if tag is not None and self._is_replay(*tag):
+                        return None  # a concurrent duplicate won the race; finally removes tmp
+                    at = self._latest + 1
+                else:
+                    self._check_next(offset)
+                    at = offset
+                self._publish(tmp, at)
+                self._latest = at
+                self._append_ns[at] = append_ns
+                if tag is not None:
+                    self._tags[at] = tag
+                    self._seqs[tag[0]] = max(self._seqs.get(tag[0], -1), tag[1])
                 listeners = list(self._listeners)
         finally:
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):  # a leftover is removed on the next open
                 tmp.unlink()
         for listener in listeners:
             try:
-                listener(offset)
+                listener(at)
             except Exception:  # the batch is durable already; a bad listener must not undo that
-                log.exception("spool listener failed for %s offset %d", self.directory, offset)
-        return offset
+                log.exception("spool listener failed for %s offset %d", self.directory, at)
+        return at
 
-    def _is_replay(self, origin: str | None, seq: int | None) -> bool:
-        assert origin is not None and seq is not None
+    def _publish(self, tmp: Path, offset: int) -> None:
+        """Rename ``tmp`` into place as ``offset`` and make that durable (under the lock);
+        if the directory fsync fails, the file is taken away again before anyone may count
+        on it."""
+        final = fmt.offset_path(self.directory, offset)
+        try:
+            os.rename(tmp, final)
+        except OSError as exc:
+            raise fmt.write_fault(self.name, "naming the spool file", exc) from exc
+        if not self.fsync:
+            return
+        try:
+            fmt.fsync_dir(self.directory)
+        except OSError as exc:
+            try:
+                os.rename(final, tmp)  # the caller's finally removes tmp
+            except OSError as undo:
+                self._broken = f"{final} stayed after a failed fsync: {undo.strerror or undo}"
+                log.error("spool %s: %s", self.directory, self._broken)
+            with contextlib.suppress(OSError):  # best effort: the undo made durable too
+                fmt.fsync_dir(self.directory)
+            what = "the directory fsync after naming the spool file"
+            raise fmt.write_fault(self.name, what, exc) from exc
+
+    def _is_replay(self, origin: str, seq: int) -> bool:
         return seq <= self._seqs.get(origin, -1)
 
     def aligned(self) -> bool:
@@ -217,37 +260,61 @@ class Spool:
         first = start + 1
         if first < earliest:
             if not skip_trimmed:
-                raise TrimmedError(
+                raise fmt.TrimmedError(
                     f"spool {self.directory}: offsets {first}..{min(end, earliest - 1)} "
                     "were trimmed"
                 )
             first = earliest
         for offset in range(first, end + 1):
             try:
-                table = read_file(offset_path(self.directory, offset))
-            except FileNotFoundError:  # trimmed while we iterated
-                if skip_trimmed:
-                    continue
-                raise TrimmedError(f"spool {self.directory}: offset {offset} was trimmed") from None
+                table = fmt.read_file(fmt.offset_path(self.directory, offset))
+            except FileNotFoundError:
+                error = self._missing(offset)
+                if skip_trimmed and isinstance(error, fmt.TrimmedError):
+                    continue  # trimmed while we iterated
+                raise error from None
+            except (OSError, pa.ArrowException) as exc:  # ArrowInvalid: a truncated file
+                raise fmt.unreadable_file_error(self.name, self.directory, offset, exc) from None
             yield offset, table.replace_schema_metadata(None)
+
+    def read_file_bytes(self, offset: int) -> bytes:
+        """The exact bytes of the file at ``offset`` (for a replica: ``append_file``)."""
+        with self._lock:
+            latest, earliest = self._latest, self._earliest
+        if not 0 <= offset <= latest:
+            raise ValueError(f"spool {self.directory}: no offset {offset} (latest is {latest})")
+        if offset < earliest:
+            raise fmt.TrimmedError(f"spool {self.directory}: offset {offset} was trimmed")
+        try:
+            return fmt.offset_path(self.directory, offset).read_bytes()
+        except FileNotFoundError:
+            raise self._missing(offset) from None
+        except OSError as exc:
+            raise fmt.unreadable_file_error(self.name, self.directory, offset, exc) from None
+
+    def _missing(self, offset: int) -> Exception:
+        """The error for a file not found at ``offset``: trimmed, truncated, or lost."""
+        with self._lock:
+            earliest, latest = self._earliest, self._latest
+        return fmt.missing_file_error(self.name, self.directory, offset, earliest, latest)
 
     def append_time_ns(self, offset: int) -> int:
         with self._lock:
             try:
                 return self._append_ns[offset]
             except KeyError:
-                raise TrimmedError(f"spool {self.directory}: no offset {offset}") from None
+                raise fmt.TrimmedError(f"spool {self.directory}: no offset {offset}") from None
 
     # ----------------------------------------------------------------------- readers & trim
 
     def register_reader(self, reader_id: str) -> None:
-        path = reader_path(self.directory, reader_id)
+        path = fmt.reader_path(self.directory, reader_id)
         if not path.exists():
-            write_reader_offset(self.directory, reader_id, -1, fsync=self.fsync)
+            fmt.write_reader_offset(self.directory, reader_id, -1, fsync=self.fsync)
 
     def unregister_reader(self, reader_id: str) -> None:
         """Forget a reader. Stop its streaming query first, or its next commit re-registers it."""
-        path = reader_path(self.directory, reader_id)
+        path = fmt.reader_path(self.directory, reader_id)
         for leftover in (path, path.with_suffix(".taken")):
             with contextlib.suppress(FileNotFoundError):
                 leftover.unlink()
@@ -257,17 +324,17 @@ class Spool:
         """Batches the slowest registered reader has not committed yet."""
         floors = []
         for reader_id in self.readers():
-            path = reader_path(self.directory, reader_id)
+            path = fmt.reader_path(self.directory, reader_id)
             if path.with_suffix(".paused").exists():
                 continue
             with contextlib.suppress(KeyError, ValueError):
-                floors.append(max(self.committed(reader_id), taken_offset(path)))
+                floors.append(max(self.committed(reader_id), fmt.taken_offset(path)))
         return max(0, self._latest - min(floors)) if floors else 0
 
     def pause_reader(self, reader_id: str, paused: bool = True) -> None:
         """A paused reader (a stopped query) still keeps its data from being trimmed, but no
         longer counts for backpressure."""
-        marker = reader_path(self.directory, reader_id).with_suffix(".paused")
+        marker = fmt.reader_path(self.directory, reader_id).with_suffix(".paused")
         if paused:
             marker.touch()
         else:
@@ -275,10 +342,10 @@ class Spool:
                 marker.unlink()
 
     def readers(self) -> list[str]:
-        return sorted(p.stem for p in (self.directory / READERS_DIR).glob("*.offset"))
+        return sorted(p.stem for p in (self.directory / fmt.READERS_DIR).glob("*.offset"))
 
     def committed(self, reader_id: str) -> int:
-        return read_reader_offset(self.directory, reader_id)
+        return fmt.read_reader_offset(self.directory, reader_id)
 
     def trim(self, retain: int = 0, *, max_age_s: float | None = None) -> int:
         """Delete files every registered reader has committed, but keep the ``retain`` newest.
@@ -302,17 +369,70 @@ class Spool:
                 return 0
             # Record the seqs and the floor first: once files go, they are the only memory of
             # what was appended, and a crash from here on is finished by the next open.
-            self._trimmed = max(self._trimmed, floor)
-            state = {"trimmed_through": self._trimmed, "seqs": self._seqs}
-            atomic_write(self.directory / STATE_FILE, json.dumps(state).encode(), fsync=self.fsync)
             doomed = range(self._earliest, floor + 1)
+            base = dict(self._base_seqs)
+            for origin, seq in (self._tags[o] for o in doomed if o in self._tags):
+                base[origin] = max(base.get(origin, -1), seq)
+            self._write_state(max(self._trimmed, floor), base)
             self._earliest = floor + 1
             for offset in doomed:
                 self._append_ns.pop(offset, None)
+                self._tags.pop(offset, None)
         for offset in doomed:
             with contextlib.suppress(FileNotFoundError):
-                offset_path(self.directory, offset).unlink()
+                fmt.offset_path(self.directory, offset).unlink()
         return len(doomed)
+
+    def _write_state(self, trimmed: int, base_seqs: dict[str, int]) -> None:
+        """Record what trimming deletes (before it does): through where, and the highest seq
+        per origin among the deleted files. Callers hold the lock."""
+        state = {"trimmed_through": trimmed, "seqs": base_seqs}
+        fmt.atomic_write(
+            self.directory / fmt.STATE_FILE, json.dumps(state).encode(), fsync=self.fsync
+        )
+        self._trimmed, self._base_seqs = trimmed, base_seqs
+
+    def truncate_after(self, offset: int) -> int:
+        """Drop the files above ``offset`` (a tail the primary of a later epoch does not
+        have), newest first, each removal made durable before the next, so that a crash
+        leaves a whole, shorter log; the replay memory forgets their tags. Refused
+        (ValueError) below what was trimmed or what a registered reader committed.
+        Returns the number of files dropped."""
+        with self._lock:
+            if offset >= self._latest:
+                return 0
+            if offset < self._trimmed:
+                raise ValueError(
+                    f"stream {self.name}: cannot truncate after {offset}: offsets through "
+                    f"{self._trimmed} were trimmed already"
+                )
+            for reader_id in self.readers():
+                with contextlib.suppress(KeyError):  # unregistered meanwhile
+                    committed = self.committed(reader_id)
+                    if committed > offset:
+                        raise ValueError(
+                            f"stream {self.name}: cannot truncate after {offset}: reader "
+                            f"{reader_id!r} has committed offset {committed}"
+                        )
+            dropped = self._latest - offset
+            try:
+                while self._latest > offset:
+                    with contextlib.suppress(FileNotFoundError):  # a crashed truncation
+                        fmt.offset_path(self.directory, self._latest).unlink()
+                    self._append_ns.pop(self._latest, None)
+                    self._tags.pop(self._latest, None)
+                    self._latest -= 1  # gone from view, whether or not durable yet
+                    if self.fsync:
+                        fmt.fsync_dir(self.directory)
+            except OSError as exc:
+                raise fmt.SpoolFault(
+                    f"stream {self.name}: truncating after {offset} stopped at offset "
+                    f"{self._latest} ({exc.strerror or exc})",
+                    stream=self.name,
+                ) from exc
+            finally:
+                self._seqs = self._merged_seqs()
+        return dropped
 
     # ----------------------------------------------------------------------- moving
 
@@ -325,29 +445,17 @@ class Spool:
         readers: list[str] | None = None,
         seqs: dict[str, int] | None = None,
     ) -> int:
-        """Write a copy of this spool to the new directory ``dest``, for another peer: the
-        files with offsets in ``(after, through]`` (to the latest by default), the given
-        readers' offset files (all by default), and a state file that keeps the offsets
-        where they are (the copy's next append gets ``through + 1``) and the replay memory
-        (highest seq per origin, plus ``seqs``). Returns ``through``. The files are
-        immutable once written, so copying them while appends go on is safe."""
+        """Write a copy of this spool to the new directory ``dest`` for another peer
+        (``copy_spool``): the files in ``(after, through]`` (to the latest by default), the
+        given readers (all by default), the replay memory plus ``seqs``. Returns ``through``."""
         with self._lock:
             through = self._latest if through is None else min(through, self._latest)
             after = max(after, self._earliest - 1)
             memory = dict(self._seqs)
         for origin, seq in (seqs or {}).items():
             memory[origin] = max(memory.get(origin, -1), seq)
-        dest.mkdir(parents=True)
-        (dest / READERS_DIR).mkdir()
-        shutil.copy2(self.directory / SCHEMA_FILE, dest / SCHEMA_FILE)
-        for offset in range(after + 1, through + 1):
-            shutil.copy2(offset_path(self.directory, offset), offset_path(dest, offset))
-        for reader_id in self.readers() if readers is None else readers:
-            with contextlib.suppress(FileNotFoundError):
-                shutil.copy2(reader_path(self.directory, reader_id), reader_path(dest, reader_id))
-        # trimmed_through = after: the copy's latest is ``through`` even with no file in it
-        state = {"trimmed_through": min(after, through), "seqs": memory}
-        atomic_write(dest / STATE_FILE, json.dumps(state).encode(), fsync=self.fsync)
+        readers = self.readers() if readers is None else readers
+        fmt.copy_spool(self.directory, dest, after, through, readers, memory, fsync=self.fsync)
         return through
 
     # ----------------------------------------------------------------------- listeners
@@ -363,83 +471,113 @@ class Spool:
                 floor = offset
             return floor
 
-    def add_listener(self, callback: Listener) -> None:
+    def add_listener(self, callback: fmt.Listener) -> None:
         """Call ``callback(offset)`` after each append (on the appending thread)."""
         with self._lock:
             self._listeners.append(callback)
 
-    def remove_listener(self, callback: Listener) -> None:
+    def remove_listener(self, callback: fmt.Listener) -> None:
         with self._lock, contextlib.suppress(ValueError):
             self._listeners.remove(callback)
 
 
 class SpoolSet:
-    """Every spool of a peer, one directory each under ``root``; reopened on construction."""
+    """Every spool of a peer, one directory each under ``root``; reopened on construction.
+    A spool that does not open is quarantined (see the module docstring)."""
 
     def __init__(self, root: Path, *, fsync: bool = True) -> None:
         self.root = Path(root)
         self.fsync = fsync
         self._lock = threading.Lock()
         self._spools: dict[str, Spool] = {}
+        self._quarantined: dict[str, fmt.Quarantine] = {}
         self.root.mkdir(parents=True, exist_ok=True)
         for entry in sorted(self.root.iterdir()):
-            if entry.name.startswith(TMP_PREFIX):  # a crashed create or drop
+            if entry.name.startswith(fmt.TMP_PREFIX):  # a crashed create or drop
                 shutil.rmtree(entry, ignore_errors=True)
                 continue
-            if not (entry / STREAM_FILE).exists():
+            if not (entry / fmt.STREAM_FILE).exists():
                 continue
-            stream = json.loads((entry / STREAM_FILE).read_text())["stream"]
-            self._spools[stream] = Spool(entry, load_schema(entry), fsync=fsync)
+            try:
+                stream = fmt.read_stream_file(entry)
+                schema = fmt.read_schema_file(entry, stream)
+                self._spools[stream] = Spool(entry, schema, fsync=fsync, name=stream)
+            except fmt.OPEN_ERRORS as exc:
+                found = fmt.quarantine(entry, exc)
+                log.error("%s: quarantined; to fix it, %s", found.reason, found.fix)
+                self._quarantined[found.stream] = found
+
+    def quarantined(self) -> list[fmt.Quarantine]:
+        """The spools that did not open, by stream name."""
+        with self._lock:
+            return [self._quarantined[s] for s in sorted(self._quarantined)]
+
+    def quarantine_of(self, stream: str) -> fmt.Quarantine | None:
+        with self._lock:
+            return self._quarantined.get(stream)
+
+    def _refuse_quarantined(self, stream: str) -> None:
+        found = self._quarantined.get(stream)
+        if found is not None:
+            raise found.error()
 
     def create(self, stream: str, schema: pa.Schema) -> Spool:
         """Create the spool of ``stream``; idempotent for the same schema."""
         with self._lock:
+            self._refuse_quarantined(stream)
             existing = self._spools.get(stream)
             if existing is not None:
                 if not existing.schema.equals(schema.remove_metadata()):
                     raise ValueError(f"stream {stream!r} already has a spool with another schema")
                 return existing
-            name = stream_dirname(stream)
+            name = fmt.stream_dirname(stream)
             if len(name) > 240:
                 raise ValueError(f"stream name {stream!r} is too long for a spool directory")
             # Build the directory under a temporary name and rename it: a crash never leaves
             # a spool without its schema or name.
-            tmp = self.root / f"{TMP_PREFIX}{uuid.uuid4().hex}"
+            tmp = self.root / f"{fmt.TMP_PREFIX}{uuid.uuid4().hex}"
             tmp.mkdir()
-            Spool(tmp, schema, fsync=self.fsync)
-            atomic_write(tmp / STREAM_FILE, json.dumps({"stream": stream}).encode(), fsync=False)
+            Spool(tmp, schema, fsync=self.fsync, name=stream)
+            fmt.atomic_write(
+                tmp / fmt.STREAM_FILE, json.dumps({"stream": stream}).encode(), fsync=False
+            )
             final = self.root / name
             os.rename(tmp, final)
             if self.fsync:
-                fsync_dir(self.root)
-            spool = Spool(final, schema, fsync=self.fsync)
+                fmt.fsync_dir(self.root)
+            spool = Spool(final, schema, fsync=self.fsync, name=stream)
             self._spools[stream] = spool
             return spool
 
     def adopt(self, stream: str, directory: Path) -> Spool:
         """Take in a spool exported by another peer (``Spool.export``) as ``stream``'s."""
         with self._lock:
+            self._refuse_quarantined(stream)
             if stream in self._spools:
                 raise ValueError(f"stream {stream!r} already has a spool here")
-            atomic_write(
-                directory / STREAM_FILE, json.dumps({"stream": stream}).encode(), fsync=False
+            fmt.atomic_write(
+                directory / fmt.STREAM_FILE, json.dumps({"stream": stream}).encode(), fsync=False
             )
-            final = self.root / stream_dirname(stream)
+            final = self.root / fmt.stream_dirname(stream)
             os.rename(directory, final)
             if self.fsync:
-                fsync_dir(self.root)
-            spool = Spool(final, load_schema(final), fsync=self.fsync)
+                fmt.fsync_dir(self.root)
+            spool = Spool(final, fmt.read_schema_file(final, stream), fsync=self.fsync, name=stream)
             self._spools[stream] = spool
             return spool
 
     def get(self, stream: str) -> Spool:
+        """The spool of ``stream``: KeyError if there is none, SpoolQuarantined (a KeyError
+        too) naming the bad file if it is quarantined."""
         with self._lock:
-            try:
-                return self._spools[stream]
-            except KeyError:
-                raise KeyError(f"no spool for stream {stream!r}") from None
+            spool = self._spools.get(stream)
+            if spool is not None:
+                return spool
+            self._refuse_quarantined(stream)
+        raise KeyError(f"no spool for stream {stream!r}")
 
     def __contains__(self, stream: object) -> bool:
+        """Whether ``stream`` has a spool that is served (a quarantined one is not)."""
         with self._lock:
             return stream in self._spools
 
@@ -449,12 +587,13 @@ class SpoolSet:
             if spool is None:
                 raise KeyError(f"no spool for stream {stream!r}")
             # Rename first so that a crash mid-delete leaves a temporary, not half a spool.
-            doomed = self.root / f"{TMP_PREFIX}{uuid.uuid4().hex}"
+            doomed = self.root / f"{fmt.TMP_PREFIX}{uuid.uuid4().hex}"
             os.rename(spool.directory, doomed)
             if self.fsync:
-                fsync_dir(self.root)
+                fmt.fsync_dir(self.root)
         shutil.rmtree(doomed, ignore_errors=True)
 
     def streams(self) -> list[str]:
+        """The streams whose spools are served (quarantined ones are not listed)."""
         with self._lock:
             return sorted(self._spools)

@@ -4,6 +4,10 @@ These helpers define the files a spool directory holds: one Arrow IPC file per b
 its offset, the schema file, the state file written by trimming, and one offset file per
 registered reader. The Spark source (:mod:`peer.engine.source`) runs in Spark's Python workers
 and reads and commits through this module alone: it must never open a ``Spool`` itself.
+
+:func:`read_layout` reads a whole spool directory without changing it and names the first
+file that is not what a spool writes (:class:`SpoolCorrupt`): the spool opens with it, and
+``peer doctor`` checks a data directory with it.
 """
 
 from __future__ import annotations
@@ -13,12 +17,16 @@ import json
 import logging
 import os
 import re
+import shutil
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import pyarrow as pa
+
+from peer.errors import Conflict, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +52,30 @@ Listener = Callable[[int], None]
 
 class TrimmedError(LookupError):
     """Asked for spool data that trimming has already deleted."""
+
+
+class SpoolFault(Unavailable):
+    """The disk refused a write (ENOSPC, EIO, ...). Nothing of the request was kept, and the
+    peer goes on; the same request may succeed once the disk has room again."""
+
+
+class SpoolCorrupt(Conflict):
+    """A spool file is not what a spool writes: unreadable (a truncated footer), of another
+    schema, or missing in the middle of the log. ``file`` names it; ``newest`` says that it
+    is the newest batch file, so that moving that one file away leaves a whole spool."""
+
+    def __init__(self, message: str, *, stream: str, file: Path, newest: bool = False) -> None:
+        super().__init__(message, stream=stream, file=str(file))
+        self.file = Path(file)
+        self.newest = newest
+
+
+class SpoolQuarantined(Conflict, KeyError):
+    """A request on a stream whose spool was quarantined when the peer started (a
+    :class:`KeyError` too, as for a stream without a spool: loops over spools skip it)."""
+
+    def __str__(self) -> str:
+        return self.message
 
 
 # --------------------------------------------------------------------------- on-disk format
@@ -84,6 +116,61 @@ def read_file(path: Path) -> pa.Table:
     # read_all copies nothing: the table keeps the mapping alive, also after an unlink.
     with pa.memory_map(str(path)) as source:
         return pa.ipc.open_file(source).read_all()
+
+
+def file_bytes(table: pa.Table) -> bytes:
+    """``table`` as the bytes of one spool file (an Arrow IPC file)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as out:
+        out.write_table(table)
+    data: bytes = sink.getvalue().to_pybytes()
+    return data
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """What a spool keeps in memory about one of its files, read from its footer."""
+
+    rows: int
+    append_ns: int
+    tag: tuple[str, int] | None  # (origin, seq) of a tagged batch
+
+
+def file_info(meta: dict[bytes, bytes]) -> FileInfo:
+    """The spool metadata of a file's schema; ValueError names a malformed entry."""
+    try:
+        rows = int(meta.get(META_ROWS, b"-1"))
+        append_ns = int(meta.get(META_APPEND_NS, b"0"))
+        tag = None
+        if META_ORIGIN in meta or META_SEQ in meta:
+            tag = (meta[META_ORIGIN].decode(), int(meta[META_SEQ]))
+    except (KeyError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        raise ValueError(f"malformed spool metadata ({type(exc).__name__}: {exc})") from None
+    return FileInfo(rows, append_ns, tag)
+
+
+def check_file_bytes(data: bytes, schema: pa.Schema) -> FileInfo:
+    """Check that ``data`` is one whole spool file of ``schema`` (a replica stores its
+    primary's bytes as they are); ValueError says what is wrong with it."""
+    try:
+        reader = pa.ipc.open_file(pa.BufferReader(data))
+        table = reader.read_all()
+        table.validate(full=True)
+    except (pa.ArrowException, ValueError, OSError) as exc:  # ArrowInvalid is a ValueError
+        raise ValueError(f"not a whole Arrow IPC file ({exc})") from None
+    if not table.schema.remove_metadata().equals(schema.remove_metadata()):
+        raise ValueError(f"the file holds schema {table.schema.remove_metadata()}, not {schema}")
+    info = file_info(dict(reader.schema.metadata or {}))
+    if not 0 < table.num_rows <= MAX_ROWS_PER_FILE:
+        raise ValueError(f"the file holds {table.num_rows} rows (1..{MAX_ROWS_PER_FILE} allowed)")
+    if info.rows not in (-1, table.num_rows):
+        raise ValueError(f"the file says it holds {info.rows} rows but holds {table.num_rows}")
+    if info.tag is not None and info.tag[1] < 0:
+        raise ValueError(f"the file's seq {info.tag[1]} is negative")
+    for f in schema:
+        if not f.nullable and table.column(f.name).null_count:
+            raise ValueError(f"field {f.name!r} holds a null but is not nullable")
+    return info
 
 
 def trimmed_through(directory: Path) -> int:
@@ -142,6 +229,86 @@ def write_reader_offset(
     path = reader_path(directory, reader_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, f"{offset}\n".encode(), fsync=fsync)
+
+
+def write_new_file(path: Path, data: bytes, *, fsync: bool, stream: str) -> None:
+    """Create ``path`` (it must not exist) holding ``data``, fsynced unless told not to;
+    SpoolFault (for ``stream``) when the disk refuses."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise write_fault(stream, "writing the spool file", exc) from exc
+
+
+def write_fault(stream: str, what: str, exc: OSError) -> SpoolFault:
+    return SpoolFault(
+        f"stream {stream}: the batch was not stored: {what} failed "
+        f"({exc.strerror or exc}); nothing of it was kept",
+        stream=stream,
+        errno=exc.errno,
+    )
+
+
+def copy_spool(
+    source: Path,
+    dest: Path,
+    after: int,
+    through: int,
+    readers: list[str],
+    seqs: dict[str, int],
+    *,
+    fsync: bool,
+) -> None:
+    """Write to the new directory ``dest`` a spool holding ``source``'s files in
+    ``(after, through]``, the offset files of ``readers``, and a state file that keeps the
+    offsets where they are (its next append gets ``through + 1``) with replay memory ``seqs``.
+    Files are immutable once written, so copying them while appends go on is safe."""
+    dest.mkdir(parents=True)
+    (dest / READERS_DIR).mkdir()
+    shutil.copy2(source / SCHEMA_FILE, dest / SCHEMA_FILE)
+    for offset in range(after + 1, through + 1):
+        shutil.copy2(offset_path(source, offset), offset_path(dest, offset))
+    for reader_id in readers:
+        with contextlib.suppress(FileNotFoundError):
+            shutil.copy2(reader_path(source, reader_id), reader_path(dest, reader_id))
+    # trimmed_through = after: the copy's latest is ``through`` even with no file in it
+    state = {"trimmed_through": min(after, through), "seqs": seqs}
+    atomic_write(dest / STATE_FILE, json.dumps(state).encode(), fsync=fsync)
+
+
+def missing_file_error(
+    stream: str, directory: Path, offset: int, earliest: int, latest: int
+) -> Exception:
+    """The error for a batch file not found at ``offset`` of a spool that holds
+    ``earliest..latest``: trimmed, truncated away, or lost."""
+    if offset < earliest:
+        return TrimmedError(f"spool {directory}: offset {offset} was trimmed")
+    if offset > latest:
+        return ValueError(f"spool {directory}: offset {offset} was truncated away")
+    path = offset_path(directory, offset)
+    return SpoolCorrupt(
+        f"stream {stream}: spool file {path} is missing (offsets {earliest}..{latest} "
+        "should all be there): its batch is lost on this peer",
+        stream=stream,
+        file=path,
+    )
+
+
+def unreadable_file_error(
+    stream: str, directory: Path, offset: int, exc: Exception
+) -> SpoolCorrupt:
+    path = offset_path(directory, offset)
+    return SpoolCorrupt(
+        f"stream {stream}: spool file {path} is unreadable ({exc})", stream=stream, file=path
+    )
 
 
 def atomic_write(path: Path, data: bytes, *, fsync: bool = True) -> None:
@@ -211,7 +378,184 @@ def load_schema(directory: Path) -> pa.Schema:
         return pa.ipc.open_file(source).schema
 
 
+def stream_name_of(directory: Path) -> str:
+    """The stream a spool directory belongs to, from its name (the stream file says the
+    same; this works when that file is unreadable)."""
+    return unquote(Path(directory).name)
+
+
+def read_stream_file(directory: Path) -> str:
+    """The stream named by a spool directory's stream file; SpoolCorrupt if unreadable."""
+    path = Path(directory) / STREAM_FILE
+    try:
+        stream = json.loads(path.read_text())["stream"]
+        if not isinstance(stream, str):
+            raise TypeError(f"stream is {type(stream).__name__}, not a string")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        name = stream_name_of(directory)
+        raise SpoolCorrupt(
+            f"stream {name}: spool file {path} is unreadable ({type(exc).__name__}: {exc})",
+            stream=name,
+            file=path,
+        ) from None
+    return stream
+
+
+def read_schema_file(directory: Path, stream: str) -> pa.Schema:
+    """The schema a spool directory was created with; SpoolCorrupt if unreadable."""
+    try:
+        return load_schema(directory)
+    except (OSError, pa.ArrowException) as exc:  # ArrowInvalid: truncated or not Arrow
+        path = Path(directory) / SCHEMA_FILE
+        raise SpoolCorrupt(
+            f"stream {stream}: spool schema file {path} is unreadable ({exc})",
+            stream=stream,
+            file=path,
+        ) from None
+
+
+@dataclass
+class Layout:
+    """What a spool directory holds, as :func:`read_layout` found it."""
+
+    trimmed: int  # trimmed_through of the state file (-1: nothing trimmed)
+    base_seqs: dict[str, int]  # highest seq per origin among the trimmed files
+    offsets: list[int]  # files after ``trimmed``: consecutive, from trimmed + 1
+    stale: list[int]  # files a crashed trim left behind
+    files: dict[int, FileInfo]  # what the footer of each file in ``offsets`` says
+
+
+def read_layout(directory: Path, schema: pa.Schema, stream: str) -> Layout:
+    """Read a spool directory without changing anything (temporary files and the files an
+    unfinished trim left are ignored). SpoolCorrupt names the first file that is not what a
+    spool writes: a state or reader offset file that does not parse, a batch file whose
+    footer is unreadable or whose schema is not ``schema``, a batch file missing before the
+    newest one."""
+    state_path = directory / STATE_FILE
+    try:
+        trimmed, base_seqs = load_state(directory)
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        raise SpoolCorrupt(
+            f"stream {stream}: spool state file {state_path} is unreadable ({exc})",
+            stream=stream,
+            file=state_path,
+        ) from None
+    present = list_offsets(directory)
+    offsets = [o for o in present if o > trimmed]
+    layout = Layout(trimmed, base_seqs, offsets, [o for o in present if o <= trimmed], {})
+    expected = range(trimmed + 1, trimmed + 1 + len(offsets))
+    if offsets != list(expected):
+        have = set(offsets)
+        missing = next(o for o in range(trimmed + 1, offsets[-1]) if o not in have)
+        raise SpoolCorrupt(
+            f"stream {stream}: spool file {offset_path(directory, missing)} is missing "
+            f"(the spool holds offsets up to {offsets[-1]}, trimmed through {trimmed})",
+            stream=stream,
+            file=offset_path(directory, missing),
+        )
+    wanted = schema.remove_metadata()
+    for offset in offsets:
+        path = offset_path(directory, offset)
+        try:
+            with pa.memory_map(str(path)) as source:
+                found = pa.ipc.open_file(source).schema
+            if not found.remove_metadata().equals(wanted):
+                raise ValueError(f"it holds schema {found.remove_metadata()}, not {wanted}")
+            layout.files[offset] = file_info(dict(found.metadata or {}))
+        except (OSError, ValueError, pa.ArrowException) as exc:
+            raise SpoolCorrupt(
+                f"stream {stream}: spool file {path} is unreadable or truncated ({exc})",
+                stream=stream,
+                file=path,
+                newest=offset == offsets[-1],
+            ) from None
+    for path in sorted((directory / READERS_DIR).glob("*.offset")):
+        try:
+            int(path.read_text().strip())
+        except (OSError, ValueError) as exc:
+            raise SpoolCorrupt(
+                f"stream {stream}: reader offset file {path} is unreadable ({exc})",
+                stream=stream,
+                file=path,
+            ) from None
+    return layout
+
+
 def stream_dirname(stream: str) -> str:
     """A filesystem-safe, reversible directory name for a stream name (which may be a URI)."""
     # quote() leaves '.' alone; escaping it too rules out '.', '..' and hidden names.
     return quote(stream, safe="").replace(".", "%2E")
+
+
+# --------------------------------------------------------------------------- quarantine
+
+# What opening a spool directory may raise besides SpoolCorrupt (a file of unexpected form).
+OPEN_ERRORS = (SpoolCorrupt, OSError, ValueError, LookupError, TypeError, pa.ArrowException)
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    """A spool that did not open: kept on disk as it is, served to nobody."""
+
+    stream: str
+    directory: Path
+    file: Path  # the first bad file (or the directory, when no file is to blame)
+    reason: str
+    newest: bool = False  # the bad file is the newest batch file
+
+    @property
+    def fix(self) -> str:
+        whole = (
+            f"move the directory {self.directory} out of {self.directory.parent} (keep it: it "
+            f"holds the stream's data) and restart the peer; stream {self.stream} then starts "
+            "empty on this peer"
+        )
+        if not self.newest:
+            return whole
+        return (
+            f"move the file {self.file} out of {self.directory} and restart the peer (its "
+            f"batch is lost on this peer, the older ones are kept), or {whole}"
+        )
+
+    def error(self) -> SpoolQuarantined:
+        return SpoolQuarantined(
+            f"stream {self.stream} is quarantined on this peer (not served): {self.reason}",
+            stream=self.stream,
+            file=str(self.file),
+        )
+
+    def to_dict(self) -> dict[str, str]:
+        return {
+            "stream": self.stream,
+            "directory": str(self.directory),
+            "file": str(self.file),
+            "reason": self.reason,
+            "fix": self.fix,
+        }
+
+
+def quarantine(directory: Path, exc: Exception) -> Quarantine:
+    """The quarantine of the spool in ``directory`` that failed to open with ``exc``."""
+    if isinstance(exc, SpoolCorrupt):
+        stream = str(exc.details.get("stream", stream_name_of(directory)))
+        return Quarantine(stream, directory, exc.file, exc.message, exc.newest)
+    stream = stream_name_of(directory)
+    reason = f"stream {stream}: spool {directory} does not open ({type(exc).__name__}: {exc})"
+    return Quarantine(stream, directory, directory, reason)
+
+
+def scan_spools(root: Path) -> list[Quarantine]:
+    """The spools under ``root`` (a peer's spool directory) that would be quarantined when
+    the peer starts; reads only, changes nothing."""
+    found: list[Quarantine] = []
+    if not root.is_dir():
+        return found
+    for entry in sorted(root.iterdir()):
+        if entry.name.startswith(TMP_PREFIX) or not (entry / STREAM_FILE).exists():
+            continue
+        try:
+            stream = read_stream_file(entry)
+            read_layout(entry, read_schema_file(entry, stream), stream)
+        except OPEN_ERRORS as exc:
+            found.append(quarantine(entry, exc))
+    return found
