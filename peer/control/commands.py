@@ -1,0 +1,113 @@
+"""The commands of the control plane's replicated log (pure data).
+
+Each command is decided by one peer on what it knew then (an epoch, a state version) and
+applied later by every voter in log order; :meth:`peer.control.state.ControlState.apply` turns
+a command decided on stale knowledge into a no-op. Constructors check every field and name the
+first wrong one, so a malformed command never reaches the log.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Command", "CreateStream", "Elect", "ExpandIsr", "SetReplicas", "ShrinkIsr"]
+
+
+def _check_name(owner: str, field: str, value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{owner}.{field} must be a non-empty str, not {value!r}")
+
+
+def _check_int(owner: str, field: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{owner}.{field} must be an int >= {minimum}, not {value!r}")
+
+
+def _check_replicas(owner: str, name: str, replicas: object) -> None:
+    if not isinstance(replicas, tuple) or not replicas:
+        raise ValueError(f"{owner}({name!r}).replicas must be a non-empty tuple, not {replicas!r}")
+    for node in replicas:
+        _check_name(owner, "replicas[]", node)
+    if len(set(replicas)) != len(replicas):
+        raise ValueError(f"{owner}({name!r}).replicas names a node twice: {replicas}")
+
+
+@dataclass(frozen=True)
+class CreateStream:
+    """A new replicated stream: epoch 1, ``replicas[0]`` its primary, every replica in sync
+    (all hold the empty log)."""
+
+    name: str
+    replicas: tuple[str, ...]
+    min_insync: int
+
+    def __post_init__(self) -> None:
+        _check_name("CreateStream", "name", self.name)
+        _check_replicas("CreateStream", self.name, self.replicas)
+        _check_int("CreateStream", "min_insync", self.min_insync, 1)
+
+
+@dataclass(frozen=True)
+class Elect:
+    """Make ``primary`` (an ISR member) the primary of epoch ``epoch + 1``; decided in
+    ``epoch``, a no-op in any other."""
+
+    name: str
+    epoch: int
+    primary: str
+
+    def __post_init__(self) -> None:
+        _check_name("Elect", "name", self.name)
+        _check_int("Elect", "epoch", self.epoch, 1)
+        _check_name("Elect", "primary", self.primary)
+
+
+@dataclass(frozen=True)
+class ShrinkIsr:
+    """Remove ``node`` from the ISR; decided in ``epoch`` at state ``version``."""
+
+    name: str
+    epoch: int
+    version: int
+    node: str
+
+    def __post_init__(self) -> None:
+        _check_name("ShrinkIsr", "name", self.name)
+        _check_int("ShrinkIsr", "epoch", self.epoch, 1)
+        _check_int("ShrinkIsr", "version", self.version, 1)
+        _check_name("ShrinkIsr", "node", self.node)
+
+
+@dataclass(frozen=True)
+class ExpandIsr:
+    """Add ``node`` (a replica that caught up) to the ISR; decided in ``epoch`` at state
+    ``version``."""
+
+    name: str
+    epoch: int
+    version: int
+    node: str
+
+    def __post_init__(self) -> None:
+        _check_name("ExpandIsr", "name", self.name)
+        _check_int("ExpandIsr", "epoch", self.epoch, 1)
+        _check_int("ExpandIsr", "version", self.version, 1)
+        _check_name("ExpandIsr", "node", self.node)
+
+
+@dataclass(frozen=True)
+class SetReplicas:
+    """A peer joined or died for good: the stream's successor list becomes ``replicas``
+    (which keeps the primary); decided at state ``version``."""
+
+    name: str
+    version: int
+    replicas: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        _check_name("SetReplicas", "name", self.name)
+        _check_int("SetReplicas", "version", self.version, 1)
+        _check_replicas("SetReplicas", self.name, self.replicas)
+
+
+Command = CreateStream | Elect | ShrinkIsr | ExpandIsr | SetReplicas

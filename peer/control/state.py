@@ -1,0 +1,175 @@
+"""The control plane's state machine: who leads which stream, in which epoch, with which
+in-sync set (pure; a Raft library replicates it).
+
+Theory of operation
+-------------------
+Voters replicate a log of :mod:`~peer.control.commands` with Raft; every voter applies the
+committed commands, in log order, to its own :class:`ControlState`. :meth:`ControlState.apply`
+reads nothing but the state and the command (no clock, no randomness, no iteration over an
+unordered set), so every voter holds the same state after the same prefix of the log.
+
+For each stream the state holds ``epoch``, ``primary``, ``replicas`` (the successor list),
+``in_sync`` (the ISR, in replica order), the requested ``min_insync`` and a ``version`` that
+rises by one with every change. Commands are decided by a peer on what it knew then, and a
+command decided on stale knowledge is a no-op with a reason (:class:`Applied`):
+
+- ``CreateStream``: epoch 1, the first replica leads, and every replica is in sync (they all
+  hold the empty log, so each holds every acknowledged entry).
+- ``Elect`` holds only in the epoch it was decided in, and only for an ISR member other than the
+  primary. The new epoch's ISR is the old one without the deposed primary: it is the
+  member known to be unreachable, and every other member holds every acknowledged entry.
+- ``ShrinkIsr`` / ``ExpandIsr`` (proposed by the primary) hold only in their epoch and at their
+  version, so a proposal delivered twice, or after the ISR changed, cannot undo a later change
+  (an ``ExpandIsr`` re-applied after a ``ShrinkIsr`` would let a member lacking acknowledged
+  entries back into the ISR). The primary never leaves the ISR.
+- ``SetReplicas`` holds only at its version and must keep the primary; members that leave the
+  successor list leave the ISR.
+
+Invariants (tests/unit/test_control_state.py): the primary is in the ISR; the ISR is drawn from
+the replicas; epochs and versions never fall.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+from peer.control.commands import (
+    Command,
+    CreateStream,
+    Elect,
+    ExpandIsr,
+    SetReplicas,
+    ShrinkIsr,
+)
+
+__all__ = ["Applied", "ControlState", "StreamState"]
+
+
+@dataclass(frozen=True)
+class StreamState:
+    """One stream as the control plane has decided it."""
+
+    name: str
+    epoch: int
+    primary: str
+    replicas: tuple[str, ...]
+    in_sync: tuple[str, ...]
+    min_insync: int
+    version: int
+
+    @property
+    def required_insync(self) -> int:
+        """``min_insync``, but never more than the replicas the stream has been given."""
+        return min(self.min_insync, len(self.replicas))
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What applying one command did: ``ok`` if it changed the state, else ``reason``."""
+
+    command: Command
+    ok: bool
+    reason: str = ""
+
+
+class ControlState:
+    """The replicated state: every stream's epoch, primary, replicas and ISR."""
+
+    def __init__(self) -> None:
+        self._streams: dict[str, StreamState] = {}
+        self.applied = 0  # commands applied (no-ops included): the log index reached
+
+    def stream(self, name: str) -> StreamState | None:
+        return self._streams.get(name)
+
+    def streams(self) -> Iterator[StreamState]:
+        """Every stream, by name."""
+        for name in sorted(self._streams):
+            yield self._streams[name]
+
+    def snapshot(self) -> tuple[StreamState, ...]:
+        """The whole state, comparable between voters."""
+        return tuple(self.streams())
+
+    def apply(self, command: Command) -> Applied:
+        """Apply one committed command; a stale or inapplicable one changes nothing."""
+        self.applied += 1
+        if isinstance(command, CreateStream):
+            return self._create(command)
+        current = self._streams.get(command.name)
+        if current is None:
+            return Applied(command, False, f"no stream {command.name!r}")
+        if isinstance(command, Elect):
+            outcome = self._elect(current, command)
+        elif isinstance(command, ShrinkIsr | ExpandIsr):
+            outcome = self._change_isr(current, command)
+        elif isinstance(command, SetReplicas):
+            outcome = self._set_replicas(current, command)
+        else:  # pragma: no cover - the Command union is closed
+            raise TypeError(f"not a control-plane command: {command!r}")
+        if isinstance(outcome, str):
+            return Applied(command, False, outcome)
+        self._streams[command.name] = replace(outcome, version=current.version + 1)
+        return Applied(command, True)
+
+    # ----------------------------------------------------------------------- commands
+
+    def _create(self, command: CreateStream) -> Applied:
+        if command.name in self._streams:
+            return Applied(command, False, f"stream {command.name!r} exists")
+        self._streams[command.name] = StreamState(
+            name=command.name,
+            epoch=1,
+            primary=command.replicas[0],
+            replicas=command.replicas,
+            in_sync=command.replicas,
+            min_insync=command.min_insync,
+            version=1,
+        )
+        return Applied(command, True)
+
+    @staticmethod
+    def _elect(current: StreamState, command: Elect) -> StreamState | str:
+        if command.epoch != current.epoch:
+            return f"decided in epoch {command.epoch}; {current.name!r} is in epoch {current.epoch}"
+        if command.primary == current.primary:
+            return f"{command.primary} already leads {current.name!r}"
+        if command.primary not in current.in_sync:
+            return f"{command.primary} is not in {current.name!r}'s ISR {current.in_sync}"
+        in_sync = tuple(n for n in current.in_sync if n != current.primary)
+        return replace(current, epoch=current.epoch + 1, primary=command.primary, in_sync=in_sync)
+
+    @staticmethod
+    def _change_isr(current: StreamState, command: ShrinkIsr | ExpandIsr) -> StreamState | str:
+        if command.epoch != current.epoch or command.version != current.version:
+            return (
+                f"decided at epoch {command.epoch} version {command.version}; {current.name!r}"
+                f" is at epoch {current.epoch} version {current.version}"
+            )
+        if isinstance(command, ShrinkIsr):
+            if command.node == current.primary:
+                return f"the primary {command.node} stays in {current.name!r}'s ISR"
+            if command.node not in current.in_sync:
+                return f"{command.node} is not in {current.name!r}'s ISR"
+            members = set(current.in_sync) - {command.node}
+        else:
+            if command.node not in current.replicas:
+                return f"{command.node} is not a replica of {current.name!r}"
+            if command.node in current.in_sync:
+                return f"{command.node} is in {current.name!r}'s ISR already"
+            members = set(current.in_sync) | {command.node}
+        in_sync = tuple(n for n in current.replicas if n in members)
+        return replace(current, in_sync=in_sync)
+
+    @staticmethod
+    def _set_replicas(current: StreamState, command: SetReplicas) -> StreamState | str:
+        if command.version != current.version:
+            return (
+                f"decided at version {command.version}; {current.name!r} is at version"
+                f" {current.version}"
+            )
+        if current.primary not in command.replicas:
+            return f"the replicas of {current.name!r} must keep its primary {current.primary}"
+        in_sync = tuple(n for n in command.replicas if n in current.in_sync)
+        return replace(current, replicas=command.replicas, in_sync=in_sync)
