@@ -14,7 +14,7 @@ import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 import pytest
@@ -350,6 +350,60 @@ def test_a_peer_with_a_truncated_spool_file_starts_and_serves_the_others(tmp_pat
     asyncio.run(second_life())
 
 
+class FakeEngine:
+    """Records the queries it is asked to run (no Spark)."""
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+
+    async def run_query(self, checked: Any, _incarnation: str, **_kw: Any) -> Any:
+        self.ran.append(checked.query.name)
+        return _kw.get("placement")
+
+    async def describe(self, names: list[str]) -> dict[str, dict[str, Any]]:
+        return {}
+
+    async def close(self) -> None:
+        pass
+
+
+def _filter(name: str, source: str) -> dict[str, Any]:
+    box = {"name": "f", "type": "filter", "inputs": [source], "outputs": [f"{name}_out"]}
+    return {"name": name, "boxes": [{**box, "params": {"expression.0": "id > 0"}}]}
+
+
+def test_queries_on_a_quarantined_stream_do_not_resume_and_say_why(tmp_path: Path) -> None:
+    async def first_life() -> Path:
+        site = LocalSite(SiteConfig(data_dir=tmp_path))
+        await site.create_schema(PERSON)
+        for stream in ("bad", "good"):
+            await site.create_stream(stream, "person")
+            await site.push(stream, {"columns": {"id": [1]}}, None, None)
+            await site.create_query(_filter(f"on_{stream}", stream))
+            site.catalog.set_status(f"on_{stream}", "RUNNING")
+        directory = site.spools.get("bad").directory
+        await site.close()
+        return directory
+
+    _break_schema(asyncio.run(first_life()))
+
+    async def second_life() -> None:
+        engine = FakeEngine()
+        site = LocalSite(SiteConfig(data_dir=tmp_path), engine=cast(Any, engine))
+        try:
+            await site.resume_queries()
+            assert engine.ran == ["on_good"]
+            assert site.query_errors["on_bad"].startswith("stream bad is quarantined")
+            status = await site.status()
+            errors = {q["name"]: q.get("error") for q in status["queries"]}
+            assert errors["on_good"] is None and "schema.arrow" in errors["on_bad"]
+        finally:
+            site.engine = None
+            await site.close()
+
+    asyncio.run(second_life())
+
+
 def test_doctor_names_the_quarantined_spool_and_the_fix(tmp_path: Path) -> None:
     check = doctor_spools(tmp_path)
     assert "0 spool(s)" in check()  # no spool directory yet
@@ -382,7 +436,8 @@ def test_a_subscriber_is_told_the_first_offset_it_missed(tmp_path: Path) -> None
                 await site.push("s", {"columns": {"id": [i]}}, None, None)
             assert spool.trim(max_age_s=0) == 4  # retention passed before it read them
             with pytest.raises(NotFound, match="first missing offset 0") as caught:
-                await anext(subscription)
+                async with asyncio.timeout(5):  # a skipping subscriber would wait here
+                    await anext(subscription)
             assert caught.value.details == {"stream": "s", "first_missing": 0, "earliest": 4}
             # resuming from an offset no longer kept: told at once, before READY
             with pytest.raises(NotFound, match="first missing offset 2") as caught:

@@ -355,5 +355,5 @@ class ReplicaModel(RuleBasedStateMachine):
             assert f.highest_seq(origin) == (max(seqs) if seqs else None)
 
 
-ReplicaModel.TestCase.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+ReplicaModel.TestCase.settings = settings(max_examples=120, stateful_step_count=30, deadline=None)
 test_replica_model = ReplicaModel.TestCase
