@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -228,3 +231,20 @@ def test_whatever_arrives_the_log_is_a_prefix_of_the_primary_s(
         assert held == primary_log[: len(held)]
         assert reply.accepted == (not stale and offset <= len(held) - 1)
         assert (reply.refused is Refusal.STALE_EPOCH) == stale
+
+
+PURE = {"__future__", "collections.abc", "dataclasses", "enum", "itertools", "math", "typing"}
+
+
+@pytest.mark.parametrize("package", ["replication", "control"])
+def test_the_cores_import_nothing_that_does_io_or_reads_a_clock(package: str) -> None:
+    root = Path(__file__).resolve().parents[2] / "peer" / package
+    imported = set()
+    for path in root.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module)
+    ours = {name for name in imported if name.startswith(f"peer.{package}")}
+    assert imported - ours <= PURE, imported - ours - PURE

@@ -351,10 +351,8 @@ class Producer:
 
     def send(self) -> None:
         assert self.outstanding is not None
-        state = self.sim.control.stream(STREAM)
-        assert state is not None
         body = f"{self.name}/{self.outstanding}".encode()
-        self.sim.send(self.name, state.primary, Push(self.name, self.outstanding, body))
+        self.sim.send(self.name, self.sim.state.primary, Push(self.name, self.outstanding, body))
         self.sent_at = self.sim.now
 
     def tick(self) -> None:
@@ -424,13 +422,10 @@ class Sim:
         if node.up and self.connected(envelope.src, envelope.dst):
             node.handle(envelope)
 
-    def deliver_where(self, wanted: Callable[[Envelope], bool]) -> int:
+    def deliver_where(self, wanted: Callable[[Envelope], bool]) -> None:
         """Deliver, oldest first, every message that ``wanted`` picks (and those they cause)."""
-        count = 0
         while (found := next((i for i, e in enumerate(self.net) if wanted(e)), None)) is not None:
             self.deliver(found)
-            count += 1
-        return count
 
     def tick(self, dt: float) -> None:
         self.now += dt
