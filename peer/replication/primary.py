@@ -28,8 +28,10 @@ The ISR changes only through the control plane, one proposal at a time (re-propo
   committed the smaller ISR: acknowledging without it earlier could leave an acknowledged
   entry missing on an ISR member that then wins an election.
 - *expand*: a follower that holds everything acknowledged and everything the primary held when
-  it took office (its epoch start - 1), and is not lagging, is proposed with ``ExpandIsr``; it
-  is counted from the proposal on, so no entry is acknowledged without it in between.
+  it took office (or took it again after a restart: its acknowledged end starts at -1, but
+  every entry acknowledged before is in its log), and is not lagging, is proposed with
+  ``ExpandIsr``; it is counted from the proposal on, so no entry is acknowledged without it
+  in between.
 
 Proposals carry the state ``version`` they were decided on, and the control plane applies a
 proposal only at that version, so a late duplicate is a no-op. A version above the proposal's
@@ -230,6 +232,9 @@ class Primary:
                 " epoch start (see begin_epoch)"
             )
         self.epoch_start = self.history[-1].start
+        # What this primary held when it took office (or took it again after a restart): it
+        # includes every acknowledged entry, though which ones those are is not known here.
+        self.held_at_start = log_end
         self.started_at = now
         self.acknowledged = -1
         self.deposed = False
@@ -445,7 +450,7 @@ class Primary:
                 proposal = IsrProposal("shrink", name, self.epoch, self.version)
                 break
         else:
-            floor = max(self.acknowledged, self.epoch_start - 1)
+            floor = max(self.acknowledged, self.held_at_start)
             for name in self.replicas:
                 peer = self._peers.get(name)
                 if name in self.in_sync or peer is None or peer.end is None:

@@ -167,6 +167,14 @@ def test_expansion_waits_until_the_follower_holds_what_the_primary_held_at_takin
     )
 
 
+def test_a_primary_restarted_in_office_expands_only_with_followers_holding_its_whole_log() -> None:
+    # restarted in epoch 1: entries up to 5 are on disk, some acknowledged before the crash
+    primary = make(epoch=1, log_end=5, in_sync=("a", "b"), min_insync=1)
+    assert primary.epoch_start == 0 and primary.acknowledged == -1
+    assert primary.on_reply(ok("c", 3), 0.1).proposals == ()
+    assert primary.on_reply(ok("c", 5), 0.2).proposals == (IsrProposal("expand", "c", 1, 1),)
+
+
 def test_gaps_and_resends_ship_ranges_of_at_most_max_ship() -> None:
     primary = make(log_end=9, in_sync=("a", "b"))
     assert primary.on_reply(AppendReply(S, 1, "b", 2, Refusal.GAP), 0.0).ships == (Ship("b", 3, 5),)

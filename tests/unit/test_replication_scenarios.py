@@ -1,4 +1,4 @@
-"""Hand-written schedules on the replication simulation (tests/unit/test_replication_sim.py):
+"""Hand-written schedules in the replication simulation's world (test_replication_world.py):
 the walks of docs/replication.md step by step, and two planted bugs the simulation catches."""
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from peer.replication import (
     ReplicaAppend,
 )
 from peer.replication.messages import Effect
-from tests.unit.test_replication_sim import CP, Envelope, Push, Sim, Violation
+from tests.unit.test_replication_sim import Step, run
+from tests.unit.test_replication_world import CP, Envelope, Push, Sim, Violation
 
 
 def between(src: str, dst: str, kind: type | None = None) -> Callable[[Envelope], bool]:
@@ -134,6 +135,19 @@ def test_a_crashed_follower_rejoins_the_isr_after_catching_up() -> None:
     sim.final_check()
     assert isr(sim) == ("n0", "n1", "n2")
     assert log_ids(sim, "n2") == log_ids(sim, "n0")
+
+
+def test_a_primary_restarted_in_office_does_not_admit_a_follower_without_its_log() -> None:
+    """Found by the simulation: n1 dies and leaves the ISR; p0/0 and p1/0 are acknowledged
+    by n0 and n2; n0 dies and comes back in office (no failover yet) not knowing what was
+    acknowledged; n1 comes back empty and must not re-enter the ISR until it holds n0's log."""
+    calm = Step("calm", 1, dt=0.2)
+    schedule = [calm, Step("crash", 0, name="n1"), *[calm] * 9, Step("crash", 0, name="n0")]
+    schedule += [calm, calm, Step("restart", name="n0"), Step("restart", name="n1"), calm]
+    schedule += [Step("deliver", 0), Step("deliver", 1)]
+    sim = Sim(min_insync=1)
+    run(schedule, sim)
+    assert len(sim.acked) == 10
 
 
 # --------------------------------------------------------------------------- planted bugs
