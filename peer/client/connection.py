@@ -1,9 +1,13 @@
-"""The client's connection to one peer's API: :class:`Client`.
+"""The client's connection to one peer's API: :class:`Client`, the asyncio driver of a
+:class:`~peer.protocol.api_connection.ClientConnection`.
 
-One task (the reader) reads every frame of the connection and routes it: replies to the
-request waiting on their ``id``, ``batch`` frames to their subscription. Every request waits
-at most ``timeout_s``; a peer error raises the :mod:`peer.errors` class of its code; losing the
-connection fails every waiting request and subscription with
+The state machine numbers the requests, learns the frame limit from the hello reply, keeps
+each subscription's credit and says what each frame from the peer means; this module holds
+the stream and the waiting. One task (the reader) hands every frame of the connection to the
+state machine and acts on the event: a reply wakes the request waiting on its ``id``, a
+``batch`` goes to its subscription. Every request waits at most ``timeout_s``; a peer error
+raises the :mod:`peer.errors` class of its code; losing the connection (or a frame that breaks
+the protocol) fails every waiting request and subscription with
 :class:`~peer.errors.Unavailable`. Messages are :mod:`peer.protocol.api`'s typed values; the
 connection is opened through :mod:`overlay.transport` (a ``network=`` of
 :class:`~overlay.transport.MemoryNetwork` runs it without sockets, in tests).
@@ -22,25 +26,33 @@ from typing import TYPE_CHECKING, Any
 
 from overlay.errors import LocalProtocolError, RemoteProtocolError
 from overlay.transport import TCP, FrameStream, Network
-from overlay.wire import DEFAULT_MAX_FRAME_BYTES, encode_frame
 from peer.client.payload import Batch, batch_payload
 from peer.client.subscription import Subscription
 from peer.errors import FedstreamError, InvalidInput, Unauthorized, Unavailable
 from peer.protocol.api import (
     PROTOCOL_VERSION,
-    BatchFrame,
     CreateQuery,
     CreateSchema,
     CreateStream,
     Credit,
     Hello,
     Lookup,
-    Ok,
     Push,
     Request,
     SetQueryStatus,
     Status,
-    error_from_wire,
+)
+from peer.protocol.api_connection import ClientConnection
+from peer.protocol.api_events import (
+    BatchReceived,
+    ClientEvent,
+    ConnectionClosed,
+    Farewell,
+    Ignored,
+    RawRequest,
+    Replied,
+    RequestFailed,
+    SubscriptionEnded,
 )
 
 if TYPE_CHECKING:  # cryptography is imported only by clients that use TLS
@@ -138,10 +150,10 @@ class Client:
         self._subscription_port = _Port(self)
         self._trust: TrustStore | None = None
         self._heard = False  # any frame arrived on this connection
-        self._max_frame_bytes = DEFAULT_MAX_FRAME_BYTES
         self._stream: FrameStream | None = None
+        self._conn: ClientConnection | None = None
         self._reader: asyncio.Task[None] | None = None
-        self._ids = itertools.count(1)
+        self._ids = itertools.count(1)  # shared by its connections: no id is ever reused
         self._pending: dict[int, _Pending] = {}
         self._subscriptions: dict[int, Subscription] = {}
         self._lost: FedstreamError | None = None
@@ -165,9 +177,10 @@ class Client:
         if self._stream is not None:
             return
         self._stream = await self._open()
+        self._conn = ClientConnection(ids=self._ids)
         self._lost = None
         self._heard = False
-        self._reader = asyncio.create_task(self._read_loop(self._stream))
+        self._reader = asyncio.create_task(self._read_loop(self._stream, self._conn))
         try:
             self.server_info = await self._ask(Hello(self.client_name, PROTOCOL_VERSION))
         except Unavailable as exc:
@@ -178,9 +191,6 @@ class Client:
         except BaseException:
             await self.close()
             raise
-        self._max_frame_bytes = int(
-            self.server_info.get("max_frame_bytes", DEFAULT_MAX_FRAME_BYTES)
-        )
 
     async def _open(self) -> FrameStream:
         context = self._ssl_context()
@@ -249,13 +259,15 @@ class Client:
 
     async def close(self) -> None:
         """Close the connection; waiting requests and subscriptions get Unavailable."""
-        stream, reader = self._stream, self._reader
+        stream, reader, conn = self._stream, self._reader, self._conn
         if stream is None:
             return
-        self._stream = self._reader = None
+        self._stream = self._reader = self._conn = None
         if reader is not None:
             reader.cancel()
             await asyncio.wait({reader})
+        if conn is not None:
+            conn.close()
         await stream.aclose()
         self._fail_all(Unavailable(f"client of peer {self.address} closed", peer=self.address))
 
@@ -347,23 +359,28 @@ class Client:
 
     async def _ask(self, request: Request, *, on_ok: OnOk | None = None) -> dict[str, Any]:
         """Send a typed request and return its result."""
-        return await self._round_trip(request.op, request.to_wire, on_ok)
+        return await self._round_trip(request, on_ok)
 
     async def _request(
         self, op: str, args: dict[str, Any], *, on_ok: OnOk | None = None
     ) -> dict[str, Any]:
         """Send any request, typed or not (tests send what a typed one cannot)."""
-        return await self._round_trip(op, lambda rid: {"type": op, "id": rid, **args}, on_ok)
+        return await self._round_trip(RawRequest(op, args), on_ok)
 
     async def _round_trip(
-        self, op: str, frame_of: Callable[[int], dict[str, Any]], on_ok: OnOk | None
+        self, request: Request | RawRequest, on_ok: OnOk | None
     ) -> dict[str, Any]:
-        rid = next(self._ids)
+        op = request.op
+        conn, stream = self._live()
+        try:
+            rid, data = conn.send_request(request)
+        except LocalProtocolError as exc:  # larger than the peer takes: nothing was sent
+            raise InvalidInput(f"{op}: {exc}", op=op) from exc
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[rid] = _Pending(future, on_ok)
         try:
             async with asyncio.timeout(self.timeout_s):
-                await self._send(frame_of(rid))
+                await self._write(stream, data)
                 return await future
         except TimeoutError as exc:
             raise Unavailable(
@@ -373,15 +390,19 @@ class Client:
             ) from exc
         finally:
             self._pending.pop(rid, None)
+            conn.abandon(rid)
 
-    async def _send(self, frame: dict[str, Any]) -> None:
-        stream = self._stream
-        if stream is None or self._lost is not None:
+    async def _send_credit(self, credit: Credit) -> None:
+        conn, stream = self._live()
+        await self._write(stream, conn.send_credit(credit))
+
+    def _live(self) -> tuple[ClientConnection, FrameStream]:
+        conn, stream = self._conn, self._stream
+        if conn is None or stream is None or self._lost is not None:
             raise self._lost_error(f"not connected to peer {self.address}")
-        try:
-            data = encode_frame(frame, max_frame_bytes=self._max_frame_bytes)
-        except LocalProtocolError as exc:
-            raise InvalidInput(f"{frame['type']}: {exc}", op=frame["type"]) from exc
+        return conn, stream
+
+    async def _write(self, stream: FrameStream, data: bytes) -> None:
         try:
             await stream.send_encoded(data)
         except OSError as exc:
@@ -392,11 +413,15 @@ class Client:
             return Unavailable(self._lost.message, **self._lost.details)
         return Unavailable(message, peer=self.address)
 
-    async def _read_loop(self, stream: FrameStream) -> None:
+    async def _read_loop(self, stream: FrameStream, conn: ClientConnection) -> None:
         try:
-            while (frame := await stream.recv()) is not None:
-                self._heard = True
-                self._dispatch(frame)
+            while True:
+                frame = await stream.recv()
+                self._heard = self._heard or frame is not None
+                event = conn.receive(frame)
+                if isinstance(event, ConnectionClosed):
+                    break
+                self._dispatch(event)
             reason = f"peer {self.address} closed the connection"
         except RemoteProtocolError as exc:
             log.warning("peer %s broke the protocol: %s", self.address, exc)
@@ -409,41 +434,43 @@ class Client:
             reason = f"client reader of peer {self.address} failed"
         self._fail_all(Unavailable(reason, peer=self.address))
 
-    def _dispatch(self, frame: dict[str, Any]) -> None:
-        kind = frame["type"]
-        rid = frame.get("id")
-        if kind in ("ok", "error") and isinstance(rid, int):
-            pending = self._pending.pop(rid, None)
-            if pending is None or pending.future.done():
-                log.debug("reply to request %s that nobody waits for", rid)
-            elif kind == "ok":
-                result = Ok.from_wire(frame).result
-                if pending.on_ok is not None:
-                    pending.on_ok(result)
-                pending.future.set_result(result)
-            else:
-                pending.future.set_exception(error_from_wire(frame))
-        elif kind == "batch":
-            batch = BatchFrame.from_wire(frame)
-            sub = self._subscriptions.get(batch.subscription)
-            if sub is not None:
-                sub.deliver(
-                    Batch(batch.stream, batch.offset, batch.columns, batch.part, batch.parts)
+    def _dispatch(self, event: ClientEvent) -> None:
+        match event:
+            case Replied(id=rid, result=result):
+                if (pending := self._waiting(rid)) is not None:
+                    if pending.on_ok is not None:
+                        pending.on_ok(result)
+                    pending.future.set_result(result)
+            case RequestFailed(id=rid, error=error):
+                if (pending := self._waiting(rid)) is not None:
+                    pending.future.set_exception(error)
+            case BatchReceived(batch=batch):
+                sub = self._subscriptions.get(batch.subscription)
+                if sub is not None:
+                    sub.deliver(
+                        Batch(batch.stream, batch.offset, batch.columns, batch.part, batch.parts)
+                    )
+            case SubscriptionEnded(subscription=sid, error=error):
+                ended = self._subscriptions.pop(sid, None)
+                if ended is not None:
+                    ended.finish(error)
+            case Farewell(code=code, message=message):
+                # Not tied to a request: the peer is about to close the connection.
+                self._lost = Unavailable(
+                    f"peer {self.address} is closing the connection: {message}",
+                    peer=self.address,
+                    code=code,
                 )
-        elif kind in ("end", "error") and isinstance(frame.get("subscription"), int):
-            sub = self._subscriptions.pop(frame["subscription"], None)
-            if sub is not None:
-                sub.finish(error_from_wire(frame) if kind == "error" else None)
-        elif kind == "error":
-            # Not tied to a request: the peer is about to close the connection.
-            self._lost = Unavailable(
-                f"peer {self.address} is closing the connection: {frame.get('message')}",
-                peer=self.address,
-                code=frame.get("code"),
-            )
-            log.warning("%s", self._lost.message)
-        else:
-            log.debug("ignoring %s frame from %s", kind, self.address)
+                log.warning("%s", self._lost.message)
+            case Ignored(reason=reason):
+                log.debug("ignoring %s from %s", reason, self.address)
+
+    def _waiting(self, rid: int) -> _Pending | None:
+        pending = self._pending.pop(rid, None)
+        if pending is None or pending.future.done():
+            log.debug("reply to request %s that nobody waits for", rid)
+            return None
+        return pending
 
     def _fail_all(self, error: Unavailable) -> None:
         if self._lost is None:
@@ -472,7 +499,11 @@ class _Port:
         return await self._client._ask(request, on_ok=on_ok)
 
     async def send(self, message: Credit) -> None:
-        await self._client._send(message.to_wire())
+        await self._client._send_credit(message)
+
+    def taken(self, sid: int) -> Credit | None:
+        conn = self._client._conn
+        return None if conn is None else conn.taken(sid)
 
     def attach(self, sid: int, subscription: Subscription) -> None:
         self._client._subscriptions[sid] = subscription

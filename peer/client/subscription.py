@@ -1,9 +1,10 @@
 """A subscription of the client: an async iterator of batches, with credit-based flow control.
 
 The peer sends at most ``credit`` batch frames that the application has not yet taken (the
-receiving side of :class:`~overlay.transport.ReceiveWindow`), so a slow consumer never makes
-the client's reader block, and replies to other requests keep flowing. A subscription knows
-its client only through the :class:`SubscriptionPort` it was given.
+connection's state machine, :class:`~peer.protocol.api_connection.ClientConnection`, counts
+them and says when to give credit back), so a slow consumer never makes the client's reader
+block, and replies to other requests keep flowing. A subscription knows its client only
+through the :class:`SubscriptionPort` it was given.
 """
 
 from __future__ import annotations
@@ -13,11 +14,9 @@ import contextlib
 from collections.abc import Callable, Generator
 from typing import Any, Protocol
 
-from overlay.errors import RemoteProtocolError
-from overlay.transport import CreditError, ReceiveWindow
 from peer.client.payload import Batch
 from peer.errors import FedstreamError, NotFound, Unavailable
-from peer.protocol.api import MAX_CREDIT, Credit, Request, Subscribe, Unsubscribe
+from peer.protocol.api import Credit, Request, Subscribe, Unsubscribe
 
 __all__ = ["Subscription", "SubscriptionPort"]
 
@@ -33,6 +32,10 @@ class SubscriptionPort(Protocol):
         ...
 
     async def send(self, message: Credit) -> None: ...
+
+    def taken(self, sid: int) -> Credit | None:
+        """The application took a batch of ``sid``: the credit to give back now, if any."""
+        ...
 
     def attach(self, sid: int, subscription: Subscription) -> None:
         """Route the batches and the end of subscription ``sid`` to ``subscription``."""
@@ -57,8 +60,6 @@ class Subscription:
         self.sid: int | None = None
         self._port = port
         self._credit = credit
-        # (a server keeps at most MAX_CREDIT of a larger credit: it never sends more than asked)
-        self._window = ReceiveWindow(credit, max_credit=max(credit, MAX_CREDIT))
         self._opened = False
         self._queue: asyncio.Queue[Batch | FedstreamError | None] = asyncio.Queue()
         self._finished = False  # the peer ended it, or the connection is gone
@@ -81,10 +82,9 @@ class Subscription:
 
     def _register(self, result: dict[str, Any]) -> None:
         # Runs in the client's reader, before it reads the frame after the reply: no batch
-        # can arrive before the subscription is known.
-        sid = result.get("subscription")
-        if not isinstance(sid, int):
-            raise RemoteProtocolError("subscribe reply has no integer 'subscription'")
+        # can arrive before the subscription is known. (The connection's state machine has
+        # checked that the reply names an integer subscription.)
+        sid: int = result["subscription"]
         self.sid = sid
         self._port.attach(sid, self)
 
@@ -103,9 +103,10 @@ class Subscription:
         if isinstance(item, FedstreamError):
             self._closed = True
             raise item
-        grant = self._window.taken()
-        if grant and not self._finished:
-            await self._grant(grant)
+        assert self.sid is not None
+        credit = self._port.taken(self.sid)
+        if credit is not None and not self._finished:
+            await self._grant(credit)
         return item
 
     async def next_batch(self, timeout_s: float) -> Batch | None:
@@ -136,20 +137,13 @@ class Subscription:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    async def _grant(self, batches: int) -> None:
-        assert self.sid is not None
+    async def _grant(self, credit: Credit) -> None:
         # If the connection is gone the reader has seen (or will see) it and ends us.
         with contextlib.suppress(Unavailable):
-            await self._port.send(Credit(self.sid, batches))
+            await self._port.send(credit)
 
     def deliver(self, batch: Batch) -> None:
-        """A batch frame arrived (the client's reader calls this)."""
-        try:
-            self._window.arrived()
-        except CreditError as exc:
-            raise RemoteProtocolError(
-                f"peer sent more batches than the credit of {self._credit}"
-            ) from exc
+        """A batch frame arrived, within the credit (the client's reader calls this)."""
         self._queue.put_nowait(batch)
 
     def finish(self, error: FedstreamError | None) -> None:

@@ -1,25 +1,31 @@
-"""One client connection of the API server: its requests, subscriptions and outbox.
+"""One client connection of the API server: the asyncio driver of its state machine.
 
 Theory of operation
 -------------------
-A connection runs as one task that owns an ``asyncio.TaskGroup``; everything the connection
-does lives in that group, so closing the connection (or the server) cancels all of it:
+The rules of the connection (request ids and replies, the in-flight limit, subscriptions and
+their credit, closing) are :class:`~peer.protocol.api_connection.ServerConnection`'s, a sans-IO
+state machine; this module runs it. A connection runs as one task that owns an
+``asyncio.TaskGroup``; everything the connection does lives in that group, so closing the
+connection (or the server) cancels all of it:
 
-* the *read loop* (the group's body) reads frames and starts one task per request. At most
-  ``max_in_flight`` requests run at once; when all slots are taken the read loop stops
-  reading, and the transport pushes back on the client. ``credit`` frames are handled inline.
-* request tasks decode their frame into a typed request (:mod:`peer.protocol.api`), call the
-  :class:`~peer.server.service.PeerService` and put the encoded reply in the *outbox*;
-* subscription tasks pull batches from the service's iterator and put ``batch`` frames in the
-  outbox, each first taking one unit of the subscription's credit window (if the client asked
-  for credit-based flow control: :class:`~overlay.transport.CreditWindow`);
-* the *writer* task is the only one that writes to the stream. The outbox is a bounded queue,
-  so a client that does not read stalls only its own connection: its subscriptions stop
-  pulling (the service keeps their position), then its requests, then its read loop.
+* the *read loop* (the group's body) reads frames, hands each to the state machine and acts on
+  the event it gets back: a request starts a task; ``credit`` wakes its subscription; a frame
+  answered by nobody in particular (a request without an id, a malformed ``credit``) is
+  answered at once. While the state machine says ``reading_paused`` (``max_in_flight``
+  requests unanswered) the loop stops reading, and the transport pushes back on the client.
+* request tasks call the :class:`~peer.server.service.PeerService` and send the reply;
+* subscription tasks (*pumps*) pull batches from the service's iterator and send ``batch``
+  frames, each once the state machine has credit for it (if the client asked for credit-based
+  flow control), waking on ``credit`` events;
+* the *writer* task is the only one that writes to the stream. Everything sent goes through
+  the *outbox*, bounded: a sender first waits for room, then has the state machine make the
+  frame and queues it at once, so what the state machine counts as sent is always queued. A
+  client that does not read stalls only its own connection: its subscriptions stop pulling
+  (the service keeps their position), then its requests, then its read loop.
 
 A request's reply is always queued before any ``batch`` frame of the subscription it creates,
-and an ``unsubscribe`` reply after the last ``batch`` frame of that subscription, so clients
-may rely on that order.
+and an ``unsubscribe`` reply after the last ``batch`` frame of that subscription (the state
+machine refuses either order otherwise), so clients may rely on that order.
 
 Errors: a :class:`~peer.errors.FedstreamError` from the service becomes an ``error`` frame with
 its code; any other exception becomes code ``internal`` (logged with its traceback, not shown
@@ -30,23 +36,18 @@ to the client). A frame that breaks the framing rules (:class:`RemoteProtocolErr
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from overlay.errors import LocalProtocolError, RemoteProtocolError
-from overlay.transport import CreditWindow, FrameStream
-from overlay.wire import encode_frame
-from peer.errors import FedstreamError, InvalidInput, NotFound, Unavailable
+from overlay.transport import FrameStream
+from peer.errors import FedstreamError, Unavailable
 from peer.protocol.api import (
-    MAX_CREDIT,
-    PROTOCOL_VERSION,
     CreateQuery,
     CreateSchema,
     CreateStream,
-    Credit,
     End,
     ErrorReply,
     Hello,
@@ -58,10 +59,17 @@ from peer.protocol.api import (
     Status,
     Subscribe,
     Unsubscribe,
-    batch_frames,
-    decode_request,
-    protocol_error,
-    request_id,
+)
+from peer.protocol.api_connection import ServerConnection
+from peer.protocol.api_events import (
+    BadCredit,
+    BadRequest,
+    CreditGranted,
+    Ignored,
+    RequestReceived,
+    ServerMessage,
+    Subscribed,
+    Unsubscribed,
 )
 from peer.server.service import READY, PeerService
 
@@ -83,15 +91,45 @@ class ConnectionSettings:
 
 
 @dataclass(eq=False)
-class _Subscription:
+class _Pump:
+    """The task and wake-ups of one subscription."""
+
     sid: int
     stream: str
-    credit: CreditWindow
+    credit: asyncio.Event = field(default_factory=asyncio.Event)  # set on each credit event
     replied: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     early: bool = True  # the subscribe request has not yet decided its reply
     early_error: Exception | None = None
     started: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class _Outbox:
+    """The frames waiting for the writer, at most ``size``. :meth:`put` takes room first and
+    makes the frame after, so a frame is never made (and counted as sent) and then lost to a
+    cancelled wait."""
+
+    def __init__(self, size: int) -> None:
+        self._room = asyncio.Semaphore(size)
+        self._frames: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    async def put(self, make: Callable[[], bytes]) -> None:
+        await self._room.acquire()
+        try:
+            data = make()
+        except BaseException:
+            self._room.release()
+            raise
+        self._frames.put_nowait(data)
+
+    def close(self) -> None:
+        self._frames.put_nowait(None)
+
+    async def get(self) -> bytes | None:
+        data = await self._frames.get()
+        if data is not None:
+            self._room.release()
+        return data
 
 
 class ApiConnection:
@@ -111,69 +149,74 @@ class ApiConnection:
         self._service = service
         self._stream = stream
         self._settings = settings
-        self._outbox: asyncio.Queue[bytes | None] = asyncio.Queue(settings.outbox_frames)
-        self._slots = asyncio.Semaphore(settings.max_in_flight)
+        self._conn = ServerConnection(
+            max_frame_bytes=settings.max_frame_bytes,
+            max_in_flight=settings.max_in_flight,
+            max_subscriptions=settings.max_subscriptions,
+            participant=participant,
+        )
+        self._outbox = _Outbox(settings.outbox_frames)
+        self._answered = asyncio.Event()  # set on each reply: reading may resume
         self._requests: set[asyncio.Task[None]] = set()
-        self._subscriptions: dict[int, _Subscription] = {}
-        self._sids = itertools.count(1)
+        self._pumps: dict[int, _Pump] = {}
         self._tg: asyncio.TaskGroup | None = None
-        self._winding_down = False
 
     async def run(self) -> None:
         try:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
                 writer = tg.create_task(self._write_loop())
-                last_words = await self._read_loop(tg)
-                await self._wind_down(writer, last_words)
+                await self._read_loop(tg)
+                await self._wind_down(writer)
         except* OSError as group:
             log.debug("API connection %s lost: %r", self._stream.peer, group.exceptions[0])
 
     # -- reading ---------------------------------------------------------------------------
 
-    async def _read_loop(self, tg: asyncio.TaskGroup) -> bytes | None:
-        """Dispatch frames until EOF (None) or a framing error (the error frame to send)."""
+    async def _read_loop(self, tg: asyncio.TaskGroup) -> None:
+        """Hand frames to the state machine until EOF or a protocol error."""
+        conn = self._conn
         while True:
+            while conn.reading_paused:  # all slots busy: stop reading (backpressure)
+                self._answered.clear()
+                await self._answered.wait()
             try:
-                frame = await self._stream.recv()
+                event = conn.receive(await self._stream.recv())
             except RemoteProtocolError as exc:
                 log.info(
                     "API connection %s sent an invalid frame; closing it: %s",
                     self._stream.peer,
                     exc,
                 )
-                return protocol_error(str(exc))
-            if frame is None:
-                return None
-            if frame["type"] == "credit":
-                await self._on_credit(frame)
-                continue
-            await self._slots.acquire()  # all slots busy: stop reading (backpressure)
-            task = tg.create_task(self._serve_request(frame))
-            self._requests.add(task)
-            task.add_done_callback(self._requests.discard)
+                conn.broken(exc)
+                return
+            match event:
+                case RequestReceived() | BadRequest(id=int()):
+                    task = tg.create_task(self._serve_request(event))
+                    self._requests.add(task)
+                    task.add_done_callback(self._requests.discard)
+                case BadRequest(error=error) | BadCredit(error=error):
+                    await self._send_error(ErrorReply.of(None, error))
+                case CreditGranted(subscription=sid):
+                    pump = self._pumps.get(sid)
+                    if pump is not None:
+                        pump.credit.set()
+                case Ignored():
+                    pass
+                case _:  # ConnectionClosed
+                    return
 
-    async def _on_credit(self, frame: dict[str, Any]) -> None:
-        try:
-            credit = Credit.from_wire(frame)
-        except InvalidInput as exc:
-            await self._outbox.put(self._encode_error(ErrorReply.of(None, exc)))
-            return
-        sub = self._subscriptions.get(credit.subscription)
-        if sub is not None:  # else it has just ended: nothing to do
-            sub.credit.grant_capped(credit.batches)
-
-    async def _wind_down(self, writer: asyncio.Task[None], last_words: bytes | None) -> None:
+    async def _wind_down(self, writer: asyncio.Task[None]) -> None:
         """The client is gone or misbehaved: stop producing, flush what is owed, stop."""
-        self._winding_down = True
         self._cancel_subscriptions()
         try:
             async with asyncio.timeout(self._settings.close_timeout_s):
                 if self._requests:
                     await asyncio.wait(set(self._requests))
+                last_words = self._conn.finish()
                 if last_words is not None:
-                    await self._outbox.put(last_words)
-                await self._outbox.put(None)
+                    await self._outbox.put(lambda: last_words)
+                self._outbox.close()
                 await writer
         except TimeoutError:
             log.debug("API connection %s did not wind down in time", self._stream.peer)
@@ -183,9 +226,9 @@ class ApiConnection:
         self._cancel_subscriptions()  # any a late subscribe request started
 
     def _cancel_subscriptions(self) -> None:
-        for sub in self._subscriptions.values():
-            if sub.task is not None:
-                sub.task.cancel()
+        for pump in self._pumps.values():
+            if pump.task is not None:
+                pump.task.cancel()
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -193,50 +236,48 @@ class ApiConnection:
         while (data := await self._outbox.get()) is not None:
             await self._stream.send_encoded(data)
 
-    def _encode(self, reply: Ok | End | ErrorReply) -> bytes:
-        return encode_frame(reply.to_wire(), max_frame_bytes=self._settings.max_frame_bytes)
+    async def _send(self, message: ServerMessage) -> None:
+        """Queue ``message`` once the outbox has room (LocalProtocolError: nothing queued)."""
+        await self._outbox.put(lambda: self._conn.send(message))
+        self._answered.set()  # (if it was a reply, the read loop may go on)
 
-    def _encode_error(self, reply: ErrorReply) -> bytes:
+    async def _send_error(self, reply: ErrorReply) -> None:
         try:
-            return self._encode(reply)
+            await self._send(reply)
         except LocalProtocolError:
             log.exception("error reply %s cannot be encoded", reply.code)
-            internal = ErrorReply.internal(reply.id, subscription=reply.subscription)
-            return self._encode(internal)
+            await self._send(ErrorReply.internal(reply.id, subscription=reply.subscription))
 
     # -- requests --------------------------------------------------------------------------
 
-    async def _serve_request(self, frame: dict[str, Any]) -> None:
-        op = frame["type"]
-        rid: int | None = None
-        subscribed: _Subscription | None = None
+    async def _serve_request(self, event: RequestReceived | BadRequest) -> None:
+        rid = event.id
+        assert rid is not None
         try:
-            rid = request_id(frame)
-            request = decode_request(frame)
+            if isinstance(event, BadRequest):
+                raise event.error
+            request = event.request
             if isinstance(request, Subscribe):
-                subscribed = await self._subscribe(request)
-                result = {"subscription": subscribed.sid, "stream": request.stream}
+                await self._subscribe(rid, request)
+            elif isinstance(request, Unsubscribe):
+                await self._unsubscribe(rid, request.subscription)
             else:
                 result = await self._call(request)
-            reply = self._encode(Ok(rid, result))
+                await self._send(Ok(rid, result))
         except FedstreamError as exc:
-            reply = self._encode_error(ErrorReply.of(rid, exc))
+            await self._send_error(ErrorReply.of(rid, exc))
         except Exception:
+            op = event.request.op if isinstance(event, RequestReceived) else "?"
             log.exception("API request %s (id %s) from %s failed", op, rid, self._stream.peer)
-            reply = self._encode(ErrorReply.internal(rid))
-        try:
-            await self._outbox.put(reply)
-        finally:
-            self._slots.release()
-        if subscribed is not None:
-            subscribed.replied.set()  # only now may it send batches: they follow this reply
+            await self._send(ErrorReply.internal(rid))
 
     async def _call(self, request: Request) -> dict[str, Any]:
         """The one dispatch table: each request to the service method that answers it."""
         service = self._service
         match request:
-            case Hello():
-                return self._hello(request)
+            case Hello(client=client):
+                log.debug("API client %r on %s", client, self._stream.peer)
+                return self._conn.hello_result
             case CreateSchema(schema=schema):
                 return await service.create_schema(schema)
             case CreateStream(name=name, schema=schema):
@@ -249,123 +290,108 @@ class ApiConnection:
                 return await service.push(
                     request.stream, request.payload, request.producer, request.seq
                 )
-            case Unsubscribe(subscription=sid):
-                return await self._unsubscribe(sid)
             case Lookup(name=name):
                 return await service.lookup(name)
             case Status():
                 return await service.status()
-            case Subscribe():
-                raise AssertionError("subscribe is served by _subscribe")
+            case Subscribe() | Unsubscribe():
+                raise AssertionError("served by _subscribe and _unsubscribe")
 
-    def _hello(self, hello: Hello) -> dict[str, Any]:
-        log.debug("API client %r on %s", hello.client, self._stream.peer)
-        result: dict[str, Any] = {
-            "server": "fedstream",
-            "version": PROTOCOL_VERSION,
-            "max_frame_bytes": self._settings.max_frame_bytes,
-        }
-        if self.participant is not None:
-            result["participant"] = self.participant
-        return result
-
-    async def _subscribe(self, request: Subscribe) -> _Subscription:
+    async def _subscribe(self, rid: int, request: Subscribe) -> None:
+        """Open the subscription, start its pump, reply once its start position is fixed."""
         assert self._tg is not None
         stream = request.stream
-        if self._winding_down:
-            raise Unavailable(f"subscribe to {stream!r}: the connection is closing", stream=stream)
-        limit = self._settings.max_subscriptions
-        if len(self._subscriptions) >= limit:
-            raise InvalidInput(
-                f"subscribe to {stream!r}: this connection already has "
-                f"{len(self._subscriptions)} subscriptions (max {limit})",
-                stream=stream,
-            )
+        self._conn.check_subscribe(request)
         batches = self._service.subscribe(stream, request.start)
-        credit = None if request.credit is None else min(request.credit, MAX_CREDIT)
-        window = CreditWindow(credit, max_credit=MAX_CREDIT)
-        sub = _Subscription(next(self._sids), stream, window)
-        self._subscriptions[sub.sid] = sub
-        sub.task = self._tg.create_task(self._pump(sub, batches))
-        if getattr(batches, "announces_ready", False):
-            # it yields READY once its start position is fixed, maybe on another peer
-            ready_s = self._settings.ready_timeout_s
-            try:
-                async with asyncio.timeout(ready_s):
-                    await sub.started.wait()
-            except TimeoutError:
-                sub.task.cancel()
-                raise Unavailable(
-                    f"subscribe to {stream!r}: no start position within "
-                    f"{ready_s:.0f} s (the stream's host is not answering)",
-                    stream=stream,
-                ) from None
-        else:
-            # One turn of the loop lets the iterator run to its first real wait: a lazy one (an
-            # async generator) raises NotFound etc. there, and that becomes this reply.
-            await asyncio.sleep(0)
-        sub.early = False
-        if sub.early_error is not None:
-            raise sub.early_error
-        return sub
+        sid = self._conn.open_subscription(rid, request)
+        pump = self._pumps[sid] = _Pump(sid, stream)
+        pump.task = self._tg.create_task(self._pump(pump, batches))
+        try:
+            if getattr(batches, "announces_ready", False):
+                # it yields READY once its start position is fixed, maybe on another peer
+                ready_s = self._settings.ready_timeout_s
+                try:
+                    async with asyncio.timeout(ready_s):
+                        await pump.started.wait()
+                except TimeoutError:
+                    raise Unavailable(
+                        f"subscribe to {stream!r}: no start position within "
+                        f"{ready_s:.0f} s (the stream's host is not answering)",
+                        stream=stream,
+                    ) from None
+            else:
+                # One turn of the loop lets the iterator run to its first real wait: a lazy one
+                # (an async generator) raises NotFound etc. there, and that becomes this reply.
+                await asyncio.sleep(0)
+            pump.early = False
+            if pump.early_error is not None:
+                raise pump.early_error
+            if pump.task.done():  # cancelled as the connection winds down: say it is closing
+                self._conn.check_subscribe(request)
+            await self._send(Subscribed(rid, sid, stream))
+        except BaseException:
+            pump.task.cancel()
+            raise
+        pump.replied.set()  # only now may it send batches: they follow this reply
 
-    async def _unsubscribe(self, sid: int) -> dict[str, Any]:
-        sub = self._subscriptions.get(sid)
-        if sub is None or sub.task is None:
-            raise NotFound(f"no subscription {sid} on this connection", subscription=sid)
-        sub.task.cancel()
-        await asyncio.wait({sub.task})  # its last batch frame is queued before our reply
-        return {"subscription": sid}
+    async def _unsubscribe(self, rid: int, sid: int) -> None:
+        self._conn.check_unsubscribe(sid)
+        task = self._pumps[sid].task
+        assert task is not None
+        task.cancel()
+        await asyncio.wait({task})  # its last batch frame is queued before our reply
+        await self._send(Unsubscribed(rid, sid))
 
     # -- subscriptions ---------------------------------------------------------------------
 
-    async def _pump(self, sub: _Subscription, batches: AsyncIterator[dict[str, Any]]) -> None:
+    async def _pump(self, pump: _Pump, batches: AsyncIterator[dict[str, Any]]) -> None:
         """Forward one subscription's batches; ends with an ``end`` or ``error`` frame unless
         cancelled (unsubscribe or connection closing).
 
         The iterator is started at once, so that a lazy one (an async generator) checks its
         arguments and fixes its start position now; batches wait for the ``subscribe`` reply.
         """
+        sid, conn = pump.sid, self._conn
+        last: ServerMessage
         try:
             try:
                 async for batch in batches:
                     if batch is READY or batch.get("ready"):
-                        sub.started.set()
+                        pump.started.set()
                         continue
-                    sub.started.set()
-                    await sub.replied.wait()
-                    frames = batch_frames(
-                        sub.sid,
-                        sub.stream,
-                        batch["offset"],
-                        batch["columns"],
-                        max_frame_bytes=self._settings.max_frame_bytes,
-                    )
-                    for data in frames:
-                        await sub.credit.take()
-                        await self._outbox.put(data)
-                last = self._encode(End(sub.sid, sub.stream))
+                    pump.started.set()
+                    await pump.replied.wait()
+                    for part in conn.batch(sid, batch["offset"], batch["columns"]):
+                        while not conn.may_send_batch(sid):  # no credit: wait for some
+                            pump.credit.clear()
+                            await pump.credit.wait()
+                        await self._send(part)
+                last = End(sid, pump.stream)
             except Exception as exc:
-                if sub.early:  # the subscribe request is still running: it becomes its reply
-                    sub.early_error = exc
-                    sub.started.set()
+                if pump.early:  # the subscribe request is still running: it becomes its reply
+                    pump.early_error = exc
+                    pump.started.set()
                     return
                 if isinstance(exc, FedstreamError):
-                    last = self._encode_error(ErrorReply.of(None, exc, subscription=sub.sid))
+                    last = ErrorReply.of(None, exc, subscription=sid)
                 else:
                     log.exception(
-                        "subscription %d to %r on %s failed", sub.sid, sub.stream, self._stream.peer
+                        "subscription %d to %r on %s failed", sid, pump.stream, self._stream.peer
                     )
-                    last = self._encode(ErrorReply.internal(None, subscription=sub.sid))
+                    last = ErrorReply.internal(None, subscription=sid)
             finally:
-                sub.started.set()
+                pump.started.set()
                 aclose = getattr(batches, "aclose", None)
                 if aclose is not None:
                     try:
                         await aclose()
                     except Exception:
-                        log.exception("closing subscription %d to %r failed", sub.sid, sub.stream)
-            await sub.replied.wait()
-            await self._outbox.put(last)
+                        log.exception("closing subscription %d to %r failed", sid, pump.stream)
+            await pump.replied.wait()
+            if isinstance(last, ErrorReply):
+                await self._send_error(last)
+            else:
+                await self._send(last)
         finally:
-            del self._subscriptions[sub.sid]
+            conn.drop_subscription(sid)
+            del self._pumps[sid]
