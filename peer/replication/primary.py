@@ -123,7 +123,8 @@ class IsrProposal:
 @dataclass(frozen=True)
 class Appended:
     """The push was written at ``offset``: perform ``effects``, send ``messages``, and answer
-    the push once ``acknowledged >= offset`` (it may be already)."""
+    the push once ``acknowledged >= offset`` (it may be already). If the write fails, this
+    primary no longer matches its disk: the driver drops it (and steps down)."""
 
     offset: int
     effects: tuple[Effect, ...]
