@@ -41,7 +41,8 @@ Server connection (``state``)::
     OPEN     receive(None)                  -> CLOSING   the client closed its side
     OPEN     receive raises / broken(exc)   -> CLOSING   a protocol error: farewell owed
     CLOSING  finish() -> farewell or None   -> CLOSED    owed replies flushed by the driver
-    OPEN         receive(frame), open_subscription, send(any message below)
+    OPEN         receive(frame), open_subscription, send(any message below); but while
+                 reading_paused (max_in_flight replies owed) receive raises LocalProtocolError
     CLOSING      send(any message below); open_subscription raises Unavailable
     CLOSED       nothing (LocalProtocolError)
 
@@ -213,6 +214,10 @@ class ServerConnection:
         """The event a frame from the client carries (None: the client closed its side)."""
         if self.state is not State.OPEN:
             raise LocalProtocolError(f"a frame received on a {self.state.value} connection")
+        if self.reading_paused:
+            raise LocalProtocolError(
+                f"a frame received with {self._in_flight} requests unanswered: read no further"
+            )
         if frame is None:
             self.state = State.CLOSING
             return ConnectionClosed()
@@ -297,6 +302,13 @@ class ServerConnection:
         """The driver stopped subscription ``sid`` without a last frame (unsubscribed,
         cancelled, or failed before its reply); nothing if it has ended already."""
         self._subscriptions.pop(sid, None)
+
+    def credit(self, sid: int) -> int | None:
+        """The batch frames subscription ``sid`` may still send (None: no flow control)."""
+        sub = self._subscriptions.get(sid)
+        if sub is None:
+            raise LocalProtocolError(f"credit of subscription {sid}, which is gone")
+        return sub.credit
 
     def may_send_batch(self, sid: int) -> bool:
         """Whether subscription ``sid`` is live and has credit for one more batch frame."""
