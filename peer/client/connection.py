@@ -417,7 +417,8 @@ class Client:
         try:
             while True:
                 frame = await stream.recv()
-                self._heard = self._heard or frame is not None
+                if frame is not None:
+                    self._heard = True
                 event = conn.receive(frame)
                 if isinstance(event, ConnectionClosed):
                     break

@@ -64,6 +64,7 @@ from peer.protocol.api_connection import ServerConnection
 from peer.protocol.api_events import (
     BadCredit,
     BadRequest,
+    ConnectionClosed,
     CreditGranted,
     Ignored,
     RequestReceived,
@@ -203,7 +204,7 @@ class ApiConnection:
                         pump.credit.set()
                 case Ignored():
                     pass
-                case _:  # ConnectionClosed
+                case ConnectionClosed():
                     return
 
     async def _wind_down(self, writer: asyncio.Task[None]) -> None:
@@ -223,7 +224,6 @@ class ApiConnection:
             for task in self._requests:
                 task.cancel()
             writer.cancel()
-        self._cancel_subscriptions()  # any a late subscribe request started
 
     def _cancel_subscriptions(self) -> None:
         for pump in self._pumps.values():
@@ -305,34 +305,42 @@ class ApiConnection:
         batches = self._service.subscribe(stream, request.start)
         sid = self._conn.open_subscription(rid, request)
         pump = self._pumps[sid] = _Pump(sid, stream)
-        pump.task = self._tg.create_task(self._pump(pump, batches))
+        task = pump.task = self._tg.create_task(self._pump(pump, batches))
         try:
-            if getattr(batches, "announces_ready", False):
-                # it yields READY once its start position is fixed, maybe on another peer
-                ready_s = self._settings.ready_timeout_s
-                try:
-                    async with asyncio.timeout(ready_s):
-                        await pump.started.wait()
-                except TimeoutError:
-                    raise Unavailable(
-                        f"subscribe to {stream!r}: no start position within "
-                        f"{ready_s:.0f} s (the stream's host is not answering)",
-                        stream=stream,
-                    ) from None
-            else:
-                # One turn of the loop lets the iterator run to its first real wait: a lazy one
-                # (an async generator) raises NotFound etc. there, and that becomes this reply.
-                await asyncio.sleep(0)
-            pump.early = False
-            if pump.early_error is not None:
-                raise pump.early_error
-            if pump.task.done():  # cancelled as the connection winds down: say it is closing
-                self._conn.check_subscribe(request)
+            await self._started(pump, stream, getattr(batches, "announces_ready", False))
+        except BaseException:
+            task.cancel()
+            raise
+        pump.early = False
+        if pump.early_error is not None:  # (its pump has ended: its iterator is being closed)
+            raise pump.early_error
+        if task.done():  # cancelled as the connection winds down: say it is closing
+            self._conn.check_subscribe(request)
+        try:
             await self._send(Subscribed(rid, sid, stream))
         except BaseException:
-            pump.task.cancel()
+            task.cancel()
             raise
         pump.replied.set()  # only now may it send batches: they follow this reply
+
+    async def _started(self, pump: _Pump, stream: str, announces_ready: bool) -> None:
+        """Wait until the subscription's start position is fixed, or it has failed."""
+        if not announces_ready:
+            # One turn of the loop lets the iterator run to its first real wait: a lazy one (an
+            # async generator) raises NotFound etc. there, and that becomes the reply.
+            await asyncio.sleep(0)
+            return
+        # it yields READY once its start position is fixed, maybe on another peer
+        ready_s = self._settings.ready_timeout_s
+        try:
+            async with asyncio.timeout(ready_s):
+                await pump.started.wait()
+        except TimeoutError:
+            raise Unavailable(
+                f"subscribe to {stream!r}: no start position within "
+                f"{ready_s:.0f} s (the stream's host is not answering)",
+                stream=stream,
+            ) from None
 
     async def _unsubscribe(self, rid: int, sid: int) -> None:
         self._conn.check_unsubscribe(sid)
