@@ -437,6 +437,12 @@ class Client:
 
     def _dispatch(self, event: ClientEvent) -> None:
         match event:
+            case BatchReceived(batch=batch):
+                sub = self._subscriptions.get(batch.subscription)
+                if sub is not None:
+                    sub.deliver(
+                        Batch(batch.stream, batch.offset, batch.columns, batch.part, batch.parts)
+                    )
             case Replied(id=rid, result=result):
                 if (pending := self._waiting(rid)) is not None:
                     if pending.on_ok is not None:
@@ -445,12 +451,6 @@ class Client:
             case RequestFailed(id=rid, error=error):
                 if (pending := self._waiting(rid)) is not None:
                     pending.future.set_exception(error)
-            case BatchReceived(batch=batch):
-                sub = self._subscriptions.get(batch.subscription)
-                if sub is not None:
-                    sub.deliver(
-                        Batch(batch.stream, batch.offset, batch.columns, batch.part, batch.parts)
-                    )
             case SubscriptionEnded(subscription=sid, error=error):
                 ended = self._subscriptions.pop(sid, None)
                 if ended is not None:

@@ -82,7 +82,6 @@ client does not know are Ignored.
 from __future__ import annotations
 
 import itertools
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
@@ -176,7 +175,7 @@ class ServerConnection:
         self.max_subscriptions = max_subscriptions
         self.participant = participant
         self.state = State.OPEN
-        self._owed: Counter[int] = Counter()  # request id -> replies owed
+        self._owed: dict[int, int] = {}  # request id -> replies owed (a client may reuse one)
         self._in_flight = 0
         self._subscriptions: dict[int, _Outgoing] = {}
         self._sids = itertools.count(1)
@@ -245,7 +244,7 @@ class ServerConnection:
             rid = request_id(frame)
         except InvalidInput as exc:
             return BadRequest(None, exc)
-        self._owed[rid] += 1
+        self._owed[rid] = self._owed.get(rid, 0) + 1
         self._in_flight += 1
         try:
             return RequestReceived(rid, decode_request(frame))
@@ -285,7 +284,7 @@ class ServerConnection:
         """Open a subscription for subscribe request ``rid``; its id. Batches wait for its
         reply (:class:`Subscribed`)."""
         self.check_subscribe(request)
-        if not self._owed[rid]:
+        if rid not in self._owed:
             raise LocalProtocolError(f"subscribe: no request {rid} is waiting for a reply")
         credit = None if request.credit is None else min(request.credit, MAX_CREDIT)
         sid = next(self._sids)
@@ -377,13 +376,13 @@ class ServerConnection:
         raise LocalProtocolError(f"{message!r} is not a message a server sends")
 
     def _owing(self, rid: int) -> None:
-        if not self._owed[rid]:
+        if rid not in self._owed:
             raise LocalProtocolError(f"a reply to request {rid}, which is owed none")
 
     def _answered(self, rid: int) -> None:
-        self._owed[rid] -= 1
-        if not self._owed[rid]:
-            del self._owed[rid]
+        owed = self._owed.pop(rid) - 1
+        if owed:
+            self._owed[rid] = owed
         self._in_flight -= 1
 
     def _encode(self, message: Ok | ErrorReply | End | Subscribed | Unsubscribed) -> bytes:
@@ -483,11 +482,11 @@ class ClientConnection:
         kind = frame.get("type")
         if not isinstance(kind, str):
             raise RemoteProtocolError("a frame needs a str 'type'")
+        if kind == "batch":  # (the most frequent frame first)
+            return self._batch(BatchFrame.from_wire(frame))
         rid, sid = frame.get("id"), frame.get("subscription")
         if kind in ("ok", "error") and _is_int(rid):
             return self._reply(kind, rid, frame)
-        if kind == "batch":
-            return self._batch(BatchFrame.from_wire(frame))
         if kind in ("end", "error") and _is_int(sid):
             if self._subscriptions.pop(sid, None) is None:
                 return Ignored(f"{kind} of subscription {sid}, which is not open")

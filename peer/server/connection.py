@@ -64,6 +64,7 @@ from peer.protocol.api_connection import ServerConnection
 from peer.protocol.api_events import (
     BadCredit,
     BadRequest,
+    BatchPart,
     ConnectionClosed,
     CreditGranted,
     Ignored,
@@ -106,31 +107,28 @@ class _Pump:
 
 
 class _Outbox:
-    """The frames waiting for the writer, at most ``size``. :meth:`put` takes room first and
-    makes the frame after, so a frame is never made (and counted as sent) and then lost to a
-    cancelled wait."""
+    """The frames waiting for the writer, at most ``size``. :meth:`put` first takes a place in
+    the queue, then makes the frame, with no wait in between: a frame is never made (and
+    counted as sent by the state machine) and then lost to a cancelled wait."""
 
     def __init__(self, size: int) -> None:
-        self._room = asyncio.Semaphore(size)
-        self._frames: asyncio.Queue[bytes | None] = asyncio.Queue()
+        # each place holds its frame, or nothing if making it failed
+        self._places: asyncio.Queue[list[bytes] | None] = asyncio.Queue(size)
 
     async def put(self, make: Callable[[], bytes]) -> None:
-        await self._room.acquire()
-        try:
-            data = make()
-        except BaseException:
-            self._room.release()
-            raise
-        self._frames.put_nowait(data)
+        place: list[bytes] = []
+        await self._places.put(place)
+        place.append(make())
 
-    def close(self) -> None:
-        self._frames.put_nowait(None)
+    async def close(self) -> None:
+        await self._places.put(None)
 
     async def get(self) -> bytes | None:
-        data = await self._frames.get()
-        if data is not None:
-            self._room.release()
-        return data
+        """The next frame to write; None once closed."""
+        while (place := await self._places.get()) is not None:
+            if place:
+                return place[0]
+        return None
 
 
 class ApiConnection:
@@ -217,7 +215,7 @@ class ApiConnection:
                 last_words = self._conn.finish()
                 if last_words is not None:
                     await self._outbox.put(lambda: last_words)
-                self._outbox.close()
+                await self._outbox.close()
                 await writer
         except TimeoutError:
             log.debug("API connection %s did not wind down in time", self._stream.peer)
@@ -239,7 +237,8 @@ class ApiConnection:
     async def _send(self, message: ServerMessage) -> None:
         """Queue ``message`` once the outbox has room (LocalProtocolError: nothing queued)."""
         await self._outbox.put(lambda: self._conn.send(message))
-        self._answered.set()  # (if it was a reply, the read loop may go on)
+        if not isinstance(message, BatchPart):  # a reply, maybe: the read loop may go on
+            self._answered.set()
 
     async def _send_error(self, reply: ErrorReply) -> None:
         try:
