@@ -359,8 +359,7 @@ class CreditWindow:
 
     ``initial`` items are granted at the start (None: no flow control, :meth:`take` never
     waits). ``max_credit`` bounds the unused credit: peer links allow 2**16 and refuse more
-    (docs/protocol.md 9.4, :meth:`grant`); API subscriptions cap at 2**20 (a client may grant
-    past it, :meth:`grant_capped`).
+    (docs/protocol.md 9.4, :meth:`grant`).
     """
 
     def __init__(self, initial: int | None, *, max_credit: int) -> None:
@@ -390,11 +389,6 @@ class CreditWindow:
         if not 1 <= n <= self.max_credit - self._available:
             raise CreditError(f"credit of {n} is not allowed")
         self._add(n)
-
-    def grant_capped(self, n: int) -> None:
-        """The receiver allows ``n`` more; the window stops at ``max_credit``."""
-        if self._available is not None and n > 0:
-            self._add(min(n, self.max_credit - self._available))
 
     def _add(self, n: int) -> None:
         assert self._available is not None

@@ -24,7 +24,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from peer.errors import Conflict, Unavailable
 from peer.federation import Federation
+from peer.protocol.link import Raw
 from peer.server import AnnouncedBatches, ApiServer, PeerService, api_server_tls, is_loopback
 from peer.site import LocalSite, SiteConfig
 
@@ -235,7 +237,7 @@ class Peer:
         capacity = config.capacity or float(os.cpu_count() or 1)
         return Brain(BrainPort(self, fed), book, bpm, capacity)
 
-    async def _on_offer(self, message: Any, sender: str) -> dict[str, Any]:
+    async def _on_offer(self, message: Raw, sender: str) -> dict[str, Any]:
         assert self.brain is not None
         return dict(await self.brain.handle_offer(message.frame, sender=sender))
 
@@ -311,8 +313,6 @@ class Peer:
     ) -> dict[str, Any]:
         """Move fragment ``name``, with its state, to peer ``target`` (peer.move)."""
         if self.mover is None:
-            from peer.errors import Conflict
-
             raise Conflict("this peer is not in an overlay: fragments cannot move")
         return await self.mover.move_out(name, target, contract=contract, load=load, price=price)
 
@@ -326,8 +326,6 @@ class ClientService:
 
     def _to(self) -> PeerService:
         if self.target is None:
-            from peer.errors import Unavailable
-
             raise Unavailable("the peer is starting; retry")
         return self.target
 
@@ -377,8 +375,6 @@ class BrainPort:
         return self._fed.overlay.live_members()
 
     async def send_offer(self, node_id: bytes, frame: dict[str, object]) -> object:
-        from peer.protocol.link import Raw
-
         return await self._fed.router.call(node_id, Raw("offer", dict(frame)))
 
     def movable_fragments(self) -> Sequence[tuple[str, tuple[str, ...]]]:
@@ -423,7 +419,7 @@ def load_contracts(directory: Path, identity: NodeIdentity, trust: TrustStore) -
     return book
 
 
-async def _no_offers(_message: Any, _sender: str) -> dict[str, Any]:
+async def _no_offers(_message: Raw, _sender: str) -> dict[str, Any]:
     return {"accepted": [], "reason": "this peer holds no contracts"}
 
 

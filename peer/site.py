@@ -30,7 +30,8 @@ from peer.model.plan import CheckedQuery, check_query
 from peer.model.query import Query, parse_query, query_to_dict
 from peer.model.schema import Schema, check_name, parse_schema, to_arrow_schema
 from peer.model.tuples import batch_from_wire, batch_to_wire
-from peer.storage.catalog import QUERY_STATUSES, LocalCatalog, QueryEntry
+from peer.protocol.api import QUERY_STATUSES, READY, START_POSITIONS
+from peer.storage.catalog import LocalCatalog, QueryEntry
 from peer.storage.spool import Spool, SpoolSet
 from peer.storage.spool_format import Quarantine, TrimmedError
 
@@ -40,10 +41,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SUBSCRIBE_CHUNK = 64  # spool files read per wake-up of a subscriber
-START_POSITIONS = ("latest", "earliest")
-# What a subscription yields first, once its start position is fixed: the API server replies
-# to ``subscribe`` only then (peer.server.AnnouncedBatches).
-READY: dict[str, Any] = {"ready": True}
 
 
 @dataclass(frozen=True)

@@ -84,11 +84,10 @@ def batch_payload(data: object) -> dict[str, Any]:
         return {"rows": rows}
     import pyarrow as pa  # only for Arrow input: keeps `import peer.client` light
 
+    from peer.model.tuples import arrow_bytes
+
     if isinstance(data, pa.Table | pa.RecordBatch):
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, data.schema) as writer:
-            writer.write(data)
-        return {"arrow": sink.getvalue().to_pybytes()}
+        return {"arrow": arrow_bytes(data)}
     raise InvalidInput(
         f"cannot push a {type(data).__name__}: give a pyarrow Table, a dict of columns "
         "or a list of row dicts"

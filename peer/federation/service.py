@@ -26,8 +26,9 @@ from peer.federation.router import Router
 from peer.model.query import parse_query
 from peer.model.schema import check_name, parse_schema
 from peer.model.tuples import batch_from_wire
+from peer.protocol.api import START_POSITIONS
 from peer.protocol.link import HostStream
-from peer.site import START_POSITIONS, LocalSite, checked_status
+from peer.site import LocalSite, checked_status
 
 StatusPart = Callable[[], dict[str, Any]]
 

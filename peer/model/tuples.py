@@ -399,9 +399,9 @@ def _show(value: object) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def arrow_bytes(table: pa.Table) -> bytes:
-    """``table`` as an Arrow IPC stream (what links carry in ``arrow`` fields)."""
+def arrow_bytes(data: pa.Table | pa.RecordBatch) -> bytes:
+    """``data`` as an Arrow IPC stream (what ``arrow`` fields carry, on links and pushes)."""
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
+    with pa.ipc.new_stream(sink, data.schema) as writer:
+        writer.write(data)
     return bytes(sink.getvalue())

@@ -34,6 +34,7 @@ __all__ = [
     "MAX_CREDIT",
     "PROTOCOL_VERSION",
     "QUERY_STATUSES",
+    "READY",
     "START_POSITIONS",
     "BatchFrame",
     "CreateQuery",
@@ -62,6 +63,9 @@ QUERY_STATUSES = ("SETUP", "RUNNING", "STOPPED", "DELETED")
 START_POSITIONS = ("latest", "earliest")
 BATCH_ENCODINGS = ("columns", "rows", "arrow")
 MAX_CREDIT = 1 << 20  # a subscription's unused credit stops here (a client may grant past it)
+# What a peer's subscription iterator yields first, once its start position is fixed (maybe on
+# another peer): the server sends the ``subscribe`` reply only then (peer.server).
+READY: dict[str, Any] = {"ready": True}
 
 Frame: TypeAlias = dict[str, Any]
 Columns: TypeAlias = dict[str, list[Any]]

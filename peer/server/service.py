@@ -9,11 +9,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-__all__ = ["READY", "AnnouncedBatches", "PeerService"]
+from peer.protocol.api import READY
 
-# What a subscription iterator that ``announces_ready`` yields first, once its start position
-# is fixed (see AnnouncedBatches): the ``subscribe`` reply waits for it.
-READY: dict[str, Any] = {"ready": True}
+__all__ = ["READY", "AnnouncedBatches", "PeerService"]
 
 
 class AnnouncedBatches:

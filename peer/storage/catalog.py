@@ -19,8 +19,6 @@ from peer.errors import AlreadyExists, NotFound
 from peer.model.query import Query, parse_query, query_to_dict
 from peer.model.schema import Schema, parse_schema
 
-QUERY_STATUSES = ("SETUP", "RUNNING", "STOPPED", "DELETED")
-
 _TABLES = """
 CREATE TABLE IF NOT EXISTS schemas (name TEXT PRIMARY KEY, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS streams (name TEXT PRIMARY KEY, schema TEXT NOT NULL,

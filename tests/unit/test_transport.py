@@ -177,14 +177,12 @@ def test_a_sender_waits_for_credit_and_goes_on_when_granted() -> None:
     run(main)
 
 
-def test_grants_beyond_the_window_are_refused_or_capped() -> None:
+def test_grants_beyond_the_window_are_refused() -> None:
     window = CreditWindow(6, max_credit=8)
     for bad in (0, -1, 3):
         with pytest.raises(CreditError):
             window.grant(bad)
     window.grant(2)
-    assert window.available == 8
-    window.grant_capped(1 << 30)  # a client may grant past the cap: it stays at the cap
     assert window.available == 8
     with pytest.raises(CreditError):
         CreditWindow(9, max_credit=8)
@@ -197,7 +195,6 @@ def test_without_credit_a_sender_never_waits() -> None:
         for _ in range(100):
             await window.take()
         window.grant(1 << 30)
-        window.grant_capped(5)
         assert window.available is None
 
     run(main)
