@@ -13,7 +13,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
-from overlay.link import LinkError, LinkRemoteError
+from overlay.link import Link, LinkError, LinkRemoteError
 from overlay.node import OverlayError
 from peer.errors import FedstreamError, InvalidInput, Unavailable, from_wire
 from peer.protocol.link import Frame, Raw, Request, Subscribe, decode
@@ -68,11 +68,11 @@ class Router:
             raise InvalidInput(f"this peer serves no {op!r} requests")
         return await handler(message, sender)
 
-    async def handle_link(self, link: Any, frame: Frame) -> Frame:
+    async def handle_link(self, link: Link, frame: Frame) -> Frame:
         """A request from another peer (overlay.node.PeerHandler)."""
         return await self.dispatch(decode(frame), str(link.remote_participant))
 
-    def stream_link(self, link: Any, frame: Frame) -> AsyncIterator[Frame]:
+    def stream_link(self, link: Link, frame: Frame) -> AsyncIterator[Frame]:
         request = Subscribe.from_wire(frame)
         if self._stream is None:
             raise InvalidInput("this peer serves no subscriptions")
