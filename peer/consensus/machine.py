@@ -346,7 +346,9 @@ class ControlMachine(SyncObj):  # type: ignore[misc]
             useFork=False,
         )
         others = [Node(v) for v in ids if v != self_id]
-        super().__init__(Node(self_id), others, conf=conf, transportClass=self._factory)
+        super().__init__(
+            Node(self_id), others, conf=conf, nodeClass=Node, transportClass=self._factory
+        )
         self.addOnTickCallback(self._expire)
 
     # ----------------------------------------------------------------- links
@@ -540,7 +542,7 @@ class ControlMachine(SyncObj):  # type: ignore[misc]
             f.flush()
             os.fsync(f.fileno())
 
-    def _read_dump(self, path: str) -> tuple[Any, Any, list[str]]:
+    def _read_dump(self, path: str) -> tuple[Any, Any, list[Node]]:
         with open(path, "rb") as f:
             body = msgpack.unpackb(f.read(), raw=False, strict_map_key=True, use_list=True)
         if not isinstance(body, dict) or body.get("format") != DUMP_FORMAT:
@@ -554,7 +556,7 @@ class ControlMachine(SyncObj):  # type: ignore[misc]
         applied = _wire_int(f"{path}: applied", body.get("applied"))
         last, prev = _dump_entry(path, body.get("last")), _dump_entry(path, body.get("prev"))
         members = _list(path, body.get("cluster"))
-        cluster = [_check_node_id(f"{path}: cluster[]", n) for n in members]
+        cluster = [Node(_check_node_id(f"{path}: cluster[]", n)) for n in members]
         state = state_from_streams(states, applied)
         with self._control_lock:
             self._control = state

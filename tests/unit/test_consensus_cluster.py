@@ -6,6 +6,7 @@ from its journal, a voter caught up by a snapshot. Every wait is bounded."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -70,12 +71,15 @@ class Bus:
 
 
 @pytest.fixture
-def bus() -> Iterator[Bus]:
+def bus(caplog: pytest.LogCaptureFixture) -> Iterator[Bus]:
     bus = Bus()
-    yield bus
-    for node in list(bus.machines):
-        bus.stop(node)
+    with caplog.at_level(logging.WARNING):
+        yield bus
+        for node in list(bus.machines):
+            bus.stop(node)
     assert bus.bad == []
+    failures = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert failures == []  # pysyncobj logs what fails on its thread (a dump, a tick)
 
 
 def wait_until(what: str, check: Callable[[], Any], timeout: float = WAIT) -> Any:
@@ -232,6 +236,7 @@ def test_a_restarted_voter_recovers_its_state_from_its_journal(bus: Bus, tmp_pat
     wait_until("its state back from disk", lambda: reborn.snapshot() == same_state(bus, [leader]))
     assert len(reborn.snapshot()) == 4
     assert [s.name for s in restored[0]] == ["s0", "s1", "s2"]  # the dump, then the journal
+    assert reborn.applied_count() == bus.machines[leader].applied_count()  # none applied twice
     with bus.lock:
         bus.cut.discard(victim)
     submit(bus.machines[leader], CreateStream("s4", tuple(IDS[:3]), 2))
