@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from peer.errors import Conflict, Unavailable
 from peer.federation import Federation
+from peer.federation.plane import ReplicationSettings
 from peer.protocol.link import Raw
 from peer.server import AnnouncedBatches, ApiServer, PeerService, api_server_tls, is_loopback
 from peer.site import LocalSite, SiteConfig
@@ -86,6 +87,11 @@ class PeerConfig:
     accept_margin: float = 0.05
     offer_timeout_s: float = 10.0
     brain: bool = True  # run the brain when there are contracts
+    # Replication (issue 11): a seat in the control plane, and the defaults of new streams.
+    voter: bool = False
+    replicas: int = 3
+    min_insync: int = 2
+    failover_after_s: float = 1.5
 
 
 class Peer:
@@ -204,7 +210,15 @@ class Peer:
             api=self.api_addr,
             engine=site.engine is not None,
         )
-        fed = self.fed = Federation(site, overlay, self.api_addr, lease_s=config.lease_s)
+        replication = ReplicationSettings(
+            voter=config.voter,
+            replicas=config.replicas,
+            min_insync=config.min_insync,
+            failover_after_s=config.failover_after_s,
+        )
+        fed = self.fed = Federation(
+            site, overlay, self.api_addr, lease_s=config.lease_s, replication=replication
+        )
         overlay.handler = fed.router
         overlay.on_member = fed.hosting.on_member
         if self.book is not None and config.brain:
@@ -332,8 +346,10 @@ class ClientService:
     async def create_schema(self, schema: str | dict[str, Any]) -> dict[str, Any]:
         return await self._to().create_schema(schema)
 
-    async def create_stream(self, name: str, schema: str) -> dict[str, Any]:
-        return await self._to().create_stream(name, schema)
+    async def create_stream(
+        self, name: str, schema: str, replicas: int | None = None
+    ) -> dict[str, Any]:
+        return await self._to().create_stream(name, schema, replicas)
 
     async def create_query(self, query: str | dict[str, Any]) -> dict[str, Any]:
         return await self._to().create_query(query)

@@ -20,7 +20,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +36,8 @@ from peer.storage.spool import Spool, SpoolSet
 from peer.storage.spool_format import Quarantine, TrimmedError
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from peer.engine.runner import Engine
 
 log = logging.getLogger(__name__)
@@ -65,6 +67,9 @@ def checked_status(status: str) -> str:
     return status
 
 
+Appender = Callable[["pa.Table", str | None, int | None], Awaitable[dict[str, Any]]]
+
+
 class LocalSite:
     """Streams, queries and the engine of one peer (implements peer.server.PeerService)."""
 
@@ -85,6 +90,8 @@ class LocalSite:
         self._frozen: set[str] = set()  # replica streams being moved away: no appends
         self._landing: dict[str, int] = {}  # mirrored appends under way, per stream
         self._landed = asyncio.Condition()
+        # streams whose pushes another room appends (replicated streams: peer.federation)
+        self.appenders: dict[str, Appender] = {}
 
     # lifecycle
     async def resume_queries(self) -> None:
@@ -250,6 +257,10 @@ class LocalSite:
             return table.num_rows, spool.append(table, origin=producer, seq=seq)
 
         await self.room(stream, spool)
+        appender = self.appenders.get(stream)
+        if appender is not None:  # a replicated stream: its replicas must hold it first
+            table = await asyncio.to_thread(batch_from_wire, entry.schema, payload)
+            return await appender(table, producer, seq)
         count, offset = await asyncio.to_thread(land)
         return {
             "stream": stream,
@@ -446,7 +457,10 @@ class LocalSite:
         await self.add_schema(parsed)
         return {"schema": parsed.name, "fields": [f.name for f in parsed.fields]}
 
-    async def create_stream(self, name: str, schema: str) -> dict[str, Any]:
+    async def create_stream(
+        self, name: str, schema: str, replicas: int | None = None
+    ) -> dict[str, Any]:
+        """A stream on this lone peer (``replicas`` has no meaning without a federation)."""
         found = self.find_schema(schema)
         if found is None:
             raise self.unknown_schema(schema)

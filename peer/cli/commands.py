@@ -81,7 +81,7 @@ async def cmd_schema_create(args: argparse.Namespace) -> int:
 
 async def cmd_stream_create(args: argparse.Namespace) -> int:
     async def go(client: Client) -> int:
-        print_json(await client.create_stream(args.name, args.schema))
+        print_json(await client.create_stream(args.name, args.schema, replicas=args.replicas))
         return 0
 
     return await with_client(args, go)
@@ -242,6 +242,12 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     p = add_client_options(stream.add_parser("create", help="create a stream"))
     p.add_argument("name")
     p.add_argument("--schema", required=True)
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        help="how many peers hold the stream (default: the peer's --replicas, 3)",
+    )
     p.set_defaults(run=cmd_stream_create)
 
     query = sub.add_parser("query", help="queries").add_subparsers(dest="sub", required=True)

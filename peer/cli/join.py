@@ -61,6 +61,9 @@ async def cmd_join(args: argparse.Namespace) -> int:
         bpm_period_s=args.bpm_period,
         offer_margin=args.offer_margin,
         accept_margin=args.accept_margin,
+        voter=args.voter,
+        replicas=args.replicas,
+        min_insync=args.min_insync,
     )
     node = Peer(config)
     loop = asyncio.get_running_loop()
@@ -149,6 +152,26 @@ def add_join_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         default=30.0,
         metavar="S",
         help="how long a push waits for room before a retriable refusal",
+    )
+    p.add_argument(
+        "--voter",
+        action="store_true",
+        help="hold a seat in the control plane (Raft) that names each stream's primary; "
+        "give it to 3 or 5 peers of a federation",
+    )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=3,
+        metavar="R",
+        help="how many peers hold each stream created through this peer (default 3)",
+    )
+    p.add_argument(
+        "--min-insync",
+        type=int,
+        default=2,
+        metavar="N",
+        help="a push is acknowledged once N replicas hold it (default 2)",
     )
     p.add_argument("--spark-master", default="local[*]")
     p.add_argument("--no-engine", action="store_true", help="serve without Spark")

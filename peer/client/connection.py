@@ -284,8 +284,11 @@ class Client:
         """Create a schema from Medusa XML, JSON text, or a dict."""
         return await self._ask(CreateSchema(_plain(schema)))
 
-    async def create_stream(self, name: str, schema: str) -> dict[str, Any]:
-        return await self._ask(CreateStream(name, schema))
+    async def create_stream(
+        self, name: str, schema: str, *, replicas: int | None = None
+    ) -> dict[str, Any]:
+        """Create a stream; ``replicas``: how many peers hold it (default: the peer's)."""
+        return await self._ask(CreateStream(name, schema, replicas))
 
     async def create_query(self, query: str | Mapping[str, Any]) -> dict[str, Any]:
         """Submit a query: Medusa/Borealis XML, JSON text, or a dict."""

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from overlay.catalog import CatalogError, Placement
 from overlay.membership import Event
@@ -33,6 +34,8 @@ from peer.model.schema import parse_schema
 from peer.site import LocalSite
 
 log = logging.getLogger(__name__)
+
+PrimaryOf = Callable[[str, bool], Awaitable[bytes | None]]  # (stream, fresh) -> node id
 
 LEASE_S = 20.0
 LEASE_GAP_S = 3.0  # a moved stream's lease may be unreadable this long after the move
@@ -61,6 +64,9 @@ class Hosting:
         self._claims: dict[str, float] = {}  # adopted streams -> give up claiming at
         self._claimed = asyncio.Event()
         self._takeover = asyncio.Lock()
+        # Replicated streams: the control plane names their primary (peer.federation.replicated)
+        self.primary_of: PrimaryOf | None = None
+        self.replicated: Callable[[str], bool] = lambda _stream: False
 
     @property
     def node_id(self) -> bytes:
@@ -127,7 +133,7 @@ class Hosting:
         we were gone and holds a valid lease (then forward to it)."""
         replicas = self.site.replicas()
         for stream in self.site.stream_names():
-            if stream in replicas:
+            if stream in replicas or self.replicated(stream):
                 continue  # a copy of a stream hosted elsewhere, kept for a local fragment
             placement = await self.records.placement(stream, fresh=True)
             if (
@@ -209,6 +215,10 @@ class Hosting:
             return self.node_id
         if stream in self.moved_streams:
             return self.moved_streams[stream]
+        if self.primary_of is not None:
+            primary = await self.primary_of(stream, fresh)
+            if primary is not None:
+                return primary
         placement = await self.records.placement(stream, fresh=fresh)
         if placement is not None and placement.moved_to is not None:
             return placement.moved_to
@@ -249,6 +259,8 @@ class Hosting:
         async with self._takeover:
             if stream in self.hosted:
                 return
+            if self.replicated(stream):
+                raise Unavailable(f"stream {stream}: its primary is not this peer", stream=stream)
             record = await self.records.stream(stream)
             if record.get("derived_from"):
                 raise Unavailable(f"stream {stream} is a query result; it cannot move here")

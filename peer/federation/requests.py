@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from overlay.catalog import CatalogError
@@ -49,6 +50,8 @@ class SiteRequests:
         self.hosting = hosting
         self.mirrors = mirrors
         self.router = router
+        # a replicated stream's copy is made by the replica driver (True: it was one)
+        self.on_host_stream: Callable[[str], Awaitable[bool]] | None = None
 
     def register(self) -> None:
         r = self.router
@@ -77,6 +80,8 @@ class SiteRequests:
         )
 
     async def host_stream(self, message: HostStream, _sender: str) -> dict[str, Any]:
+        if self.on_host_stream is not None and await self.on_host_stream(message.stream):
+            return {"stream": message.stream, "host": self.me.hex(), "replicated": True}
         await self.site.add_stream(message.stream, message.schema, None)
         await self.hosting.host(message.stream)
         return {"stream": message.stream, "host": self.me.hex()}

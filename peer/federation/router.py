@@ -17,6 +17,7 @@ from overlay.link import Link, LinkError, LinkRemoteError
 from overlay.node import OverlayError
 from peer.errors import FedstreamError, InvalidInput, Unavailable, from_wire
 from peer.protocol.link import Frame, Raw, Request, Subscribe, decode
+from peer.protocol.replica import ControlHeartbeat, ControlJoin, RaftFrame, ReplicaExchange
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +70,13 @@ class Router:
         return await handler(message, sender)
 
     async def handle_link(self, link: Link, frame: Frame) -> Frame:
-        """A request from another peer (overlay.node.PeerHandler)."""
-        return await self.dispatch(decode(frame), str(link.remote_participant))
+        """A request from another peer (overlay.node.PeerHandler). A message that names its
+        sending node must name the node at the other end of the link (its certificate's)."""
+        message = decode(frame)
+        claimed = claimed_node(message)
+        if claimed is not None and claimed != link.remote_node_id.hex():
+            raise InvalidInput(f"{frame.get('op')}: the sender named is not this link's peer")
+        return await self.dispatch(message, str(link.remote_participant))
 
     def stream_link(self, link: Link, frame: Frame) -> AsyncIterator[Frame]:
         request = Subscribe.from_wire(frame)
@@ -96,6 +102,15 @@ class Router:
 
     def open_stream(self, node_id: bytes, request: Subscribe) -> AsyncIterator[Frame]:
         return self.overlay.open_stream(node_id, request.to_wire())
+
+
+def claimed_node(message: Request) -> str | None:
+    """The node id (hex) a message says it comes from, if it says so."""
+    if isinstance(message, ReplicaExchange | RaftFrame):
+        return message.sender
+    if isinstance(message, ControlHeartbeat | ControlJoin):
+        return message.node
+    return None
 
 
 def remote_error(exc: LinkRemoteError) -> FedstreamError:

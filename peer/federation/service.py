@@ -20,6 +20,7 @@ from peer.federation.coordinator import Coordinator
 from peer.federation.forward import Forwarder
 from peer.federation.hosting import LEASE_S, Hosting
 from peer.federation.mirror import Mirrors
+from peer.federation.plane import ControlPlane, ReplicationSettings
 from peer.federation.records import CatalogRecords
 from peer.federation.requests import SiteRequests
 from peer.federation.router import Router
@@ -37,7 +38,13 @@ class Federation:
     """Implements peer.server.PeerService for a peer in an overlay."""
 
     def __init__(
-        self, site: LocalSite, overlay: Overlay, api: tuple[str, int], *, lease_s: float = LEASE_S
+        self,
+        site: LocalSite,
+        overlay: Overlay,
+        api: tuple[str, int],
+        *,
+        lease_s: float = LEASE_S,
+        replication: ReplicationSettings | None = None,
     ) -> None:
         self.site = site
         self.overlay = overlay
@@ -50,6 +57,11 @@ class Federation:
         self.requests = SiteRequests(site, self.records, self.hosting, self.mirrors, self.router)
         self.requests.register()
         self.router.register_stream(self.forwarder.serve)
+        self.replication = replication or ReplicationSettings()
+        self.plane = ControlPlane(site, self.router, self.records, self.replication, self._on_role)
+        self.hosting.primary_of = self._primary_of
+        self.hosting.replicated = self.plane.replicas.is_replicated
+        self.requests.on_host_stream = self._host_replica
         self.status_parts: dict[str, StatusPart] = {}  # more of `peer status` (the brain's)
 
     @property
@@ -57,13 +69,37 @@ class Federation:
         return self.overlay.node_id
 
     async def start(self) -> None:
-        """Once the overlay has joined: take our streams back (see Hosting.resume)."""
+        """Once the overlay has joined: find the control plane (and join it as a voter),
+        then take our unreplicated streams back (see Hosting.resume)."""
+        members = [m.node_id for m in self.overlay.live_members()]
+        await self.plane.start(members)
         await self.hosting.resume()
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self.hosting.run())
             tg.create_task(self.mirrors.run())
+            tg.create_task(self.plane.run())
+
+    def _on_role(self, stream: str, primary: bool) -> None:
+        """The control plane made this peer primary of ``stream``, or no longer."""
+        if primary:
+            self.hosting.hosted.add(stream)
+            self.hosting.moved_streams.pop(stream, None)
+        else:
+            self.hosting.hosted.discard(stream)
+
+    async def _host_replica(self, stream: str) -> bool:
+        if not self.plane.client.active:
+            return False
+        state = await self.plane.replicas.refresh(stream)
+        return state is not None
+
+    async def _primary_of(self, stream: str, fresh: bool) -> bytes | None:
+        if not self.plane.client.active:
+            return None
+        state = await self.plane.client.state_of(stream, fresh=fresh)
+        return None if state is None else bytes.fromhex(state.primary)
 
     # the client API (peer.server.PeerService)
     async def create_schema(self, schema: str | dict[str, Any]) -> dict[str, Any]:
@@ -79,7 +115,9 @@ class Federation:
             await self.records.publish(f"schema:{parsed.name}", {"schema": parsed.to_dict()})
         return {"schema": parsed.name, "fields": [f.name for f in parsed.fields]}
 
-    async def create_stream(self, name: str, schema: str) -> dict[str, Any]:
+    async def create_stream(
+        self, name: str, schema: str, replicas: int | None = None
+    ) -> dict[str, Any]:
         found = self.site.find_schema(schema) or await self.records.schema(schema)
         if found is None:
             raise self.site.unknown_schema(schema)
@@ -94,7 +132,25 @@ class Federation:
             host = await self.hosting.host_of(name)
             return {"stream": name, "schema": found.name, "host": host.hex()}
         self.site.catalog.check_stream(name, found)
-        host = self.overlay.responsible(name)[0].node_id
+        count = self.replication.replicas if replicas is None else replicas
+        if count < 1:
+            raise InvalidInput(f"stream {name}: replicas must be at least 1", stream=name)
+        nodes = [m.node_id for m in self.overlay.responsible(name, count)]
+        if self.plane.client.active:
+            await self.records.publish_stream(name, found, None)
+            placed = await self.plane.replicas.create(
+                name, nodes, count, self.replication.min_insync
+            )
+            for node in placed["replicas"]:  # each replica makes its copy and learns its role
+                await self.router.ask(bytes.fromhex(node), HostStream(name, found))
+            return {
+                "stream": name,
+                "schema": found.name,
+                "host": placed["primary"],
+                **placed,
+                "under_replicated": len(placed["replicas"]) < count,
+            }
+        host = nodes[0]
         await self.records.publish_stream(name, found, None)
         await self.router.ask(host, HostStream(name, found))
         return {"stream": name, "schema": found.name, "host": host.hex()}
@@ -198,5 +254,6 @@ class Federation:
             "mirrors": self.mirrors.describe(),
             "forwarded": self.forwarder.forwarded,
             "moved": catalog.moved(),
+            "replication": self.plane.status(),
             **{key: part() for key, part in self.status_parts.items()},
         }

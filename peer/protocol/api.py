@@ -117,13 +117,20 @@ class CreateStream:
     op: ClassVar[str] = "create_stream"
     name: str
     schema: str
+    replicas: int | None = None  # how many peers hold it (default: the peer's --replicas)
 
     def to_wire(self, rid: int) -> Frame:
-        return _request(self.op, rid, name=self.name, schema=self.schema)
+        extra = {} if self.replicas is None else {"replicas": self.replicas}
+        return _request(self.op, rid, name=self.name, schema=self.schema, **extra)
 
     @classmethod
     def from_wire(cls, frame: Frame) -> CreateStream:
-        return cls(_arg(frame, "name", str), _arg(frame, "schema", str))
+        replicas = _arg(frame, "replicas", int, required=False)
+        if replicas is not None and not 1 <= replicas <= 16:
+            raise InvalidInput(
+                "create_stream: replicas must be between 1 and 16", argument="replicas"
+            )
+        return cls(_arg(frame, "name", str), _arg(frame, "schema", str), replicas)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,15 @@ from typing import Any, ClassVar, TypeAlias
 from peer.errors import InvalidInput
 from peer.model.query import Query, parse_query, query_to_dict
 from peer.model.schema import Schema, parse_schema
+from peer.protocol.replica import (
+    REPLICA_TYPES,
+    ControlHeartbeat,
+    ControlJoin,
+    ControlRead,
+    ControlSubmit,
+    RaftFrame,
+    ReplicaExchange,
+)
 
 Frame: TypeAlias = dict[str, Any]
 NODE_ID_BYTES = 20
@@ -295,6 +304,12 @@ Request: TypeAlias = (
     | StartMirror
     | StopMirror
     | MirrorAppend
+    | ReplicaExchange
+    | ControlHeartbeat
+    | ControlSubmit
+    | ControlJoin
+    | ControlRead
+    | RaftFrame
     | Raw
 )
 
@@ -309,6 +324,7 @@ TYPED: dict[str, Any] = {
         StartMirror,
         StopMirror,
         MirrorAppend,
+        *REPLICA_TYPES,
     )
 }
 RAW_OPS = ("offer",)

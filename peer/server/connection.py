@@ -279,8 +279,8 @@ class ApiConnection:
                 return self._conn.hello_result
             case CreateSchema(schema=schema):
                 return await service.create_schema(schema)
-            case CreateStream(name=name, schema=schema):
-                return await service.create_stream(name, schema)
+            case CreateStream(name=name, schema=schema, replicas=replicas):
+                return await service.create_stream(name, schema, replicas)
             case CreateQuery(query=query):
                 return await service.create_query(query)
             case SetQueryStatus(name=name, status=status):

@@ -63,7 +63,9 @@ class FakePeer:
         self.schemas[schema["name"]] = fields
         return {"schema": schema["name"], "fields": len(fields)}
 
-    async def create_stream(self, name: str, schema: str) -> dict[str, Any]:
+    async def create_stream(
+        self, name: str, schema: str, replicas: int | None = None
+    ) -> dict[str, Any]:
         if schema not in self.schemas:
             raise NotFound(f"no schema {schema!r}", schema=schema)
         if name in self.streams:

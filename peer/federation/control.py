@@ -1,0 +1,198 @@
+"""Every peer's side of the control plane: heartbeats to the voters, and what it learns back.
+
+Theory of operation
+-------------------
+The control plane (docs/replication.md) decides each replicated stream's epoch, primary and
+in-sync set; voters run it (:mod:`peer.federation.voter`). Every peer, voter or not:
+
+* sends each voter a :class:`~peer.protocol.replica.ControlHeartbeat` every ``heartbeat_s``
+  with the log end of every stream it replicates. The voters' answers carry the state of
+  those streams and the current voters; a state newer (by version) than the one known here is
+  handed to the listeners (the replica driver), so a new epoch reaches its replicas within a
+  heartbeat of its commit;
+* submits commands (a stream's creation, a primary's ISR proposals) to a voter, the leader
+  when it is known, and waits for the outcome;
+* reads a stream's state for forwarding (who is primary now), from what it learnt or from a
+  voter.
+
+The voters are found once, on start, by asking live members of the overlay; every answer of a
+voter repeats the list, so it stays current as voters are added.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from peer.consensus import command_to_wire
+from peer.control import Command, StreamState
+from peer.errors import FedstreamError, Unavailable
+from peer.federation.router import Router
+from peer.protocol.link import Frame
+from peer.protocol.replica import (
+    ControlHeartbeat,
+    ControlJoin,
+    ControlRead,
+    ControlSubmit,
+    state_from_wire,
+)
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 0.25
+HEARTBEAT_TIMEOUT_S = 1.0
+SUBMIT_TIMEOUT_S = 8.0
+
+Listener = Callable[[StreamState], None]
+
+
+class ControlClient:
+    """What this peer knows of the control plane, and how it talks to it."""
+
+    def __init__(
+        self,
+        router: Router,
+        log_ends: Callable[[], Mapping[str, int]],
+        *,
+        heartbeat_s: float = HEARTBEAT_S,
+    ) -> None:
+        self.router = router
+        self.node = router.node_id.hex()
+        self.log_ends = log_ends
+        self.heartbeat_s = heartbeat_s
+        self.voters: tuple[str, ...] = ()
+        self.leader: str | None = None
+        self.states: dict[str, StreamState] = {}
+        self._listeners: list[Listener] = []
+        self._heard = asyncio.Event()
+
+    def listen(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    @property
+    def active(self) -> bool:
+        """Whether this federation has a control plane this peer knows of."""
+        return bool(self.voters)
+
+    def set_voters(self, voters: Iterable[str], leader: str | None = None) -> None:
+        found = tuple(v for v in voters if isinstance(v, str) and len(v) == 40)
+        if found:
+            self.voters = found
+        if leader is None or isinstance(leader, str):
+            self.leader = leader
+
+    def learn(self, state: StreamState) -> None:
+        known = self.states.get(state.name)
+        if known is not None and (known.epoch, known.version) >= (state.epoch, state.version):
+            return
+        self.states[state.name] = state
+        for listener in self._listeners:
+            try:
+                listener(state)
+            except Exception:
+                log.exception("control-plane listener failed on %s", state.name)
+
+    def _absorb(self, reply: Frame) -> None:
+        voters = reply.get("voters")
+        if isinstance(voters, list):
+            leader = reply.get("leader")
+            self.set_voters(voters, leader if isinstance(leader, str) else None)
+        for raw in reply.get("streams") or ():
+            try:
+                self.learn(state_from_wire(raw))
+            except FedstreamError as exc:
+                log.warning("a voter sent a bad stream state: %s", exc)
+
+    # ----------------------------------------------------------------------- heartbeats
+    async def run(self) -> None:
+        while True:
+            if self.voters:
+                message = ControlHeartbeat(self.node, dict(self.log_ends()))
+                await asyncio.gather(
+                    *(self._beat(voter, message) for voter in self.voters),
+                    return_exceptions=True,
+                )
+            await asyncio.sleep(self.heartbeat_s)
+
+    async def _beat(self, voter: str, message: ControlHeartbeat) -> None:
+        try:
+            reply = await asyncio.wait_for(
+                self.router.ask(bytes.fromhex(voter), message), HEARTBEAT_TIMEOUT_S
+            )
+        except (FedstreamError, TimeoutError) as exc:
+            log.debug("heartbeat to voter %s failed: %s", voter[:12], exc)
+            return
+        self._absorb(reply)
+        self._heard.set()
+
+    async def discover(self, members: Iterable[bytes], own: Iterable[str] = ()) -> bool:
+        """Find the voters by asking ``members`` (this peer's own voter list first)."""
+        self.set_voters(own)
+        if self.voters:
+            return True
+        for member in members:
+            with contextlib.suppress(FedstreamError, TimeoutError):
+                reply = await asyncio.wait_for(
+                    self.router.ask(member, ControlRead("")), HEARTBEAT_TIMEOUT_S
+                )
+                self._absorb(reply)
+                if self.voters:
+                    return True
+        return False
+
+    # ----------------------------------------------------------------------- requests
+    def _candidates(self) -> list[str]:
+        first = [self.leader] if self.leader in self.voters else []
+        return [*first, *(v for v in self.voters if v != self.leader)]
+
+    async def submit(self, command: Command | ControlJoin) -> Frame:
+        """Submit a command (or this peer's admission as a voter) to the control plane."""
+        message = (
+            command if isinstance(command, ControlJoin) else ControlSubmit(command_to_wire(command))
+        )
+        errors = []
+        for voter in self._candidates():
+            try:
+                reply = await asyncio.wait_for(
+                    self.router.ask(bytes.fromhex(voter), message), SUBMIT_TIMEOUT_S
+                )
+            except (FedstreamError, TimeoutError) as exc:
+                errors.append(f"{voter[:12]}: {exc}")
+                continue
+            self._absorb(reply)
+            return reply
+        raise Unavailable(
+            "the control plane is unreachable" + (f" ({'; '.join(errors)})" if errors else "")
+        )
+
+    async def read(self, stream: str) -> StreamState | None:
+        """The stream's state from a voter (and learnt here); None if it is not replicated."""
+        for voter in self._candidates():
+            try:
+                reply = await asyncio.wait_for(
+                    self.router.ask(bytes.fromhex(voter), ControlRead(stream)),
+                    HEARTBEAT_TIMEOUT_S,
+                )
+            except (FedstreamError, TimeoutError):
+                continue
+            self._absorb(reply)
+            raw = reply.get("stream")
+            if raw is None:
+                return None
+            state = state_from_wire(raw)
+            self.learn(state)
+            return self.states.get(stream, state)
+        raise Unavailable(f"stream {stream}: the control plane is unreachable", stream=stream)
+
+    async def state_of(self, stream: str, *, fresh: bool = False) -> StreamState | None:
+        if not fresh and stream in self.states:
+            return self.states[stream]
+        if not self.voters:
+            return None
+        return await self.read(stream)
+
+    def describe(self) -> dict[str, Any]:
+        return {"voters": list(self.voters), "leader": self.leader}

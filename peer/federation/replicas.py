@@ -1,0 +1,477 @@
+"""The replica driver: replicated streams on this peer, as the control plane names them.
+
+Theory of operation
+-------------------
+For each stream this peer replicates, a :class:`StreamReplica` holds the sans-IO core of its
+role (:class:`peer.replication.Primary` while the control plane names this peer primary, else
+a :class:`peer.replication.Follower`) and performs its effects on the stream's spool and its
+durable fence and epoch history (:class:`peer.storage.replica_state.ReplicaState`), each
+fsynced before the message that came with it is sent (docs/replication.md).
+
+* Pushes (the site hands a replicated stream's batches here): the primary encodes the batch as
+  its spool file, its core places it at the next offset; a writer task writes queued entries in
+  offset order and then sends their appends; the push is answered once the core says the
+  offset is acknowledged *and* it is on this disk. Readers of the spool (Spark, subscribers,
+  mirrors) see nothing above that point (``Spool.hold``), so an unacknowledged tail that a
+  failover cuts was never read.
+* Followers are fed by one outbox per follower: one :class:`ReplicaExchange` in flight, which
+  carries everything queued meanwhile, in order; the follower's answers go back to the core.
+  A tick resends what a follower lacks and proposes ISR changes to the control plane.
+* A follower's exchanges are served under the stream's lock, effects performed in order.
+* The control plane's states arrive through :meth:`Replicas.on_state` (a heartbeat answer):
+  a new epoch makes this peer take office, step down, or fence older primaries.
+
+Refusals are retriable (:class:`~peer.errors.Unavailable`, with ``primary`` when known), so a
+client or forwarding peer retries with the same (producer, seq) and the batch is kept once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Coroutine
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from peer.control import ExpandIsr, ShrinkIsr, StreamState
+from peer.errors import FedstreamError, Unavailable
+from peer.federation.router import Router
+from peer.protocol.link import Frame
+from peer.protocol.replica import (
+    ReplicaExchange,
+    ReplicationMessage,
+    messages_from_wire,
+    messages_to_wire,
+)
+from peer.replication import (
+    Appended,
+    AppendReply,
+    Duplicate,
+    Effect,
+    EpochEnd,
+    EpochEndReply,
+    Follower,
+    Primary,
+    Probe,
+    Progress,
+    PushRefusal,
+    ReplicaAppend,
+    SaveEpoch,
+    SaveHistory,
+    Ship,
+    Truncate,
+    WriteEntry,
+    begin_epoch,
+)
+from peer.storage import spool_format as fmt
+from peer.storage.replica_state import ReplicaState
+from peer.storage.spool import Spool
+
+log = logging.getLogger(__name__)
+
+TICK_S = 0.05
+ACK_TIMEOUT_S = 10.0
+EXCHANGE_TIMEOUT_S = 5.0
+MAX_EXCHANGE = 256
+REPLICA_LAG_S = 1.0
+RESEND_S = 0.2
+PROPOSE_RETRY_S = 0.5
+
+
+class ReplicaOwner(Protocol):
+    """What a stream's replica needs of the peer's replica driver."""
+
+    me: str
+    router: Router
+
+    def on_role(self, stream: str, primary: bool) -> None: ...
+
+    def propose(self, command: ShrinkIsr | ExpandIsr) -> None: ...
+
+    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None: ...
+
+
+class _Outbox:
+    """The messages for one follower of one stream, sent one exchange at a time."""
+
+    def __init__(self, replica: StreamReplica, node: str) -> None:
+        self.replica = replica
+        self.node = node
+        self.queue: list[ReplicationMessage] = []
+        self.queued: set[int] = set()  # offsets of appends in the queue
+        self.ready = asyncio.Event()
+        self.task = asyncio.create_task(self.run())
+
+    def put(self, message: ReplicationMessage) -> None:
+        if isinstance(message, ReplicaAppend):
+            if message.offset in self.queued:
+                return
+            self.queued.add(message.offset)
+        self.queue.append(message)
+        self.ready.set()
+
+    async def run(self) -> None:
+        replica = self.replica
+        while True:
+            await self.ready.wait()
+            self.ready.clear()
+            while self.queue:
+                batch, self.queue = self.queue[:MAX_EXCHANGE], self.queue[MAX_EXCHANGE:]
+                self.queued.difference_update(
+                    m.offset for m in batch if isinstance(m, ReplicaAppend)
+                )
+                exchange = ReplicaExchange(replica.name, replica.me, tuple(batch))
+                try:
+                    reply = await asyncio.wait_for(
+                        replica.router.call(bytes.fromhex(self.node), exchange),
+                        EXCHANGE_TIMEOUT_S,
+                    )
+                    answers = messages_from_wire(replica.name, reply.get("messages"))
+                except (FedstreamError, TimeoutError, OSError) as exc:
+                    log.debug("replica exchange %s -> %s: %s", replica.name, self.node[:12], exc)
+                    self.queue.clear()  # the tick resends what the follower still lacks
+                    self.queued.clear()
+                    await asyncio.sleep(RESEND_S)
+                    break
+                replica.on_answers(self.node, answers)
+
+    def close(self) -> None:
+        self.task.cancel()
+
+
+class StreamReplica:
+    """One replicated stream on this peer."""
+
+    def __init__(self, owner: ReplicaOwner, name: str, spool: Spool, state: ReplicaState) -> None:
+        self.owner = owner
+        self.name = name
+        self.spool = spool
+        self.disk = state
+        self.me = owner.me
+        self.router = owner.router
+        self.lock = asyncio.Lock()
+        self.primary: Primary | None = None
+        self.follower: Follower = self._follower()
+        self.outboxes: dict[str, _Outbox] = {}
+        self.written = spool.log_end
+        self.visible = spool.latest
+        self.waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self.writes: list[Appended] = []
+        self.writing = asyncio.Event()
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.writer = asyncio.create_task(self._writer())
+        self.known: StreamState | None = None
+
+    def _follower(self) -> Follower:
+        return Follower(
+            self.name,
+            self.me,
+            epoch=self.disk.epoch,
+            log_end=self.spool.log_end,
+            history=self.disk.history,
+        )
+
+    # ----------------------------------------------------------------------- effects
+    def _perform_sync(self, effects: tuple[Effect, ...]) -> None:
+        for effect in effects:
+            if isinstance(effect, WriteEntry):
+                self.spool.append_file(effect.offset, effect.body)
+            elif isinstance(effect, Truncate):
+                self.spool.truncate_after(effect.after)
+            elif isinstance(effect, SaveEpoch):
+                self.disk.save_epoch(effect.epoch)
+            elif isinstance(effect, SaveHistory):
+                self.disk.save_history(effect.history)
+
+    async def perform(self, effects: tuple[Effect, ...]) -> None:
+        if effects:
+            await asyncio.to_thread(self._perform_sync, effects)
+
+    # ----------------------------------------------------------------------- roles
+    async def learn(self, state: StreamState) -> None:
+        """The control plane's state of this stream reached this peer."""
+        async with self.lock:
+            self.known = state
+            primary = self.primary
+            if primary is not None and state.epoch > primary.epoch:
+                await self.step_down()
+            if state.primary != self.me:
+                await self.perform(self.follower.on_new_epoch(state.epoch))
+                self._close_outboxes()
+                return
+            if self.primary is None:
+                await self.take_office(state)
+            else:
+                self.after(
+                    self.primary.on_isr(
+                        state.epoch,
+                        state.version,
+                        state.in_sync,
+                        replicas=state.replicas,
+                        min_insync=state.required_insync,
+                    )
+                )
+
+    async def take_office(self, state: StreamState) -> None:
+        if state.epoch < self.disk.epoch:
+            return  # a stale state: a newer epoch has been seen here
+        log_end = self.spool.log_end
+        history, effects = begin_epoch(self.disk.history, state.epoch, log_end)
+        await self.perform(effects)
+        self.primary = Primary(
+            self.name,
+            self.me,
+            epoch=state.epoch,
+            version=state.version,
+            replicas=state.replicas,
+            in_sync=state.in_sync,
+            min_insync=state.required_insync,
+            log_end=log_end,
+            history=history,
+            now=time.monotonic(),
+            seqs=self.spool.seqs(),
+            replica_lag_s=REPLICA_LAG_S,
+            resend_s=RESEND_S,
+            propose_retry_s=PROPOSE_RETRY_S,
+        )
+        self.written = log_end
+        log.info("primary of %s in epoch %d (log end %d)", self.name, state.epoch, log_end)
+        self.owner.on_role(self.name, True)
+        self.after(self.primary.tick(time.monotonic()))
+
+    async def step_down(self) -> None:
+        """No longer primary: refuse what waits, finish the writes under way, follow."""
+        if self.primary is None:
+            return
+        self.primary = None
+        self.owner.on_role(self.name, False)
+        self.writes.clear()
+        await self.idle.wait()
+        self._fail_waiters()
+        self._close_outboxes()
+        self.follower = self._follower()
+
+    def _fail_waiters(self) -> None:
+        for _, future in self.waiters:
+            if not future.done():
+                future.set_exception(self.not_primary())
+        self.waiters.clear()
+
+    def _close_outboxes(self) -> None:
+        for outbox in self.outboxes.values():
+            outbox.close()
+        self.outboxes.clear()
+
+    def not_primary(self) -> Unavailable:
+        known = self.known.primary if self.known is not None else None
+        details: dict[str, Any] = {"stream": self.name, "not_primary": True}
+        if known is not None and known != self.me:
+            details["primary"] = known
+        return Unavailable(f"this peer is not the primary of stream {self.name}", **details)
+
+    # ----------------------------------------------------------------------- pushes
+    async def push(self, table: pa.Table, producer: str | None, seq: int | None) -> Frame:
+        if table.num_rows == 0:
+            return {"stream": self.name, "count": 0, "offset": None, "duplicate": False}
+        body = await asyncio.to_thread(self.spool.encode, table, origin=producer, seq=seq)
+        primary = self.primary
+        if primary is None:
+            raise self.not_primary()
+        outcome = primary.append(body, origin=producer, seq=seq, now=time.monotonic())
+        if isinstance(outcome, Appended):
+            target, duplicate = outcome.offset, False
+            self.writes.append(outcome)
+            self.writing.set()
+        elif isinstance(outcome, Duplicate):
+            target, duplicate = outcome.covered_through, True
+        elif outcome.reason is PushRefusal.NOT_PRIMARY:
+            raise self.not_primary()
+        else:
+            raise Unavailable(
+                f"stream {self.name}: too few in-sync replicas to acknowledge a push "
+                f"({outcome.detail}); retry",
+                stream=self.name,
+                reason=outcome.reason.value,
+            )
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiters.append((target, future))
+        self._acknowledge()
+        try:
+            await asyncio.wait_for(asyncio.shield(future), ACK_TIMEOUT_S)
+        except TimeoutError:
+            raise Unavailable(
+                f"stream {self.name}: the replicas did not acknowledge offset {target} within "
+                f"{ACK_TIMEOUT_S:.0f} s; retry",
+                stream=self.name,
+            ) from None
+        return {
+            "stream": self.name,
+            "count": table.num_rows,
+            "offset": None if duplicate else target,
+            "duplicate": duplicate,
+        }
+
+    async def _writer(self) -> None:
+        while True:
+            await self.writing.wait()
+            self.writing.clear()
+            while self.writes:
+                batch, self.writes = self.writes, []
+                self.idle.clear()
+                try:
+                    effects = tuple(e for outcome in batch for e in outcome.effects)
+                    await self.perform(effects)
+                except Exception as exc:
+                    log.error("stream %s: a replicated write failed: %s", self.name, exc)
+                    self.idle.set()
+                    self.written = self.spool.log_end
+                    for _, future in self.waiters:
+                        if not future.done():
+                            future.set_exception(exc)
+                    self.waiters.clear()
+                    async with self.lock:
+                        await self.step_down()
+                    break
+                self.idle.set()
+                if self.primary is None:
+                    break
+                self.written = max(self.written, batch[-1].offset)
+                for outcome in batch:
+                    for outgoing in outcome.messages:
+                        self._outbox(outgoing.to).put(outgoing.message)
+                self._acknowledge()
+
+    def _acknowledge(self) -> None:
+        primary = self.primary
+        if primary is None:
+            return
+        visible = min(primary.acknowledged, self.written)
+        if visible > self.visible:
+            self.visible = visible
+            self.spool.hold(visible)
+        if not self.waiters:
+            return
+        kept = []
+        for target, future in self.waiters:
+            if target <= visible:
+                if not future.done():
+                    future.set_result(None)
+            else:
+                kept.append((target, future))
+        self.waiters = kept
+
+    # ----------------------------------------------------------------------- followers
+    def _outbox(self, node: str) -> _Outbox:
+        outbox = self.outboxes.get(node)
+        if outbox is None:
+            outbox = self.outboxes[node] = _Outbox(self, node)
+        return outbox
+
+    def on_answers(self, node: str, answers: tuple[ReplicationMessage, ...]) -> None:
+        primary = self.primary
+        if primary is None:
+            return
+        now = time.monotonic()
+        for answer in answers:
+            if isinstance(answer, AppendReply):
+                self.after(primary.on_reply(answer, now))
+            elif isinstance(answer, EpochEnd):
+                reply = primary.on_epoch_end(answer)
+                if reply is not None:
+                    self._outbox(node).put(reply)
+                if primary.deposed:
+                    self._schedule_step_down()
+            if self.primary is None:
+                return
+
+    def tick(self, now: float) -> None:
+        if self.primary is not None:
+            self.after(self.primary.tick(now))
+
+    def after(self, progress: Progress) -> None:
+        primary = self.primary
+        if primary is None:
+            return
+        for ship in progress.ships:
+            self._ship(ship)
+        for outgoing in progress.messages:
+            self._outbox(outgoing.to).put(outgoing.message)
+        for proposal in progress.proposals:
+            command = ShrinkIsr if proposal.action == "shrink" else ExpandIsr
+            self.owner.propose(command(self.name, proposal.epoch, proposal.version, proposal.node))
+        self._acknowledge()
+        if progress.deposed:
+            self._schedule_step_down()
+
+    def _ship(self, ship: Ship) -> None:
+        last = min(ship.last, self.written)
+        if last < ship.first:
+            return
+        primary = self.primary
+        assert primary is not None
+        outbox = self._outbox(ship.to)
+        for offset in range(ship.first, last + 1):
+            try:
+                body = self.spool.read_file_bytes(offset)
+                tag = fmt.check_file_bytes(body, self.spool.schema).tag
+            except (OSError, ValueError, FedstreamError) as exc:
+                log.warning("stream %s: offset %d cannot be shipped: %s", self.name, offset, exc)
+                return
+            origin, seq = tag if tag is not None else (None, None)
+            outbox.put(primary.entry_message(offset, body, origin, seq))
+
+    def _schedule_step_down(self) -> None:
+        async def down() -> None:
+            async with self.lock:
+                await self.step_down()
+
+        self.owner.spawn(down())
+
+    # ----------------------------------------------------------------------- follower side
+    async def on_exchange(self, messages: tuple[ReplicationMessage, ...]) -> Frame:
+        out: list[ReplicationMessage] = []
+        async with self.lock:
+            for message in messages:
+                if isinstance(message, ReplicaAppend | Probe):
+                    if self.primary is not None:
+                        refusal = self.primary.fence(message)
+                        if refusal is not None:
+                            out.append(refusal)
+                            continue
+                        await self.step_down()
+                    reply, effects = self.follower.receive(message)
+                    await self.perform(effects)
+                    out.append(reply)
+                elif isinstance(message, EpochEndReply) and self.primary is None:
+                    answer, effects = self.follower.on_epoch_end(message)
+                    await self.perform(effects)
+                    if answer is not None:
+                        out.append(answer)
+        return messages_to_wire(out)
+
+    def describe(self) -> dict[str, Any]:
+        state = self.known
+        primary = self.primary
+        lag = None
+        if primary is not None:
+            lag = {n: primary.log_end - primary.end_of_member(n) for n in primary.replicas}
+        return {
+            "epoch": None if state is None else state.epoch,
+            "primary": None if state is None else state.primary,
+            "role": "primary" if primary is not None else "follower",
+            "log_end": self.spool.log_end,
+            "acknowledged": self.visible,
+            "replicas": [] if state is None else list(state.replicas),
+            "in_sync": [] if state is None else list(state.in_sync),
+            "lag": lag,
+        }
+
+    async def close(self) -> None:
+        self.writer.cancel()
+        self._close_outboxes()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.writer

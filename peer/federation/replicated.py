@@ -1,0 +1,200 @@
+"""This peer's replicated streams: which it replicates, its role in each, and their requests.
+
+Theory of operation
+-------------------
+:class:`Replicas` keeps one :class:`~peer.federation.replicas.StreamReplica` per replicated
+stream this peer holds a copy of. The control plane's states reach it through the
+:class:`~peer.federation.control.ControlClient` (heartbeat answers, reads); a state naming this
+peer among a stream's replicas makes it create the stream's spool (schema from the DHT
+catalog) and take the role the state gives it. ``replica`` exchanges from other peers are
+served only for a stream the control plane says this peer replicates, from a peer that is
+one of its replicas; anything else is refused and changes nothing.
+
+The site hands pushes of a replicated stream here (``LocalSite.appenders``). After a restart,
+streams whose spool carries a replica state are refused (retriably) until the control plane's
+state has said what this peer is for them, so a returning old primary cannot take pushes on
+its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pyarrow as pa
+
+from peer.control import CreateStream, ExpandIsr, ShrinkIsr, StreamState
+from peer.errors import FedstreamError, InvalidInput, Unavailable
+from peer.federation.control import ControlClient
+from peer.federation.records import CatalogRecords
+from peer.federation.replicas import TICK_S, StreamReplica
+from peer.federation.router import Router
+from peer.protocol.link import Frame
+from peer.protocol.replica import ReplicaExchange
+from peer.site import LocalSite
+from peer.storage import spool_format as fmt
+from peer.storage.replica_state import ReplicaState
+
+log = logging.getLogger(__name__)
+
+OnRole = Callable[[str, bool], None]  # (stream, primary here?)
+
+
+class Replicas:
+    """Implements peer.federation.replicas.ReplicaOwner."""
+
+    def __init__(
+        self,
+        site: LocalSite,
+        router: Router,
+        control: ControlClient,
+        records: CatalogRecords,
+        on_role: OnRole,
+    ) -> None:
+        self.site = site
+        self.router = router
+        self.control = control
+        self.records = records
+        self.me = router.node_id.hex()
+        self._on_role = on_role
+        self.streams: dict[str, StreamReplica] = {}
+        self._creating: dict[str, asyncio.Lock] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        control.listen(self.on_state)
+        router.register(ReplicaExchange.OP, self.on_exchange)
+
+    # ----------------------------------------------------------------------- ReplicaOwner
+    def on_role(self, stream: str, primary: bool) -> None:
+        self._on_role(stream, primary)
+
+    def propose(self, command: ShrinkIsr | ExpandIsr) -> None:
+        self.spawn(self._propose(command))
+
+    async def _propose(self, command: ShrinkIsr | ExpandIsr) -> None:
+        try:
+            reply = await self.control.submit(command)
+            if not reply.get("ok"):
+                log.info("control plane declined %s: %s", command, reply.get("reason"))
+            await self.refresh(command.name)
+        except FedstreamError as exc:
+            log.info("proposal %s not submitted: %s", command, exc)
+
+    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("replica task failed", exc_info=task.exception())
+
+    # ----------------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        """Streams that were replicated before a restart wait for the control plane."""
+        for name in self.site.spools.streams():
+            directory = self.site.spools.get(name).directory
+            if ReplicaState.exists(directory):
+                self.site.appenders[name] = self._not_ready(name)
+
+    def _not_ready(self, name: str) -> Callable[..., Coroutine[Any, Any, Frame]]:
+        async def refuse(_table: pa.Table, _producer: str | None, _seq: int | None) -> Frame:
+            raise Unavailable(
+                f"stream {name} is replicated; this peer has not yet heard its role", stream=name
+            )
+
+        return refuse
+
+    def is_replicated(self, name: str) -> bool:
+        return name in self.streams or name in self.site.appenders
+
+    async def run(self) -> None:
+        try:
+            while True:
+                await asyncio.sleep(TICK_S)
+                now = time.monotonic()
+                for replica in list(self.streams.values()):
+                    replica.tick(now)
+        finally:
+            for replica in list(self.streams.values()):
+                await replica.close()
+            for task in list(self._tasks):
+                task.cancel()
+
+    # ----------------------------------------------------------------------- states
+    def on_state(self, state: StreamState) -> None:
+        if self.me in state.replicas:
+            self.spawn(self._learn(state))
+        elif state.name in self.streams:
+            log.warning("this peer no longer replicates %s", state.name)
+
+    async def _learn(self, state: StreamState) -> None:
+        replica = await self.ensure(state.name)
+        await replica.learn(state)
+
+    async def refresh(self, name: str) -> StreamState | None:
+        """Read the stream's state from the control plane and act on it before returning."""
+        state = await self.control.read(name)
+        if state is not None and self.me in state.replicas:
+            await self._learn(state)
+        return state
+
+    async def ensure(self, name: str) -> StreamReplica:
+        """The stream's replica here, made (spool included) if it is new."""
+        replica = self.streams.get(name)
+        if replica is not None:
+            return replica
+        lock = self._creating.setdefault(name, asyncio.Lock())
+        async with lock:
+            replica = self.streams.get(name)
+            if replica is not None:
+                return replica
+            if name not in self.site.spools:
+                schema = await self.records.stream_schema(name)
+                await self.site.add_stream(name, schema, None)
+            spool = self.site.spools.get(name)
+            state = await asyncio.to_thread(
+                ReplicaState.load, spool.directory, log_end=spool.log_end, fsync=spool.fsync
+            )
+            hold = fmt.read_watermark(spool.directory)
+            spool.hold(min(-1 if hold is None else hold, spool.log_end))
+            replica = StreamReplica(self, name, spool, state)
+            self.streams[name] = replica
+            self.site.appenders[name] = replica.push
+            return replica
+
+    async def create(self, name: str, nodes: list[bytes], replicas: int, min_insync: int) -> Frame:
+        """Ask the control plane for a new replicated stream on ``nodes`` (closest first)."""
+        chosen = tuple(n.hex() for n in nodes[:replicas])
+        if not chosen:
+            raise Unavailable(f"stream {name}: no live peer can hold it")
+        reply = await self.control.submit(CreateStream(name, chosen, min(min_insync, replicas)))
+        if not reply.get("ok") and "exists" not in str(reply.get("reason")):
+            raise Unavailable(f"stream {name} not created: {reply.get('reason')}", stream=name)
+        state = await self.control.read(name)
+        if state is None:
+            raise Unavailable(f"stream {name}: the control plane lost it", stream=name)
+        return {"epoch": state.epoch, "primary": state.primary, "replicas": list(state.replicas)}
+
+    # ----------------------------------------------------------------------- requests
+    async def on_exchange(self, message: ReplicaExchange, _sender: str) -> Frame:
+        state = self.control.states.get(message.stream)
+        if state is None or message.sender not in state.replicas:
+            state = await self.control.state_of(message.stream, fresh=True)
+        if state is None or self.me not in state.replicas:
+            raise InvalidInput(f"replica: this peer does not replicate {message.stream}")
+        if message.sender not in state.replicas:
+            raise InvalidInput(f"replica: the sender is not a replica of {message.stream}")
+        replica = await self.ensure(message.stream)
+        if replica.known is None or replica.known.version < state.version:
+            await replica.learn(state)
+        return await replica.on_exchange(message.messages)
+
+    def log_ends(self) -> dict[str, int]:
+        return {name: replica.spool.log_end for name, replica in self.streams.items()}
+
+    def describe(self) -> dict[str, Any]:
+        return {name: replica.describe() for name, replica in sorted(self.streams.items())}

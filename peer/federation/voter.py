@@ -1,0 +1,209 @@
+"""The voter side of the control plane: a Raft member that hears every peer's heartbeat.
+
+Theory of operation
+-------------------
+A voter runs one :class:`peer.consensus.ControlMachine` (pysyncobj) whose messages travel over
+the peer links as :class:`~peer.protocol.replica.RaftFrame` requests, one queue and one sender
+task per destination so that each voter sees another's frames in order. It serves:
+
+* ``control_heartbeat`` from every peer: it notes, on its own monotonic clock, when it last
+  heard the peer and the log ends it reported; the answer is the state of the streams the
+  peer replicates, the voters, and the leader;
+* ``control_submit``: a command for the Raft log (pysyncobj forwards it to the leader);
+* ``control_join``: the admission of a new voter (the asking peer);
+* ``control_read``: one stream's state, as this voter has applied it;
+* ``raft``: a frame of the Raft library, accepted only from a current voter.
+
+The voter that leads runs the failover rounds (:func:`peer.control.choose_primary`): a primary
+not heard for ``failover_after_s`` is replaced by the live in-sync replica with the longest log.
+A new leader seeds every peer's last-heard time with the moment it took office, so nobody is
+declared dead for silence that happened before it could hear them. No wall clock is read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable, Coroutine, Iterable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from peer.consensus import ControlMachine, command_from_wire
+from peer.control import Applied, Command, Elect, StreamState, choose_primary, live_nodes
+from peer.errors import InvalidInput, Unavailable
+from peer.protocol.link import Frame
+from peer.protocol.replica import (
+    ControlHeartbeat,
+    ControlJoin,
+    ControlRead,
+    ControlSubmit,
+    RaftFrame,
+    state_to_wire,
+)
+
+log = logging.getLogger(__name__)
+
+FAILOVER_AFTER_S = 1.5
+ROUND_S = 0.1
+RAFT_QUEUE = 2048
+SUBMIT_TIMEOUT_S = 5.0
+
+Call = Callable[[str, RaftFrame], Coroutine[Any, Any, Frame]]
+
+
+class Voter:
+    """This peer's seat in the control plane."""
+
+    def __init__(
+        self,
+        node: str,
+        voters: Iterable[str],
+        call: Call,
+        *,
+        journal_dir: Path | None,
+        failover_after_s: float = FAILOVER_AFTER_S,
+    ) -> None:
+        self.node = node
+        self.call = call
+        self.failover_after_s = failover_after_s
+        self.loop = asyncio.get_running_loop()
+        self.last_heard: dict[str, float] = {}
+        self.log_ends: dict[str, dict[str, int]] = {}  # stream -> node -> log end
+        self._queues: dict[str, asyncio.Queue[bytes]] = {}
+        self._senders: dict[str, asyncio.Task[None]] = {}
+        self._leading_since: float | None = None
+        self._electing: dict[str, int] = {}  # stream -> epoch an Elect was submitted in
+        self.on_voters: Callable[[tuple[str, ...]], None] | None = None  # the group changed
+        self._voters: tuple[str, ...] = ()
+        self.machine = ControlMachine(node, tuple(voters), self._send, journal_dir=journal_dir)
+
+    # ----------------------------------------------------------------------- raft frames
+    def _send(self, node: str, data: bytes) -> bool:
+        """Called on pysyncobj's thread: queue the frame for the asyncio sender of ``node``."""
+        if self.loop.is_closed():
+            return False
+        self.loop.call_soon_threadsafe(self._enqueue, node, data)
+        return True
+
+    def _enqueue(self, node: str, data: bytes) -> None:
+        queue = self._queues.get(node)
+        if queue is None:
+            queue = self._queues[node] = asyncio.Queue(RAFT_QUEUE)
+            self._senders[node] = asyncio.create_task(self._sender(node, queue))
+        if queue.full():
+            with contextlib.suppress(asyncio.QueueEmpty):
+                queue.get_nowait()  # Raft resends what is lost; the newest matters most
+        queue.put_nowait(data)
+
+    async def _sender(self, node: str, queue: asyncio.Queue[bytes]) -> None:
+        while True:
+            data = await queue.get()
+            try:
+                await self.call(node, RaftFrame(self.node, data))
+            except Exception as exc:  # unreachable voter: Raft copes with loss
+                log.debug("raft frame to %s lost: %s", node[:12], exc)
+
+    async def on_raft(self, message: RaftFrame, _sender: str) -> Frame:
+        if message.sender not in self.machine.voters():
+            raise InvalidInput("raft: the sender is not a voter of this control plane")
+        self.machine.deliver(message.sender, message.data)
+        return {}
+
+    # ----------------------------------------------------------------------- requests
+    async def on_heartbeat(self, message: ControlHeartbeat, _sender: str) -> Frame:
+        now = time.monotonic()
+        self.last_heard[message.node] = now
+        for stream, end in message.log_ends.items():
+            self.log_ends.setdefault(stream, {})[message.node] = end
+        states = [state_to_wire(s) for s in self.machine.snapshot() if message.node in s.replicas]
+        return {"streams": states, **self.describe()}
+
+    async def on_read(self, message: ControlRead, _sender: str) -> Frame:
+        state = self.machine.stream(message.stream) if message.stream else None
+        return {"stream": None if state is None else state_to_wire(state), **self.describe()}
+
+    async def on_join(self, message: ControlJoin, _sender: str) -> Frame:
+        if message.node not in self.machine.voters():
+            await self._wait(self.machine.add_voter(message.node), "adding a voter")
+        return {"ok": True, "reason": "", **self.describe()}
+
+    async def on_submit(self, message: ControlSubmit, _sender: str) -> Frame:
+        try:
+            decoded = command_from_wire(message.command)
+        except ValueError as exc:
+            raise InvalidInput(f"control_submit: {exc}") from None
+        applied = await self.submit(decoded)
+        return {"ok": applied.ok, "reason": applied.reason, **self.describe()}
+
+    async def submit(self, command: Command) -> Applied:
+        applied: Applied = await self._wait(self.machine.submit(command), "submitting a command")
+        return applied
+
+    async def _wait(self, future: Future[Any], what: str) -> Any:
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), SUBMIT_TIMEOUT_S)
+        except TimeoutError:
+            raise Unavailable(f"control plane: {what} timed out (no leader?)") from None
+
+    def describe(self) -> dict[str, Any]:
+        return {"voters": list(self.machine.voters()), "leader": self.machine.leader()}
+
+    # ----------------------------------------------------------------------- failover
+    async def run(self) -> None:
+        try:
+            while True:
+                await asyncio.sleep(ROUND_S)
+                voters = self.machine.voters()
+                if voters != self._voters:
+                    self._voters = voters
+                    if self.on_voters is not None:
+                        self.on_voters(voters)
+                if not self.machine.is_leader():
+                    self._leading_since = None
+                    continue
+                now = time.monotonic()
+                if self._leading_since is None:
+                    self._leading_since = now
+                    for node in self._known_nodes():
+                        self.last_heard[node] = max(self.last_heard.get(node, now), now)
+                self._failover_round(now)
+        finally:
+            for task in self._senders.values():
+                task.cancel()
+            await asyncio.to_thread(self.machine.close)
+
+    def _known_nodes(self) -> set[str]:
+        nodes: set[str] = set()
+        for state in self.machine.snapshot():
+            nodes.update(state.replicas)
+        return nodes
+
+    def _failover_round(self, now: float) -> None:
+        for node in self._known_nodes():
+            self.last_heard.setdefault(node, now)
+        live = live_nodes(self.last_heard, now, self.failover_after_s)
+        for state in self.machine.snapshot():
+            if state.primary in live or self._electing.get(state.name) == state.epoch:
+                continue
+            choice = choose_primary(state, self.log_ends.get(state.name, {}), live)
+            if choice is None:
+                continue
+            log.warning(
+                "primary %s of %s silent for %.1f s: electing %s",
+                state.primary[:12],
+                state.name,
+                self.failover_after_s,
+                choice[:12],
+            )
+            self._electing[state.name] = state.epoch
+            command = Elect(state.name, state.epoch, choice)
+            task = asyncio.create_task(self.submit(command))
+            task.add_done_callback(functools.partial(self._elected, state=state))
+
+    def _elected(self, task: asyncio.Task[Applied], *, state: StreamState) -> None:
+        if task.cancelled() or task.exception() is not None or not task.result().ok:
+            self._electing.pop(state.name, None)  # try again next round
