@@ -14,7 +14,9 @@ An offset is ``{"o": {stream: N}}``: every file <= N of each stream is consumed.
 an offset does not name (the lane was restarted with a new stream) starts where its reader
 committed last, or before its first file. Each micro-batch shares the row limit among the
 streams (each gets at least one file when it has one), partitions are runs of files of one
-stream, and ``commit`` writes every stream's reader offset so the peer can trim.
+stream, and ``commit`` writes every stream's reader offset so the peer can trim. No stream is
+read past its spool's watermark (a replicated stream's acknowledged end, ``Spool.hold``;
+read once per stream and ``latestOffset`` call; no file: no bound).
 
 Like ``fedspool`` it runs in Spark's Python processes, so it imports only light modules.
 """
@@ -148,7 +150,10 @@ class LaneStreamReader(DataSourceStreamReader):
         for i, name in enumerate(self.names):
             begin = self._start_of(i, start)
             last, rows = begin, 0
-            while os.path.exists(fmt.offset_path(self.dirs[i], last + 1)):
+            visible = fmt.read_watermark(self.dirs[i])
+            while (visible is None or last < visible) and os.path.exists(
+                fmt.offset_path(self.dirs[i], last + 1)
+            ):
                 n = self._file_rows(i, last + 1)
                 if share is not None and last > begin and rows + n > share:
                     break

@@ -15,7 +15,10 @@ An offset is ``{"offset": N}``: every spool file with offset <= N is consumed. S
 * ``latestOffset(start, limit)`` before each micro-batch: it walks the files after ``start``
   by ``stat`` (a walk stops at the first gap, so a file still being renamed into place is
   never skipped) and stops where the limit says, reading row counts from file footers. A
-  micro-batch always takes at least one whole file: files are the unit of the offset;
+  micro-batch always takes at least one whole file: files are the unit of the offset. It
+  never goes past the spool's watermark (a replicated stream's acknowledged end, which the
+  peer's ``Spool.hold`` writes; read once per call; no file: no bound), nor does
+  ``prepareForTriggerAvailableNow``'s target;
 * ``partitions(start, end)``: the files of the range split into up to ``numPartitions``
   contiguous runs of similar row count, so that two cores read and filter in parallel;
   Spark concatenates partitions in order, so a collected micro-batch is in offset order;
@@ -41,7 +44,7 @@ import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -141,8 +144,9 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict[str, int]:
         present = fmt.list_offsets(self.directory)
         if self.starting == "latest":
-            last = present[-1] if present else fmt.trimmed_through(self.directory)
-            return {"offset": last}
+            trimmed = fmt.trimmed_through(self.directory)
+            last = present[-1] if present else trimmed
+            return {"offset": max(trimmed, _bounded(last, fmt.read_watermark(self.directory)))}
         if present:
             return {"offset": present[0] - 1}
         return {"offset": fmt.trimmed_through(self.directory)}
@@ -154,7 +158,8 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         present = fmt.list_offsets(self.directory)
-        self._target = present[-1] if present else None
+        visible = fmt.read_watermark(self.directory)
+        self._target = _bounded(present[-1], visible) if present else None
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         begin = int(start["offset"])
@@ -167,8 +172,9 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             max_files = limit.max_files
         elif isinstance(limit, ReadMaxBytes):
             max_bytes = limit.max_bytes
+        stop = _bounded(self._target, fmt.read_watermark(self.directory))
         end, rows, size = begin, 0, 0
-        while self._target is None or end < self._target:
+        while stop is None or end < stop:
             path = fmt.offset_path(self.directory, end + 1)
             try:
                 file_size = os.stat(path).st_size
@@ -211,7 +217,9 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def reportLatestOffset(self) -> dict[str, int] | None:
         present = fmt.list_offsets(self.directory)
-        return {"offset": present[-1]} if present else None
+        if not present:
+            return None
+        return {"offset": _bounded(present[-1], fmt.read_watermark(self.directory))}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[SpoolRange]:
         first, last = int(start["offset"]) + 1, int(end["offset"])
@@ -259,6 +267,17 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def stop(self) -> None:
         self._rows.clear()
+
+
+@overload
+def _bounded(end: int, visible: int | None) -> int: ...
+@overload
+def _bounded(end: None, visible: int | None) -> int | None: ...
+def _bounded(end: int | None, visible: int | None) -> int | None:
+    """``end`` capped at the watermark ``visible`` (None: no cap, or no end)."""
+    if end is None:
+        return visible
+    return end if visible is None else min(end, visible)
 
 
 def seq_column(offset: int, first_row: int, rows: int) -> pa.Array:

@@ -23,10 +23,10 @@ the rename is undone before the lock is released, so no later append or reader t
 offset for granted (a Spark reader that looked in that instant finds the file gone and fails
 its batch). Should even the undo fail, the spool refuses appends until the peer restarts.
 
-Replicas store their primary's bytes at its offsets (``read_file_bytes``, ``append_file``)
-and drop a divergent tail with ``truncate_after``, newest file first, each removal fsynced, so
-that a crash leaves a whole, shorter log. The replay memory of trimmed files (the state file)
-is kept apart from that of the files present: a truncation forgets exactly what it removed.
+A replicated stream's spool is its replicated log (:mod:`peer.storage.replica_log`): replicas
+store their primary's bytes at its offsets (``encode``, ``read_file_bytes``, ``append_file``),
+drop a divergent tail with ``truncate_after``, and readers see only up to the acknowledged end
+(``hold``): ``latest`` is what readers may see, ``log_end`` what the replica holds.
 
 A spool whose files are not what it wrote (a truncated footer, an unreadable schema or state
 file, a file missing in the middle) does not open: :class:`SpoolSet` *quarantines* it (keeps
@@ -34,7 +34,7 @@ it on disk, serves it to nobody, names the file in every refusal) and opens the 
 
 Readers are Spark streaming queries in *another* process. Each registered reader owns
 ``readers/<id>.offset``; the Spark source rewrites it atomically on every commit. ``trim``
-deletes only what every registered reader has committed.
+deletes only what every registered reader has committed, never above ``latest``.
 
 The on-disk format (file names, metadata, reader offset files) lives in
 :mod:`peer.storage.spool_format`, which the Spark source uses without opening a ``Spool``.
@@ -56,6 +56,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from peer.storage import spool_format as fmt
+from peer.storage.replica_log import ReplicaLog, tell, visible_end
 
 log = logging.getLogger(__name__)
 MAX_ROWS_PER_FILE = fmt.MAX_ROWS_PER_FILE
@@ -64,7 +65,7 @@ MAX_ROWS_PER_FILE = fmt.MAX_ROWS_PER_FILE
 # --------------------------------------------------------------------------- Spool
 
 
-class Spool:
+class Spool(ReplicaLog):
     """One stream's durable log. Thread-safe; owned by exactly one process."""
 
     def __init__(
@@ -77,6 +78,7 @@ class Spool:
         self.schema = schema.remove_metadata()
         self.fsync = fsync
         self._lock = threading.Lock()
+        self._hold_lock = threading.Lock()
         self._listeners: list[fmt.Listener] = []
         self._broken: str | None = None  # why appends are refused until a restart
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -93,8 +95,23 @@ class Spool:
         self._tags = {o: info.tag for o, info in layout.files.items() if info.tag is not None}
         self._append_ns = {o: info.append_ns for o, info in layout.files.items()}
         self._seqs = self._merged_seqs()
-        self._latest = layout.offsets[-1] if layout.offsets else self._trimmed
+        self._end = layout.offsets[-1] if layout.offsets else self._trimmed
         self._earliest = self._trimmed + 1
+        self._visible: int | None = None
+        self._told = self._end  # what listeners heard of (an open tells nobody)
+        self._reopen_hold()
+
+    def _reopen_hold(self) -> None:
+        """Take up the readers' bound the watermark file recorded (not fsynced: after a crash
+        it may be older, i.e. lower, which is safe; unreadable: nothing past the trimmed)."""
+        try:
+            visible = fmt.read_watermark(self.directory)
+        except fmt.SpoolCorrupt as exc:
+            log.warning("%s; readers see nothing new until the stream's driver holds again", exc)
+            visible = self._trimmed
+        if visible is not None:
+            self.hold(visible)  # (rewrites the file)
+            self._told = self.latest
 
     def _merged_seqs(self) -> dict[str, int]:
         seqs = dict(self._base_seqs)
@@ -121,41 +138,42 @@ class Spool:
         """Durably append one batch; its new offset, or None if empty or a replay.
         SpoolFault when the disk refuses (nothing is kept)."""
         columns = fmt.conform(table, self.schema)  # before anything touches the disk
-        rows = table.num_rows
-        if rows == 0:
+        if table.num_rows == 0:
             return None
-        if rows > MAX_ROWS_PER_FILE:
-            raise ValueError(f"a batch holds {rows} rows; at most {MAX_ROWS_PER_FILE} per append")
-        tag = (str(origin), int(seq)) if origin is not None and seq is not None else None
+        tag = _tag(origin, seq)
+        self._check_rows(table.num_rows)
         if tag is not None and self._is_replay(*tag):
             return None
         append_ns = time.time_ns()
-        meta = {fmt.META_ROWS: str(rows).encode(), fmt.META_APPEND_NS: str(append_ns).encode()}
+        data = self._encode(columns, table.num_rows, tag, append_ns)
+        return self._store(data, append_ns, tag, offset=None)
+
+    def encode(
+        self, table: pa.Table, *, origin: str | None = None, seq: int | None = None
+    ) -> bytes:
+        """The exact file bytes ``append`` would write for this batch now (conformed to the
+        schema, with its rows, append time and tag), writing nothing: a primary stores them
+        with ``append_file`` and sends them to its followers. ValueError as for ``append``,
+        and for a batch without rows (which ``append`` skips)."""
+        columns = fmt.conform(table, self.schema)
+        if table.num_rows == 0:
+            raise ValueError(f"stream {self.name}: a batch without rows has no spool file")
+        self._check_rows(table.num_rows)
+        return self._encode(columns, table.num_rows, _tag(origin, seq), time.time_ns())
+
+    def _check_rows(self, rows: int) -> None:
+        if rows > MAX_ROWS_PER_FILE:
+            raise ValueError(f"a batch holds {rows} rows; at most {MAX_ROWS_PER_FILE} per append")
+
+    def _encode(
+        self, columns: list[pa.ChunkedArray], rows: int, tag: tuple[str, int] | None, ns: int
+    ) -> bytes:
+        meta = {fmt.META_ROWS: str(rows).encode(), fmt.META_APPEND_NS: str(ns).encode()}
         if tag is not None:
             meta[fmt.META_ORIGIN] = tag[0].encode()
             meta[fmt.META_SEQ] = str(tag[1]).encode()
         batch = pa.Table.from_arrays(columns, schema=self.schema.with_metadata(meta))
-        return self._store(fmt.file_bytes(batch), append_ns, tag, offset=None)
-
-    def append_file(self, offset: int, data: bytes) -> int:
-        """Store a spool file written by this stream's primary, byte for byte, at ``offset``,
-        which must be ``latest + 1``. The bytes must be one whole spool file of this schema
-        (ValueError says what is wrong); their tag joins the replay memory as it is (the
-        primary dropped the replays). SpoolFault when the disk refuses."""
-        try:
-            info = fmt.check_file_bytes(data, self.schema)
-        except ValueError as exc:
-            raise ValueError(f"stream {self.name}: offset {offset}: {exc}") from None
-        self._check_next(offset)  # early, before the write; _store checks again
-        self._store(data, info.append_ns, info.tag, offset=offset)  # (no replay check)
-        return offset
-
-    def _check_next(self, offset: int) -> None:
-        if offset != self._latest + 1:
-            raise ValueError(
-                f"stream {self.name}: a file for offset {offset} cannot be stored here: "
-                f"the next offset is {self._latest + 1}"
-            )
+        return fmt.file_bytes(batch)
 
     def _store(
         self, data: bytes, append_ns: int, tag: tuple[str, int] | None, *, offset: int | None
@@ -176,25 +194,24 @@ class Spool:
                 if offset is None:
                     if tag is not None and self._is_replay(*tag):
                         return None  # a concurrent duplicate won the race; finally removes tmp
-                    at = self._latest + 1
+                    at = self._end + 1
                 else:
                     self._check_next(offset)
                     at = offset
                 self._publish(tmp, at)
-                self._latest = at
+                self._end = at
                 self._append_ns[at] = append_ns
                 if tag is not None:
                     self._tags[at] = tag
                     self._seqs[tag[0]] = max(self._seqs.get(tag[0], -1), tag[1])
+                now = visible_end(at, self._visible)  # listeners hear of visible offsets only
+                uncovered = range(self._told + 1, now + 1)
+                self._told = max(self._told, now)
                 listeners = list(self._listeners)
         finally:
             with contextlib.suppress(OSError):  # a leftover is removed on the next open
                 tmp.unlink()
-        for listener in listeners:
-            try:
-                listener(at)
-            except Exception:  # the batch is durable already; a bad listener must not undo that
-                log.exception("spool listener failed for %s offset %d", self.directory, at)
+        tell(self.directory, listeners, uncovered)
         return at
 
     def _publish(self, tmp: Path, offset: int) -> None:
@@ -230,19 +247,24 @@ class Spool:
         made by a move is; one started on a host that had trimmed is not."""
         with self._lock:
             return any(
-                origin.startswith("m:") and seq == self._latest
-                for origin, seq in self._seqs.items()
+                origin.startswith("m:") and seq == self._end for origin, seq in self._seqs.items()
             )
 
     def highest_seq(self, origin: str) -> int | None:
         with self._lock:
             return self._seqs.get(origin)
 
+    def seqs(self) -> dict[str, int]:
+        """The highest seq per origin this log holds or trimmed (a copy): its replay memory."""
+        with self._lock:
+            return dict(self._seqs)
+
     # ----------------------------------------------------------------------- reading
 
     @property
     def latest(self) -> int:
-        return self._latest
+        """The last offset readers may see: the log end, or less under a :meth:`hold`."""
+        return visible_end(self._end, self._visible)
 
     @property
     def earliest(self) -> int:
@@ -252,9 +274,9 @@ class Spool:
     def read(
         self, start: int, end: int, *, skip_trimmed: bool = False
     ) -> Iterator[tuple[int, pa.Table]]:
-        """Batches with offsets ``start < o <= end``, in order."""
+        """Batches with offsets ``start < o <= end``, in order (``end`` at most ``latest``)."""
         with self._lock:
-            latest, earliest = self._latest, self._earliest
+            latest, earliest = self.latest, self._earliest
         if end > latest:
             raise ValueError(f"spool {self.directory}: offset {end} is beyond latest {latest}")
         first = start + 1
@@ -277,25 +299,10 @@ class Spool:
                 raise fmt.unreadable_file_error(self.name, self.directory, offset, exc) from None
             yield offset, table.replace_schema_metadata(None)
 
-    def read_file_bytes(self, offset: int) -> bytes:
-        """The exact bytes of the file at ``offset`` (for a replica: ``append_file``)."""
-        with self._lock:
-            latest, earliest = self._latest, self._earliest
-        if not 0 <= offset <= latest:
-            raise ValueError(f"spool {self.directory}: no offset {offset} (latest is {latest})")
-        if offset < earliest:
-            raise fmt.TrimmedError(f"spool {self.directory}: offset {offset} was trimmed")
-        try:
-            return fmt.offset_path(self.directory, offset).read_bytes()
-        except FileNotFoundError:
-            raise self._missing(offset) from None
-        except OSError as exc:
-            raise fmt.unreadable_file_error(self.name, self.directory, offset, exc) from None
-
     def _missing(self, offset: int) -> Exception:
         """The error for a file not found at ``offset``: trimmed, truncated, or lost."""
         with self._lock:
-            earliest, latest = self._earliest, self._latest
+            earliest, latest = self._earliest, self._end
         return fmt.missing_file_error(self.name, self.directory, offset, earliest, latest)
 
     def append_time_ns(self, offset: int) -> int:
@@ -329,7 +336,7 @@ class Spool:
                 continue
             with contextlib.suppress(KeyError, ValueError):
                 floors.append(max(self.committed(reader_id), fmt.taken_offset(path)))
-        return max(0, self._latest - min(floors)) if floors else 0
+        return max(0, self.latest - min(floors)) if floors else 0
 
     def pause_reader(self, reader_id: str, paused: bool = True) -> None:
         """A paused reader (a stopped query) still keeps its data from being trimmed, but no
@@ -348,7 +355,8 @@ class Spool:
         return fmt.read_reader_offset(self.directory, reader_id)
 
     def trim(self, retain: int = 0, *, max_age_s: float | None = None) -> int:
-        """Delete files every registered reader has committed, but keep the ``retain`` newest.
+        """Delete files every registered reader has committed, but keep the ``retain`` newest
+        (of those readers may see: never above ``latest``).
 
         A spool no reader is registered on (a result stream, the input of a deleted query)
         keeps everything unless ``max_age_s`` is given: then files appended longer ago than
@@ -364,7 +372,7 @@ class Spool:
                 return 0
             floors.append(self._aged_out(time.time_ns() - int(max_age_s * 1e9)))
         with self._lock:
-            floor = min(min(floors), self._latest - max(retain, 0))
+            floor = min(min(floors), self.latest - max(retain, 0))
             if floor < self._earliest:
                 return 0
             # Record the seqs and the floor first: once files go, they are the only memory of
@@ -392,48 +400,6 @@ class Spool:
         )
         self._trimmed, self._base_seqs = trimmed, base_seqs
 
-    def truncate_after(self, offset: int) -> int:
-        """Drop the files above ``offset`` (a tail the primary of a later epoch does not
-        have), newest first, each removal made durable before the next, so that a crash
-        leaves a whole, shorter log; the replay memory forgets their tags. Refused
-        (ValueError) below what was trimmed or what a registered reader committed.
-        Returns the number of files dropped."""
-        with self._lock:
-            if offset >= self._latest:
-                return 0
-            if offset < self._trimmed:
-                raise ValueError(
-                    f"stream {self.name}: cannot truncate after {offset}: offsets through "
-                    f"{self._trimmed} were trimmed already"
-                )
-            for reader_id in self.readers():
-                with contextlib.suppress(KeyError):  # unregistered meanwhile
-                    committed = self.committed(reader_id)
-                    if committed > offset:
-                        raise ValueError(
-                            f"stream {self.name}: cannot truncate after {offset}: reader "
-                            f"{reader_id!r} has committed offset {committed}"
-                        )
-            dropped = self._latest - offset
-            try:
-                while self._latest > offset:
-                    with contextlib.suppress(FileNotFoundError):  # a crashed truncation
-                        fmt.offset_path(self.directory, self._latest).unlink()
-                    self._append_ns.pop(self._latest, None)
-                    self._tags.pop(self._latest, None)
-                    self._latest -= 1  # gone from view, whether or not durable yet
-                    if self.fsync:
-                        fmt.fsync_dir(self.directory)
-            except OSError as exc:
-                raise fmt.SpoolFault(
-                    f"stream {self.name}: truncating after {offset} stopped at offset "
-                    f"{self._latest} ({exc.strerror or exc})",
-                    stream=self.name,
-                ) from exc
-            finally:
-                self._seqs = self._merged_seqs()
-        return dropped
-
     # ----------------------------------------------------------------------- moving
 
     def export(
@@ -449,7 +415,7 @@ class Spool:
         (``copy_spool``): the files in ``(after, through]`` (to the latest by default), the
         given readers (all by default), the replay memory plus ``seqs``. Returns ``through``."""
         with self._lock:
-            through = self._latest if through is None else min(through, self._latest)
+            through = self._end if through is None else min(through, self._end)
             after = max(after, self._earliest - 1)
             memory = dict(self._seqs)
         for origin, seq in (seqs or {}).items():
@@ -464,7 +430,7 @@ class Spool:
         """The newest offset appended at or before ``cutoff_ns`` (appends are in time order)."""
         with self._lock:
             floor = self._earliest - 1
-            for offset in range(self._earliest, self._latest + 1):
+            for offset in range(self._earliest, self.latest + 1):
                 stamp = self._append_ns.get(offset)
                 if stamp is None or stamp > cutoff_ns:
                     break
@@ -472,13 +438,18 @@ class Spool:
             return floor
 
     def add_listener(self, callback: fmt.Listener) -> None:
-        """Call ``callback(offset)`` after each append (on the appending thread)."""
+        """Call ``callback(offset)`` once an appended offset is visible to readers (on the
+        appending thread, or on the one whose :meth:`hold` uncovered it)."""
         with self._lock:
             self._listeners.append(callback)
 
     def remove_listener(self, callback: fmt.Listener) -> None:
         with self._lock, contextlib.suppress(ValueError):
             self._listeners.remove(callback)
+
+
+def _tag(origin: str | None, seq: int | None) -> tuple[str, int] | None:
+    return (str(origin), int(seq)) if origin is not None and seq is not None else None
 
 
 class SpoolSet:

@@ -1,9 +1,11 @@
 """The on-disk format of a spool (see :mod:`peer.storage.spool` for the theory of operation).
 
 These helpers define the files a spool directory holds: one Arrow IPC file per batch named by
-its offset, the schema file, the state file written by trimming, and one offset file per
-registered reader. The Spark source (:mod:`peer.engine.source`) runs in Spark's Python workers
-and reads and commits through this module alone: it must never open a ``Spool`` itself.
+its offset, the schema file, the state file written by trimming, one offset file per
+registered reader, and the watermark file of a replicated stream (the highest offset its
+readers may see: ``Spool.hold``). The Spark source (:mod:`peer.engine.source`) runs in
+Spark's Python workers and reads and commits through this module alone: it must never open a
+``Spool`` itself.
 
 :func:`read_layout` reads a whole spool directory without changing it and names the first
 file that is not what a spool writes (:class:`SpoolCorrupt`): the spool opens with it, and
@@ -18,7 +20,9 @@ import logging
 import os
 import re
 import shutil
+import time
 import uuid
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +40,7 @@ STATE_FILE = "spool-state.json"
 SCHEMA_FILE = "schema.arrow"
 READERS_DIR = "readers"
 STREAM_FILE = "stream.json"
+WATERMARK_FILE = "watermark"  # the highest offset readers may see (Spool.hold)
 # __seq = offset * 2**24 + row index (see peer.engine.source): a file must hold fewer rows.
 MAX_ROWS_PER_FILE = (1 << 24) - 1
 
@@ -191,6 +196,9 @@ def backlog(directory: Path) -> int:
         return 0
     present = list_offsets(directory)
     latest = present[-1] if present else trimmed_through(directory)
+    visible = read_watermark(directory)  # never below what was trimmed (Spool.hold)
+    if visible is not None:
+        latest = min(latest, visible)
     return max(0, latest - min(offsets))
 
 
@@ -229,6 +237,35 @@ def write_reader_offset(
     path = reader_path(directory, reader_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, f"{offset}\n".encode(), fsync=fsync)
+
+
+def watermark_record(visible: int) -> bytes:
+    """The watermark file's content: a fixed-width offset and its CRC-32, so that its owner
+    rewrites it in place (no rename: ~4 us, not ~130) and a torn read is recognised."""
+    digits = b"%020d" % visible
+    return b"%s %08x\n" % (digits, zlib.crc32(digits))
+
+
+def read_watermark(directory: Path) -> int | None:
+    """The highest offset readers of the spool in ``directory`` may see (``Spool.hold``), or
+    None: no bound (no file). A read torn by a concurrent rewrite is retried; SpoolCorrupt
+    names the file if it holds no offset."""
+    path = Path(directory) / WATERMARK_FILE
+    for attempt in range(5):
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        digits, _, crc = raw.rstrip(b"\n").partition(b" ")
+        if crc == b"%08x" % zlib.crc32(digits) and re.fullmatch(rb"-0*1|\d+", digits):
+            return int(digits)
+        time.sleep(0.001 * attempt)
+    stream = stream_name_of(directory)
+    raise SpoolCorrupt(
+        f"stream {stream}: watermark file {path} is unreadable ({raw[:40]!r})",
+        stream=stream,
+        file=path,
+    )
 
 
 def write_new_file(path: Path, data: bytes, *, fsync: bool, stream: str) -> None:

@@ -144,3 +144,79 @@ def test_members_join_and_leave_with_exact_output(peer: PeerThread) -> None:
     assert Counter((x["k"], x["v"]) for x in r["big"]) == Counter(r["want_big"])
     # "both" started before second_a/second_b were pushed and saw all of them.
     assert Counter((x["k"], x["v2"]) for x in r["sq"]) == Counter(r["want_sq"])
+
+
+def test_the_lane_source_reads_each_stream_to_its_watermark(spark: Any, tmp_path: Path) -> None:
+    import json
+    import threading
+    import time
+
+    import pyarrow as pa
+
+    from peer.engine.lane_source import SOURCE_NAME, STREAM, column_name, register_lane_source
+    from peer.storage.spool import Spool
+
+    register_lane_source(spark)
+    schema = pa.schema([("k", pa.int32()), ("v", pa.int64())])
+    held, free = (Spool(tmp_path / n, schema, fsync=False) for n in ("held", "free"))
+    spec: dict[str, list[dict[str, Any]]] = {"streams": []}
+    for spool in (held, free):
+        spool.register_reader("lane")
+        spec["streams"].append(
+            {
+                "name": spool.directory.name,
+                "dir": str(spool.directory),
+                "reader": "lane",
+                "fields": [["k", "int"], ["v", "long"]],
+            }
+        )
+        for i in range(4):
+            spool.append(pa.table({"k": pa.array([i] * 5, pa.int32()), "v": [i] * 5}))
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    held.hold(1)  # the held stream: offsets 2 and 3 are not acknowledged yet
+    lock = threading.Lock()
+    seen: list[tuple[int, int]] = []  # (stream index, k)
+
+    def sink(df: Any, _batch_id: int) -> None:
+        table = df.toArrow()
+        with lock:
+            seen.extend(
+                zip(
+                    table.column(STREAM).to_pylist(),
+                    table.column(column_name(0, "k")).to_pylist(),
+                    strict=True,
+                )
+            )
+
+    def count(stream: int) -> int:
+        with lock:
+            return sum(1 for s, _ in seen if s == stream)
+
+    def wait_for(what: str, predicate: Any, timeout_s: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+            time.sleep(0.1)
+
+    frame = spark.readStream.format(SOURCE_NAME).option("spec", str(tmp_path / "spec.json"))
+    query = (
+        frame.load()
+        .writeStream.foreachBatch(sink)
+        .trigger(processingTime="0 seconds")
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .start()
+    )
+    try:
+        wait_for("both streams", lambda: count(0) >= 10 and count(1) >= 20)
+        time.sleep(1.5)  # idle plans: the held stream stays at its watermark
+        assert (count(0), count(1)) == (10, 20)
+        held.hold(3)
+        wait_for("the held stream's rest", lambda: count(0) >= 20)
+        time.sleep(0.5)
+        assert query.exception() is None
+    finally:
+        query.stop()
+    with lock:
+        assert sorted(k for s, k in seen if s == 0) == sorted([0, 1, 2, 3] * 5)
+        assert len(seen) == 40

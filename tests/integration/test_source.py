@@ -194,3 +194,23 @@ def test_with_seq_gives_strictly_increasing_arrival_order(
     expected = [(offset << SEQ_SHIFT) + row for offset, n in enumerate(sizes) for row in range(n)]
     assert table.column("__seq").to_pylist() == expected
     assert table.column("k").to_pylist() == list(range(first))
+
+
+def test_a_query_reads_no_further_than_the_watermark(
+    spark: Any, spool: Spool, tmp_path: Path
+) -> None:
+    for i in range(6):
+        spool.append(rows(i * 10, 10))
+    spool.hold(2)  # a replicated stream: 3..5 are not acknowledged yet
+    sink = Collected()
+    with running(spark, spool, tmp_path / "ck", sink):
+        wait_for("the acknowledged rows", lambda: sink.count() >= 30)
+        time.sleep(1.5)  # several idle micro-batch plans: none may pass the watermark
+        assert sink.count() == 30 and spool.committed("q") <= 2
+        spool.hold(4)
+        wait_for("rows up to the new watermark", lambda: sink.count() >= 50)
+        time.sleep(1.0)
+        assert sink.count() == 50
+        spool.hold(None)  # no longer replicated: to the log end
+        wait_for("the last file", lambda: sink.count() >= 60)
+    assert sink.keys() == list(range(60))

@@ -195,3 +195,42 @@ def test_trigger_available_now_stops_at_the_target(spool: Spool) -> None:
     r.prepareForTriggerAvailableNow()
     spool.append(table(5))
     assert r.latestOffset({"offset": -1}, ReadAllAvailable()) == {"offset": 0}
+
+
+def test_planning_never_passes_the_watermark(spool: Spool) -> None:
+    for _ in range(6):
+        spool.append(table(5))
+    spool.hold(2)  # a replicated stream: offsets 3..5 are not acknowledged yet
+    r = reader(spool)
+    assert r.latestOffset({"offset": -1}, ReadAllAvailable()) == {"offset": 2}
+    assert fmt.taken_offset(fmt.reader_path(spool.directory, "q")) == 2  # (backpressure)
+    assert r.latestOffset({"offset": -1}, ReadMaxFiles(2)) == {"offset": 1}
+    assert r.latestOffset({"offset": 2}, ReadAllAvailable()) == {"offset": 2}  # idle, not trimmed
+    assert r.reportLatestOffset() == {"offset": 2}
+    assert reader(spool, startingOffset="latest").initialOffset() == {"offset": 2}
+    spool.hold(4)
+    assert r.latestOffset({"offset": 2}, ReadAllAvailable()) == {"offset": 4}
+    spool.hold(None)  # no file: no bound
+    assert r.latestOffset({"offset": 4}, ReadAllAvailable()) == {"offset": 5}
+
+
+def test_a_watermark_below_a_readers_start_plans_nothing(spool: Spool) -> None:
+    for _ in range(4):
+        spool.append(table(5))
+    spool.hold(1)  # e.g. an older bound after a crash, before the peer holds again
+    assert reader(spool).latestOffset({"offset": 3}, ReadAllAvailable()) == {"offset": 3}
+
+
+def test_trigger_available_now_stops_at_the_watermark(spool: Spool) -> None:
+    for _ in range(3):
+        spool.append(table(5))
+    spool.hold(0)
+    r = reader(spool)
+    r.prepareForTriggerAvailableNow()
+    spool.hold(2)  # acknowledged after the trigger began: not part of this run
+    assert r.latestOffset({"offset": -1}, ReadAllAvailable()) == {"offset": 0}
+    later = reader(spool)
+    later.prepareForTriggerAvailableNow()
+    spool.hold(None)
+    spool.append(table(5))
+    assert later.latestOffset({"offset": 0}, ReadAllAvailable()) == {"offset": 2}
