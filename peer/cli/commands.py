@@ -293,6 +293,11 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
 
     p = add_client_options(sub.add_parser("lookup", help="describe a schema, stream or query"))
     p.add_argument("name")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print JSON (the only form: the flag is accepted for scripts that ask for it)",
+    )
     p.set_defaults(run=cmd_lookup)
 
     p = add_client_options(sub.add_parser("status", help="what the peer runs"))

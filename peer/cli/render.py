@@ -48,9 +48,34 @@ def print_status(status: Mapping[str, Any]) -> None:
     overlay = status.get("overlay")
     if overlay:
         _print_overlay(console, overlay)
+    replication = status.get("replication")
+    if replication and replication.get("streams"):
+        _print_replication(console, replication)
     brain = status.get("brain")
     if brain:
         _print_brain(console, brain)
+
+
+def _print_replication(console: Console, replication: Mapping[str, Any]) -> None:
+    """Replicated streams held here: role, epoch, log end, acknowledged end, ISR, and
+    (on a primary) each replica's lag in batches."""
+    from rich.table import Table
+
+    voters = ", ".join(v[:12] for v in replication.get("voters", ()))
+    console.print(f"control plane voters: {voters or 'none known'}")
+    table = Table("replicated stream", "role", "epoch", "log end", "acked", "in sync", "lag")
+    for name, s in replication["streams"].items():
+        lag = s.get("lag") or {}
+        table.add_row(
+            name,
+            str(s.get("role")),
+            str(s.get("epoch")),
+            str(s.get("log_end")),
+            str(s.get("acknowledged")),
+            f"{len(s.get('in_sync', ()))}/{len(s.get('replicas', ()))}",
+            ", ".join(f"{n[:8]}:{v}" for n, v in lag.items()) or "-",
+        )
+    console.print(table)
 
 
 def _print_overlay(console: Console, overlay: Mapping[str, Any]) -> None:

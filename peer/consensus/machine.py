@@ -221,14 +221,8 @@ def stream_from_wire(value: object) -> StreamState:
 
 
 def state_from_streams(streams: Sequence[StreamState], applied: int) -> ControlState:
-    """A ControlState holding exactly ``streams`` (a snapshot read back).
-
-    ControlState has no public way to be loaded; this sets its table directly (peer.control
-    should gain ``ControlState.restore``)."""
-    state = ControlState()
-    state._streams = {stream.name: stream for stream in streams}
-    state.applied = applied
-    return state
+    """A ControlState holding exactly ``streams`` (a snapshot read back)."""
+    return ControlState.restore(streams, applied)
 
 
 # ------------------------------------------------------------------------------ timings

@@ -31,7 +31,7 @@ the replicas; epochs and versions never fall.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
 from peer.control.commands import (
@@ -79,6 +79,14 @@ class ControlState:
     def __init__(self) -> None:
         self._streams: dict[str, StreamState] = {}
         self.applied = 0  # commands applied (no-ops included): the log index reached
+
+    @classmethod
+    def restore(cls, streams: Iterable[StreamState], applied: int) -> ControlState:
+        """The state a snapshot holds: exactly ``streams``, after ``applied`` commands."""
+        state = cls()
+        state._streams = {s.name: s for s in streams}
+        state.applied = applied
+        return state
 
     def stream(self, name: str) -> StreamState | None:
         return self._streams.get(name)

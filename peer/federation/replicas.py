@@ -417,7 +417,9 @@ class StreamReplica:
         for offset in range(ship.first, last + 1):
             try:
                 body = self.spool.read_file_bytes(offset)
-                tag = fmt.check_file_bytes(body, self.spool.schema).tag
+                tag = fmt.file_info(
+                    dict(pa.ipc.open_file(pa.BufferReader(body)).schema.metadata or {})
+                ).tag
             except (OSError, ValueError, FedstreamError) as exc:
                 log.warning("stream %s: offset %d cannot be shipped: %s", self.name, offset, exc)
                 return

@@ -48,6 +48,7 @@ class Federation:
     ) -> None:
         self.site = site
         self.overlay = overlay
+        self.api = api
         self.router = Router(overlay, overlay.identity.participant)
         self.records = CatalogRecords(overlay)
         self.mirrors = Mirrors(site.spools, overlay.node_id, self.router.call)
@@ -186,8 +187,45 @@ class Federation:
         catalog = self.site.catalog
         hosted_here = name in self.hosting.hosted and catalog.find_stream(name) is not None
         if catalog.find_query(name) is not None or hosted_here:
-            return {**self.site.lookup_here(name), "host": self.node_id.hex()}
-        return await self._lookup_catalog(name)
+            found = {**self.site.lookup_here(name), "host": self.node_id.hex()}
+        else:
+            found = await self._lookup_catalog(name)
+        if found.get("kind") == "stream":
+            found.update(await self._replication_of(name))
+        elif found.get("kind") == "query":
+            for fragment in found.get("fragments", ()):
+                node = fragment.get("site")
+                if isinstance(node, str) and "api" not in fragment:
+                    fragment["api"] = self._api_of(node)
+        return found
+
+    def _api_of(self, node: str) -> str | None:
+        """HOST:PORT of the client API of peer ``node`` (hex), if it is known here."""
+        if node == self.node_id.hex():
+            return f"{self.api[0]}:{self.api[1]}"
+        try:
+            member = self.overlay.member(bytes.fromhex(node))
+        except ValueError:
+            return None
+        return None if member is None else f"{member.api[0]}:{member.api[1]}"
+
+    async def _replication_of(self, name: str) -> dict[str, Any]:
+        """A replicated stream's epoch, primary and replicas (for ``peer lookup``)."""
+        if not self.plane.client.active:
+            return {}
+        state = await self.plane.client.state_of(name, fresh=True)
+        if state is None:
+            return {}
+        return {
+            "epoch": state.epoch,
+            "primary": {"node": state.primary, "api": self._api_of(state.primary)},
+            "replicas": [
+                {"node": n, "api": self._api_of(n), "in_sync": n in state.in_sync}
+                for n in state.replicas
+            ],
+            "min_insync": state.min_insync,
+            "under_replicated": len(state.in_sync) < state.required_insync,
+        }
 
     async def _lookup_catalog(self, name: str) -> dict[str, Any]:
         """Describe a stream, query or schema from the DHT catalog (not hosted here)."""

@@ -138,6 +138,13 @@ def test_a_replicated_stream_keeps_every_row_once_on_every_replica(
         async with Client("127.0.0.1", ports[1], timeout_s=30) as c:
             again = await c.push("ticks", batch(7), producer="p", seq=7)
         assert again["duplicate"] is True
+        async with Client("127.0.0.1", ports[2], timeout_s=30) as c:
+            found = await c.lookup_object("ticks")
+        assert found["epoch"] == 1
+        assert found["primary"]["node"] == created["primary"]
+        assert found["primary"]["api"] in {f"127.0.0.1:{port}" for port in ports}
+        assert [r["node"] for r in found["replicas"]] == created["replicas"]
+        assert all(r["in_sync"] for r in found["replicas"])
         got = await read_all(ports[2], "ticks", 150)
         assert sorted(got) == sorted(expected(range(30)))
         assert len(got) == 150
