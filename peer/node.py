@@ -220,7 +220,7 @@ class Peer:
             site, overlay, self.api_addr, lease_s=config.lease_s, replication=replication
         )
         overlay.handler = fed.router
-        overlay.on_member = fed.hosting.on_member
+        overlay.on_member = fed.on_member
         if self.book is not None and config.brain:
             self.brain = self._make_brain(fed, self.book)
         self.mover = Mover(

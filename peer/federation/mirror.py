@@ -21,6 +21,10 @@ Upstream backup and exactly-once delivery come from the spools themselves:
   so sequences arrive increasing, as the replay check needs. A receiver that falls behind
   answers late; the sender waits, and its spool (on disk) holds the rest: memory stays bounded
   and nothing is dropped.
+* A receiver declared dead (gossip) stops counting for backpressure: its reader is paused, so
+  the stream's pushes and the queries writing it go on, while the spool still keeps every
+  batch it has not acknowledged (upstream backup) for when it returns; its reader counts
+  again once it lives.
 * A disk fault on the sender (a full disk refusing the acknowledged offset, an unreadable
   spool file) stops that one mirror for a while, logged, and it tries again: never the other
   mirrors or the peer. An acknowledgement not yet written only means a resend, which the
@@ -151,6 +155,21 @@ class Mirrors:
     def stop_stream(self, stream: str) -> None:
         for key in [k for k in self._tasks if k[0] == stream]:
             self.stop(*key)
+
+    def on_member(self, node_id: bytes, alive: bool) -> list[str]:
+        """A peer died (``alive`` False) or lives again: pause or resume, on every stream
+        mirrored to it, the reader that holds its batches back. Returns those streams."""
+        reader = MIRROR_PREFIX + node_id.hex()
+        touched = []
+        for stream in self.spools.streams():
+            spool = self.spools.get(stream)
+            if reader in spool.readers():
+                spool.pause_reader(reader, not alive)
+                touched.append(stream)
+        if touched:
+            state = "resumed" if alive else "paused (the peer is dead)"
+            log.warning("mirrors to %s %s: %s", node_id.hex()[:12], state, ", ".join(touched))
+        return touched
 
     def _launch(self, stream: str, target: bytes) -> None:
         key = (stream, target)

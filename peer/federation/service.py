@@ -14,6 +14,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from overlay.membership import Event
 from overlay.node import Overlay
 from peer.errors import AlreadyExists, InvalidInput, NotFound
 from peer.federation.coordinator import Coordinator
@@ -81,6 +82,15 @@ class Federation:
             tg.create_task(self.hosting.run())
             tg.create_task(self.mirrors.run())
             tg.create_task(self.plane.run())
+
+    async def on_member(self, event: Event) -> None:
+        """A member's state changed (gossip): re-resolve placements; a dead member's mirror
+        readers stop holding back their streams' writers until it returns."""
+        await self.hosting.on_member(event)
+        if event.kind in ("dead", "left"):
+            await asyncio.to_thread(self.mirrors.on_member, event.info.node_id, False)
+        elif event.kind in ("alive", "joined"):
+            await asyncio.to_thread(self.mirrors.on_member, event.info.node_id, True)
 
     def _on_role(self, stream: str, primary: bool) -> None:
         """The control plane made this peer primary of ``stream``, or no longer."""

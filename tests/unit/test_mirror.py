@@ -143,3 +143,29 @@ def test_mirrors_restart_from_the_spool_and_stop_cleanly(tmp_path: Path) -> None
     assert received(replica) == list(range(80))
     again.stop("s", TARGET)
     assert not [r for r in source.readers() if r.startswith(MIRROR_PREFIX)]
+
+
+def test_a_dead_receiver_stops_holding_back_the_writers_but_keeps_its_batches(
+    tmp_path: Path,
+) -> None:
+    spools = SpoolSet(tmp_path / "sender", fsync=False)
+    spool = spools.create("s", SCHEMA)
+    other = spools.create("t", SCHEMA)
+    reader = MIRROR_PREFIX + TARGET.hex()
+    spool.register_reader(reader)
+    for i in range(5):
+        spool.append(table(i * 10))
+        other.append(table(i * 10))
+
+    async def never(_node: bytes, _message: MirrorAppend) -> dict[str, Any]:
+        raise Unavailable("the receiver is dead")
+
+    mirrors = Mirrors(spools, bytes(20), never)
+    assert spool.backlog() == 5  # the receiver acknowledged nothing: writers would wait
+    assert mirrors.on_member(TARGET, alive=False) == ["s"]
+    assert spool.backlog() == 0  # pushes to s are no longer held back by the dead peer
+    assert spool.trim() == 0  # ... but every batch it lacks is kept for its return
+    assert spool.earliest == 0
+    assert mirrors.on_member(bytes(range(1, 21)), alive=False) == []  # not a receiver here
+    assert mirrors.on_member(TARGET, alive=True) == ["s"]
+    assert spool.backlog() == 5
