@@ -1,0 +1,593 @@
+#!/usr/bin/env python3
+"""High availability (issue 11): failover time after kill -9 of a primary, and what
+replication costs pushes (r = 3 against r = 1, same peers, same run).
+
+Usage (from the repository root)::
+
+    .venv/bin/python scripts/bench_ha.py                 # 10 kills, 2 rounds of r1/r3; ~5 min
+    .venv/bin/python scripts/bench_ha.py --kills 3 --rounds 1 --duration 5   # a quick look
+    .venv/bin/python scripts/bench_ha.py --json run.json   # the figures as JSON too
+
+What runs
+---------
+Five ``peer join --no-engine`` processes on loopback (``peer.cluster.LocalFederation``:
+participants with keys and one trust directory; no Spark: a stream needs none), the first
+three voters of the control plane (Raft on pysyncobj), gossip every 0.3 s. Defaults of the
+peer otherwise: heartbeats to the voters every 0.25 s, failover after 1.5 s of silence,
+``--min-insync 2``.
+
+(b) Throughput, first, while every peer is fresh: two streams of four int columns, one created
+with ``replicas=1`` and one with ``replicas=3``. ``--pushers`` pushers, each its own producer
+id and its own connection to the stream's primary (from ``lookup``: no forwarding hop), push
+the same pre-built ``--rows``-row Arrow table with rising seqs, one push in flight each.
+A push is acknowledged once it is fsynced on the primary and (r = 3) on every in-sync
+follower. r = 1 and r = 3 alternate for ``--rounds`` rounds of ``--warmup`` + ``--duration``
+seconds; only pushes that end inside the measured part count. Ack latency = the client's time
+from sending a push to its reply. "busy cores" = the machine's non-idle CPU over the window.
+
+(a) Failover: a third stream (``replicas=3``); one pusher sends 10-row batches continuously,
+one in flight, each through a random live peer (which forwards it to the primary), retrying a
+refused or timed-out push with the same (producer, seq) on another peer. The stream's primary
+(from ``lookup``) is killed with SIGKILL (its process group); the pusher stops choosing it at
+that instant. Failover time = from the kill to the first acknowledgement of a push *sent*
+after the kill (a reply already on its way from the dead primary does not count). The killed
+peer is then restarted on its data directory (bootstrapping through a live peer) and the next
+kill waits until it is back in the stream's in-sync set and knows the Raft leader, so each
+kill finds three replicas in sync and three voters. ``--kills`` times.
+
+Everything started here is stopped on the way out (also on Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_common as bc
+
+from peer.client import Client
+from peer.errors import FedstreamError
+from peer.testing import LocalFederation, PeerProcess, make_participants, participant_args
+
+NAMES = ("ha1", "ha2", "ha3", "ha4", "ha5")
+VOTERS = NAMES[:3]
+FAST = ("--gossip-interval", "0.3", "--suspect-after", "2", "--dead-after", "5")
+SCHEMA = {
+    "name": "hab",
+    "fields": [{"name": n, "type": "int"} for n in ("a", "b", "c", "d")],
+}
+SMALL_ROWS = 10
+
+
+def table(rows: int) -> pa.Table:
+    return pa.table(
+        {n: pa.array(np.arange(rows, dtype=np.int32) + i) for i, n in enumerate("abcd")}
+    )
+
+
+def election_time(peers: Peers, stream: str, since: float) -> float | None:
+    """The wall time at which a voter logged its decision to replace the primary of
+    ``stream``, the first at or after ``since`` (the logs' own timestamps, local time)."""
+    found = []
+    for name in VOTERS:
+        path = peers.procs[name].log_path
+        with contextlib.suppress(OSError):
+            for line in path.read_text(errors="replace").splitlines():
+                if f"of {stream} silent" not in line:
+                    continue
+                with contextlib.suppress(ValueError):
+                    stamp, _, ms = line[:23].partition(",")
+                    t = time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(ms) / 1e3
+                    if t >= since - 0.01:
+                        found.append(t)
+    return min(found) if found else None
+
+
+def git_commit() -> str:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "?"
+    return head + (" (work tree modified)" if dirty else "")
+
+
+# --------------------------------------------------------------------------- the peers
+
+
+class Peers:
+    """The five peers; a killed one is restarted on its data directory through a live one."""
+
+    def __init__(self, work: Path) -> None:
+        keys = make_participants(work, NAMES)
+        self.args = {
+            name: [
+                *participant_args(name, keys[name], work / "trust"),
+                "--no-engine",
+                *FAST,
+                *(["--voter"] if name in VOTERS else []),
+            ]
+            for name in NAMES
+        }
+        self.fed = LocalFederation(work, self.args)
+
+    def start(self) -> None:
+        self.fed.start(timeout_s=120)
+
+    @property
+    def procs(self) -> dict[str, PeerProcess]:
+        return self.fed.procs
+
+    def by_node(self, node: str) -> str:
+        return next(n for n, p in self.procs.items() if p.node_id == node)
+
+    def alive(self) -> list[str]:
+        return [n for n, p in self.procs.items() if p.proc is not None and p.proc.poll() is None]
+
+    def restart(self, name: str) -> None:
+        old = self.procs[name]
+        via = next(n for n in self.alive() if n != name)
+        proc = PeerProcess(
+            old.data_dir,
+            *self.args[name],
+            "--bootstrap",
+            self.procs[via].overlay_addr,
+            log_path=old.log_path,
+        )
+        self.procs[name] = proc.start(timeout_s=120)
+
+    def stop(self) -> None:
+        self.fed.stop()
+
+
+async def ask(port: int, what: str, *args: Any, **kwargs: Any) -> Any:
+    async with Client("127.0.0.1", port, timeout_s=15) as c:
+        return await getattr(c, what)(*args, **kwargs)
+
+
+async def wait_until(probe: Any, what: str, timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = await probe()
+        except (FedstreamError, TimeoutError, OSError) as exc:
+            last = exc
+        else:
+            if last:
+                return last
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"{what}: not after {timeout_s:.0f} s (last: {last!r})")
+
+
+async def federation_ready(peers: Peers) -> None:
+    async def ready() -> bool:
+        for p in peers.procs.values():
+            status = await ask(p.port, "status")
+            alive = [m for m in status["overlay"]["members"] if m["state"] == "alive"]
+            if len(alive) < len(NAMES) or len(status["replication"]["voters"]) < len(VOTERS):
+                return False
+        return True
+
+    await wait_until(ready, "five live members that know three voters", 90)
+
+
+# --------------------------------------------------------------------------- (b) throughput
+
+
+@dataclass
+class Window:
+    replicas: int
+    latencies: list[float] = field(default_factory=list)
+    rows: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+    busy_cores: float = 0.0
+
+
+async def throughput_window(
+    port: int, stream: str, replicas: int, data: pa.Table, args: argparse.Namespace, tag: str
+) -> Window:
+    window = Window(replicas)
+    loop = asyncio.get_running_loop()
+    start = loop.time() + args.warmup
+    end = start + args.duration
+
+    async def pusher(i: int) -> None:
+        producer, seq = f"bench-{tag}-{i}", 0
+        async with Client("127.0.0.1", port, timeout_s=60) as c:
+            while loop.time() < end:
+                sent = loop.time()
+                try:
+                    await c.push(stream, data, producer=producer, seq=seq)
+                except FedstreamError as exc:
+                    if not exc.retriable:
+                        raise
+                    window.errors += 1
+                    await asyncio.sleep(0.05)
+                    continue  # the same seq again
+                done = loop.time()
+                seq += 1
+                if start <= done < end:
+                    window.latencies.append(done - sent)
+                    window.rows += data.num_rows
+
+    await asyncio.sleep(0)
+    meter = bc.CpuMeter(os.getpid(), with_children=False)
+
+    async def measure() -> None:
+        await asyncio.sleep(max(0.0, start - loop.time()))
+        meter.start()
+        await asyncio.sleep(max(0.0, end - loop.time()))
+        window.busy_cores = meter.stop()[1]
+
+    await asyncio.gather(measure(), *(pusher(i) for i in range(args.pushers)))
+    window.seconds = args.duration
+    return window
+
+
+async def run_throughput(peers: Peers, args: argparse.Namespace) -> list[Window]:
+    first = peers.procs[NAMES[0]].port
+    primaries: dict[int, int] = {}
+    for r in (1, 3):
+        stream = f"hab_r{r}"
+        await ask(first, "create_stream", stream, "hab", replicas=r)
+        found = await wait_until(
+            lambda s=stream: ask(first, "lookup_object", s), f"lookup of {stream}", 30
+        )
+        primaries[r] = int(found["primary"]["api"].rpartition(":")[2])
+        print(
+            f"  r={r}: stream {stream}, primary {peers.by_node(found['primary']['node'])}, "
+            f"replicas {[peers.by_node(x['node']) for x in found['replicas']]}",
+            flush=True,
+        )
+    data = table(args.rows)
+    windows = []
+    for round_ in range(args.rounds):
+        for r in (1, 3):
+            w = await throughput_window(
+                primaries[r], f"hab_r{r}", r, data, args, f"r{r}-round{round_}"
+            )
+            windows.append(w)
+            lat = np.array(w.latencies)
+            print(
+                f"  round {round_ + 1} r={r}: {w.rows / w.seconds:,.0f} rows/s, "
+                f"{len(lat) / w.seconds:.1f} batches/s, p50 {bc.quantile(lat, 0.5) * 1e3:.1f} ms, "
+                f"p99 {bc.quantile(lat, 0.99) * 1e3:.1f} ms, {w.errors} refusals, "
+                f"machine busy {w.busy_cores:.2f} cores",
+                flush=True,
+            )
+    return windows
+
+
+# --------------------------------------------------------------------------- (a) failover
+
+
+class SmallPusher:
+    """10-row batches, one in flight, each through a random live peer; (sent, acked) times."""
+
+    def __init__(self, peers: Peers, stream: str) -> None:
+        self.peers = peers
+        self.stream = stream
+        self.data = table(SMALL_ROWS)
+        self.excluded: set[str] = set()
+        self.acks: list[tuple[float, float]] = []
+        self.refusals = 0
+        self.stopped = False
+        self.rng = random.Random(7)
+        self.clients: dict[int, Client] = {}
+
+    async def _client(self, port: int) -> Client:
+        client = self.clients.get(port)
+        if client is None or not client.connected:
+            client = Client("127.0.0.1", port, timeout_s=5)
+            await client.connect()
+            self.clients[port] = client
+        return client
+
+    async def _drop(self, port: int) -> None:
+        client = self.clients.pop(port, None)
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.close(), 2)
+
+    async def run(self) -> None:
+        seq = 0
+        try:
+            while not self.stopped:
+                names = [n for n in self.peers.alive() if n not in self.excluded]
+                port = self.peers.procs[self.rng.choice(names)].port
+                sent = time.monotonic()
+                try:
+                    client = await self._client(port)
+                    await client.push(self.stream, self.data, producer="bench-failover", seq=seq)
+                except (FedstreamError, TimeoutError, OSError) as exc:
+                    if isinstance(exc, FedstreamError) and not exc.retriable:
+                        raise
+                    self.refusals += 1
+                    await self._drop(port)
+                    await asyncio.sleep(0.02)
+                    continue
+                self.acks.append((sent, time.monotonic()))
+                seq += 1
+        finally:
+            for port in list(self.clients):
+                await self._drop(port)
+
+    def first_ack_after(self, t: float) -> float | None:
+        after = [acked for sent, acked in self.acks if sent >= t]
+        return min(after) if after else None
+
+
+async def run_failover(peers: Peers, args: argparse.Namespace) -> list[dict[str, Any]]:
+    stream = "hab_failover"
+    first = peers.procs[NAMES[0]].port
+    await ask(first, "create_stream", stream, "hab", replicas=3)
+    pusher = SmallPusher(peers, stream)
+    task = asyncio.create_task(pusher.run())
+    kills: list[dict[str, Any]] = []
+    try:
+        for i in range(args.kills):
+            port = peers.procs[peers.alive()[0]].port
+
+            async def settled(port: int = port) -> dict[str, Any] | None:
+                found = await ask(port, "lookup_object", stream)
+                ok = all(r["in_sync"] for r in found["replicas"]) and len(found["replicas"]) == 3
+                return found if ok and len(pusher.acks) > 0 else None
+
+            found = await wait_until(settled, "three in-sync replicas", 120)
+            await asyncio.sleep(args.settle)
+            victim = peers.by_node(found["primary"]["node"])
+            acked_before = len(pusher.acks)
+            pusher.excluded = {victim}
+            killed, killed_wall = time.monotonic(), time.time()
+            await asyncio.to_thread(peers.procs[victim].kill)
+            first_ack = await wait_until(
+                lambda t=killed: asyncio.sleep(0, pusher.first_ack_after(t)),
+                "an acknowledged push after the kill",
+                120,
+            )
+            took = first_ack - killed
+            after = await ask(peers.procs[peers.alive()[0]].port, "lookup_object", stream)
+            record = {
+                "kill": i + 1,
+                "victim": victim,
+                "voter": victim in VOTERS,
+                "failover_s": took,
+                "epoch_before": found["epoch"],
+                "epoch_after": after["epoch"],
+                "new_primary": peers.by_node(after["primary"]["node"]),
+                "acked_before": acked_before,
+            }
+            elected = election_time(peers, stream, killed_wall)
+            record["to_election_s"] = None if elected is None else elected - killed_wall
+            restarted = time.monotonic()
+            await asyncio.to_thread(peers.restart, victim)
+            back = peers.procs[victim]
+
+            async def in_sync_again(back: PeerProcess = back) -> bool:
+                status = await ask(back.port, "status")
+                mine = status["replication"]["streams"].get(stream) or {}
+                if status["replication"].get("leader") is None or mine.get("role") != "follower":
+                    return False
+                found = await ask(back.port, "lookup_object", stream)
+                return any(r["node"] == back.node_id and r["in_sync"] for r in found["replicas"])
+
+            await wait_until(in_sync_again, f"{victim} in sync again", 120)
+            record["resync_s"] = time.monotonic() - restarted
+            pusher.excluded = set()
+            kills.append(record)
+            print(
+                f"  kill {i + 1}: {victim}{' (voter)' if record['voter'] else ''} primary in "
+                f"epoch {record['epoch_before']} -> {record['new_primary']} in epoch "
+                f"{record['epoch_after']}; first ack {took:.2f} s after the kill; restarted "
+                f"and in sync after {record['resync_s']:.1f} s",
+                flush=True,
+            )
+    finally:
+        pusher.stopped = True
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, 30)
+    print(f"  failover pusher: {len(pusher.acks)} acknowledged, {pusher.refusals} refusals")
+    return kills
+
+
+# --------------------------------------------------------------------------- report
+
+
+def report(results: dict[str, Any]) -> str:
+    m = results["machine"]
+    lines = [
+        f"Command: `{results['command']}`, commit {results['commit']}, {results['date']}.",
+        f"Machine: {m['nproc']} cores ({m['cpu']}), {m['ram_gib']} GiB, Python {m['python']}; "
+        f"load average before {results['load_before']}, after {results['load_after']}; "
+        f"{results['elapsed_s']:.0f} s in all.",
+        "",
+    ]
+    kills = results["failover"]
+    if kills:
+        times = np.array([k["failover_s"] for k in kills])
+        elect = np.array([k["to_election_s"] for k in kills if k["to_election_s"] is not None])
+        voters = sum(k["voter"] for k in kills)
+        lines += [
+            f"(a) Failover, kill -9 of the primary -> first acknowledged push sent after it "
+            f"({len(kills)} kills, {voters} of them of a voter):",
+            "",
+            bc.md_table(
+                ["kills", "p50", "p99", "max", "min", "epochs", "resync after restart, p50"],
+                [
+                    [
+                        str(len(kills)),
+                        f"{bc.quantile(times, 0.5):.2f} s",
+                        f"{bc.quantile(times, 0.99):.2f} s",
+                        f"{times.max():.2f} s",
+                        f"{times.min():.2f} s",
+                        f"{kills[0]['epoch_before']} -> {kills[-1]['epoch_after']}",
+                        f"{np.median([k['resync_s'] for k in kills]):.1f} s",
+                    ]
+                ],
+            ),
+            "",
+            "Each kill: " + ", ".join(f"{k['failover_s']:.2f}" for k in kills) + " s. "
+            f"Of that, kill -> the Raft leader's decision to elect (its log's timestamp): p50 "
+            f"{bc.fmt_s(bc.quantile(elect, 0.5))}, max {bc.fmt_s(bc.quantile(elect, 1.0))}"
+            "; the rest is the Elect commit, the new primary learning it (a heartbeat answer) "
+            "and taking office, and the forwarding peer finding it.",
+            "",
+        ]
+    windows = results["throughput"]
+    if windows:
+        a = results["args"]
+        rows = []
+        summary: dict[int, dict[str, float]] = {}
+        for r in (1, 3):
+            ws = [w for w in windows if w["replicas"] == r]
+            lat = np.concatenate([np.array(w["latencies"]) for w in ws])
+            secs = sum(w["seconds"] for w in ws)
+            summary[r] = {
+                "rows": sum(w["rows"] for w in ws) / secs,
+                "batches": len(lat) / secs,
+                "p50": bc.quantile(lat, 0.5),
+                "p99": bc.quantile(lat, 0.99),
+            }
+            rows.append(
+                [
+                    f"r = {r}",
+                    f"{summary[r]['rows']:,.0f}",
+                    f"{summary[r]['batches']:.1f}",
+                    f"{summary[r]['p50'] * 1e3:.1f} ms",
+                    f"{summary[r]['p99'] * 1e3:.1f} ms",
+                    str(sum(w["errors"] for w in ws)),
+                    " / ".join(f"{w['busy_cores']:.2f}" for w in ws),
+                ]
+            )
+        rows.append(
+            [
+                "r3 / r1",
+                f"{summary[3]['rows'] / summary[1]['rows']:.2f}x",
+                f"{summary[3]['batches'] / summary[1]['batches']:.2f}x",
+                f"{summary[3]['p50'] / summary[1]['p50']:.2f}x",
+                f"{summary[3]['p99'] / summary[1]['p99']:.2f}x",
+                "",
+                "",
+            ]
+        )
+        lines += [
+            f"(b) Pushes straight to the primary: {a['pushers']} pushers, one push in flight "
+            f"each, {a['rows']} rows of 4 int columns per batch, {a['rounds']} rounds of "
+            f"{a['duration']:.0f} s per r (after {a['warmup']:.0f} s of warm-up each):",
+            "",
+            bc.md_table(
+                [
+                    "",
+                    "rows/s",
+                    "batches/s",
+                    "ack p50",
+                    "ack p99",
+                    "refusals",
+                    "machine busy cores, per round",
+                ],
+                rows,
+            ),
+        ]
+    if results["errors"]:
+        lines += ["", f"Errors: {results['errors']}"]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- main
+
+
+async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    machine = bc.machine_info()
+    results: dict[str, Any] = {
+        "command": " ".join([".venv/bin/python scripts/bench_ha.py", *sys.argv[1:]]),
+        "commit": git_commit(),
+        "date": machine["date"],
+        "machine": machine,
+        "args": {k: v for k, v in vars(args).items() if k != "json"},
+        "load_before": bc.load_average(),
+        "throughput": [],
+        "failover": [],
+        "errors": [],
+    }
+    print(f"load average {results['load_before']}; busiest: {bc.busy_processes()}", flush=True)
+    began = time.monotonic()
+    peers = Peers(work)
+    try:
+        await asyncio.to_thread(peers.start)
+        await federation_ready(peers)
+        print(f"five peers ready after {time.monotonic() - began:.1f} s", flush=True)
+        await ask(peers.procs[NAMES[0]].port, "create_schema", SCHEMA)
+        if args.rounds:
+            print("(b) throughput, r = 1 and r = 3", flush=True)
+            windows = await run_throughput(peers, args)
+            results["throughput"] = [{**w.__dict__, "latencies": w.latencies} for w in windows]
+        if args.kills:
+            print("(a) failover", flush=True)
+            results["failover"] = await run_failover(peers, args)
+    except Exception as exc:
+        results["errors"].append(f"{type(exc).__name__}: {exc}")
+        print(f"FAILED: {type(exc).__name__}: {exc}; logs in {work}", flush=True)
+    finally:
+        await asyncio.to_thread(peers.stop)
+    results["load_after"] = bc.load_average()
+    results["elapsed_s"] = time.monotonic() - began
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--kills", type=int, default=10, help="primaries killed (a)")
+    parser.add_argument("--settle", type=float, default=2.0, help="s of pushes before a kill")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of r=1 then r=3 (b)")
+    parser.add_argument("--duration", type=float, default=15.0, help="measured s per window")
+    parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured s per window")
+    parser.add_argument("--pushers", type=int, default=4)
+    parser.add_argument("--rows", type=int, default=1000, help="rows per batch (b)")
+    parser.add_argument("--work-dir", type=Path, help="keep the peers' data and logs here")
+    parser.add_argument("--json", type=Path, help="write the figures here too")
+    args = parser.parse_args(argv)
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="fedstream-bench-ha-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"work directory {work}", flush=True)
+    try:
+        results = asyncio.run(main_async(args, work))
+    except KeyboardInterrupt:
+        print(f"interrupted; logs in {work}", flush=True)
+        return 130
+    if args.json:
+        args.json.write_text(json.dumps(bc.jsonable(results), indent=1))
+    if not results["errors"] and args.work_dir is None:
+        shutil.rmtree(work, ignore_errors=True)
+    print("\n" + report(results))
+    return 1 if results["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
