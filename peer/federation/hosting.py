@@ -183,6 +183,12 @@ class Hosting:
         for stream in sorted(self.hosted):
             if stream in self._claims:
                 continue
+            if self.replicated(stream):
+                # The control plane decides who serves it; the record only tells readers,
+                # so an older primary's unexpired record is no reason to step back.
+                with contextlib.suppress(CatalogError):
+                    await self.renew(stream)
+                continue
             try:
                 await self.renew(stream)
             except CatalogError as exc:

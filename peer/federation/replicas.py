@@ -94,6 +94,11 @@ class ReplicaOwner(Protocol):
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None: ...
 
 
+def _consume(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 class _Outbox:
     """The messages for one follower of one stream, sent one exchange at a time."""
 
@@ -298,6 +303,7 @@ class StreamReplica:
                 reason=outcome.reason.value,
             )
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(_consume)  # a refusal after the push gave up waiting
         self.waiters.append((target, future))
         self._acknowledge()
         try:

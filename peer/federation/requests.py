@@ -71,6 +71,10 @@ class SiteRequests:
     # streams
     async def push(self, message: PushBatch, _sender: str) -> dict[str, Any]:
         stream = message.stream
+        if self.hosting.replicated(stream):  # its replica driver says whether we are primary
+            return await self.site.push_here(
+                stream, {"arrow": message.arrow}, message.producer, message.seq
+            )
         if stream not in self.hosting.hosted:
             if await self.hosting.host_of(stream, fresh=True) != self.me:
                 raise Unavailable(f"this peer does not host stream {stream}", stream=stream)

@@ -48,6 +48,8 @@ class Router:
         self.participant = participant  # the sender of a request to ourselves
         self._handlers: dict[str, Handler] = {}
         self._stream: StreamHandler | None = None
+        # Fault injection (the partition tests): peers this one neither reaches nor hears.
+        self.cut_off: set[bytes] = set()
 
     @property
     def node_id(self) -> bytes:
@@ -72,6 +74,8 @@ class Router:
     async def handle_link(self, link: Link, frame: Frame) -> Frame:
         """A request from another peer (overlay.node.PeerHandler). A message that names its
         sending node must name the node at the other end of the link (its certificate's)."""
+        if link.remote_node_id in self.cut_off:
+            raise Unavailable("partitioned from this peer (fault injection)")
         message = decode(frame)
         claimed = claimed_node(message)
         if claimed is not None and claimed != link.remote_node_id.hex():
@@ -93,6 +97,8 @@ class Router:
 
     async def call(self, node_id: bytes, message: Request) -> Frame:
         """``message`` sent over a link to another peer; its errors come back as ours."""
+        if node_id in self.cut_off:
+            raise Unavailable(f"peer {node_id.hex()[:12]} unreachable (partitioned)")
         try:
             return await self.overlay.request(node_id, message.to_wire())
         except LinkRemoteError as exc:
@@ -101,6 +107,8 @@ class Router:
             raise Unavailable(f"peer {node_id.hex()[:12]} unreachable: {exc}") from exc
 
     def open_stream(self, node_id: bytes, request: Subscribe) -> AsyncIterator[Frame]:
+        if node_id in self.cut_off:
+            raise Unavailable(f"peer {node_id.hex()[:12]} unreachable (partitioned)")
         return self.overlay.open_stream(node_id, request.to_wire())
 
 
