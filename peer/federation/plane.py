@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any

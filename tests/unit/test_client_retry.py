@@ -97,7 +97,9 @@ class Front:
     async def create_schema(self, schema: str | dict[str, Any]) -> dict[str, Any]:
         return await self.site.create_schema(schema)
 
-    async def create_stream(self, name: str, schema: str) -> dict[str, Any]:
+    async def create_stream(
+        self, name: str, schema: str, replicas: int | None = None
+    ) -> dict[str, Any]:
         return await self.site.create_stream(name, schema)
 
     async def create_query(self, query: str | dict[str, Any]) -> dict[str, Any]:
