@@ -16,14 +16,15 @@ three voters of the control plane (Raft on pysyncobj), gossip every 0.3 s. Defau
 peer otherwise: heartbeats to the voters every 0.25 s, failover after 1.5 s of silence,
 ``--min-insync 2``.
 
-(b) Throughput, first, while every peer is fresh: two streams of four int columns, one created
-with ``replicas=1`` and one with ``replicas=3``. ``--pushers`` pushers, each its own producer
-id and its own connection to the stream's primary (from ``lookup``: no forwarding hop), push
-the same pre-built ``--rows``-row Arrow table with rising seqs, one push in flight each.
-A push is acknowledged once it is fsynced on the primary and (r = 3) on every in-sync
-follower. r = 1 and r = 3 alternate for ``--rounds`` rounds of ``--warmup`` + ``--duration``
-seconds; only pushes that end inside the measured part count. Ack latency = the client's time
-from sending a push to its reply. "busy cores" = the machine's non-idle CPU over the window.
+(b) Throughput, first, while every peer is fresh: two streams of four int columns, one
+created with ``replicas=1`` and one with ``replicas=3``. N pushers (for each N of
+``--pushers``), each its own producer id and its own connection to the stream's primary (from
+``lookup``: no forwarding hop), push the same pre-built ``--rows``-row Arrow table with rising
+seqs, one push in flight each. A push is acknowledged once it is fsynced on the primary and
+(r = 3) on every in-sync follower. r = 1 and r = 3 alternate for ``--rounds`` rounds of
+``--warmup`` + ``--duration`` seconds; only pushes that end inside the measured part count.
+Ack latency = the client's time from sending a push to its reply. CPU: the machine's busy
+cores over the window, each peer's process tree's, and this process's (the pushers').
 
 (a) Failover: a third stream (``replicas=3``); one pusher sends 10-row batches continuously,
 one in flight, each through a random live peer (which forwards it to the primary), retrying a
@@ -203,17 +204,26 @@ async def federation_ready(peers: Peers) -> None:
 @dataclass
 class Window:
     replicas: int
+    pushers: int
     latencies: list[float] = field(default_factory=list)
     rows: int = 0
     errors: int = 0
     seconds: float = 0.0
-    busy_cores: float = 0.0
+    busy_cores: float = 0.0  # the whole machine
+    cores: dict[str, float] = field(default_factory=dict)  # each peer's, and the pushers'
+
+
+def cpu_seconds(peers: Peers) -> dict[str, float]:
+    pids = {n: p.proc.pid for n, p in peers.procs.items() if p.proc is not None}
+    return {"pushers": bc.tree_cpu_seconds(os.getpid(), with_children=False)} | {
+        n: bc.tree_cpu_seconds(pid) for n, pid in pids.items()
+    }
 
 
 async def throughput_window(
-    port: int, stream: str, replicas: int, data: pa.Table, args: argparse.Namespace, tag: str
+    peers: Peers, port: int, r: int, n: int, data: pa.Table, args: argparse.Namespace, tag: str
 ) -> Window:
-    window = Window(replicas)
+    window, stream = Window(r, n), f"hab_r{r}"
     loop = asyncio.get_running_loop()
     start = loop.time() + args.warmup
     end = start + args.duration
@@ -237,16 +247,15 @@ async def throughput_window(
                     window.latencies.append(done - sent)
                     window.rows += data.num_rows
 
-    await asyncio.sleep(0)
-    meter = bc.CpuMeter(os.getpid(), with_children=False)
-
     async def measure() -> None:
         await asyncio.sleep(max(0.0, start - loop.time()))
-        meter.start()
+        busy0, cpu0, t0 = bc.system_busy_seconds(), cpu_seconds(peers), loop.time()
         await asyncio.sleep(max(0.0, end - loop.time()))
-        window.busy_cores = meter.stop()[1]
+        wall = loop.time() - t0
+        window.busy_cores = (bc.system_busy_seconds() - busy0) / wall
+        window.cores = {k: (v - cpu0.get(k, v)) / wall for k, v in cpu_seconds(peers).items()}
 
-    await asyncio.gather(measure(), *(pusher(i) for i in range(args.pushers)))
+    await asyncio.gather(measure(), *(pusher(i) for i in range(n)))
     window.seconds = args.duration
     return window
 
@@ -269,19 +278,20 @@ async def run_throughput(peers: Peers, args: argparse.Namespace) -> list[Window]
     data = table(args.rows)
     windows = []
     for round_ in range(args.rounds):
-        for r in (1, 3):
-            w = await throughput_window(
-                primaries[r], f"hab_r{r}", r, data, args, f"r{r}-round{round_}"
-            )
-            windows.append(w)
-            lat = np.array(w.latencies)
-            print(
-                f"  round {round_ + 1} r={r}: {w.rows / w.seconds:,.0f} rows/s, "
-                f"{len(lat) / w.seconds:.1f} batches/s, p50 {bc.quantile(lat, 0.5) * 1e3:.1f} ms, "
-                f"p99 {bc.quantile(lat, 0.99) * 1e3:.1f} ms, {w.errors} refusals, "
-                f"machine busy {w.busy_cores:.2f} cores",
-                flush=True,
-            )
+        for n in args.pushers:
+            for r in (1, 3):
+                tag = f"r{r}-n{n}-round{round_}"
+                w = await throughput_window(peers, primaries[r], r, n, data, args, tag)
+                windows.append(w)
+                lat = np.array(w.latencies)
+                cores = ", ".join(f"{k} {v:.2f}" for k, v in w.cores.items())
+                print(
+                    f"  round {round_ + 1}, {n} pushers, r={r}: {w.rows / w.seconds:,.0f} rows/s,"
+                    f" {len(lat) / w.seconds:.1f} batches/s, p50 {bc.quantile(lat, 0.5) * 1e3:.1f}"
+                    f" ms, p99 {bc.quantile(lat, 0.99) * 1e3:.1f} ms, {w.errors} refusals; "
+                    f"machine busy {w.busy_cores:.2f} cores ({cores})",
+                    flush=True,
+                )
     return windows
 
 
@@ -460,64 +470,47 @@ def report(results: dict[str, Any]) -> str:
             "and taking office, and the forwarding peer finding it.",
             "",
         ]
-    windows = results["throughput"]
-    if windows:
-        a = results["args"]
-        rows = []
+    if results["throughput"]:
+        lines += throughput_report(results["throughput"], results["args"])
+    if results["errors"]:
+        lines += ["", f"Errors: {results['errors']}"]
+    return "\n".join(lines)
+
+
+def throughput_report(windows: list[dict[str, Any]], a: dict[str, Any]) -> list[str]:
+    rows = []
+    for n in a["pushers"]:
         summary: dict[int, dict[str, float]] = {}
         for r in (1, 3):
-            ws = [w for w in windows if w["replicas"] == r]
+            ws = [w for w in windows if w["replicas"] == r and w["pushers"] == n]
             lat = np.concatenate([np.array(w["latencies"]) for w in ws])
             secs = sum(w["seconds"] for w in ws)
-            summary[r] = {
+            s = summary[r] = {
                 "rows": sum(w["rows"] for w in ws) / secs,
                 "batches": len(lat) / secs,
                 "p50": bc.quantile(lat, 0.5),
                 "p99": bc.quantile(lat, 0.99),
             }
-            rows.append(
-                [
-                    f"r = {r}",
-                    f"{summary[r]['rows']:,.0f}",
-                    f"{summary[r]['batches']:.1f}",
-                    f"{summary[r]['p50'] * 1e3:.1f} ms",
-                    f"{summary[r]['p99'] * 1e3:.1f} ms",
-                    str(sum(w["errors"] for w in ws)),
-                    " / ".join(f"{w['busy_cores']:.2f}" for w in ws),
-                ]
-            )
-        rows.append(
-            [
-                "r3 / r1",
-                f"{summary[3]['rows'] / summary[1]['rows']:.2f}x",
-                f"{summary[3]['batches'] / summary[1]['batches']:.2f}x",
-                f"{summary[3]['p50'] / summary[1]['p50']:.2f}x",
-                f"{summary[3]['p99'] / summary[1]['p99']:.2f}x",
-                "",
-                "",
+            busiest = max(ws[0]["cores"], key=lambda k: ws[0]["cores"][k] if k != "pushers" else 0)
+            cpu = [
+                f"{np.mean([w['busy_cores'] for w in ws]):.2f}",
+                f"{np.mean([w['cores'][busiest] for w in ws]):.2f} ({busiest})",
+                f"{np.mean([w['cores']['pushers'] for w in ws]):.2f}",
             ]
-        )
-        lines += [
-            f"(b) Pushes straight to the primary: {a['pushers']} pushers, one push in flight "
-            f"each, {a['rows']} rows of 4 int columns per batch, {a['rounds']} rounds of "
-            f"{a['duration']:.0f} s per r (after {a['warmup']:.0f} s of warm-up each):",
-            "",
-            bc.md_table(
-                [
-                    "",
-                    "rows/s",
-                    "batches/s",
-                    "ack p50",
-                    "ack p99",
-                    "refusals",
-                    "machine busy cores, per round",
-                ],
-                rows,
-            ),
-        ]
-    if results["errors"]:
-        lines += ["", f"Errors: {results['errors']}"]
-    return "\n".join(lines)
+            figures = [f"{s['rows']:,.0f}", f"{s['batches']:.1f}"]
+            figures += [f"{s['p50'] * 1e3:.1f} ms", f"{s['p99'] * 1e3:.1f} ms"]
+            rows.append([str(n), f"r = {r}", *figures, str(sum(w["errors"] for w in ws)), *cpu])
+        ratio = [summary[3][k] / summary[1][k] for k in ("rows", "batches", "p50", "p99")]
+        rows.append([str(n), "**r3 / r1**", *(f"**{x:.2f}x**" for x in ratio), "", "", "", ""])
+    header = ["pushers", "", "rows/s", "batches/s", "ack p50", "ack p99", "refusals"]
+    header += ["machine busy cores", "busiest peer, cores", "pushers' cores"]
+    return [
+        f"(b) Pushes straight to the primary: N pushers, one push in flight each, {a['rows']} "
+        f"rows of 4 int columns per batch, {a['rounds']} rounds of {a['duration']:.0f} s per "
+        f"(N, r) (after {a['warmup']:.0f} s of warm-up each), r = 1 and r = 3 alternating:",
+        "",
+        bc.md_table(header, rows),
+    ]
 
 
 # --------------------------------------------------------------------------- main
@@ -568,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="rounds of r=1 then r=3 (b)")
     parser.add_argument("--duration", type=float, default=15.0, help="measured s per window")
     parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured s per window")
-    parser.add_argument("--pushers", type=int, default=4)
+    parser.add_argument("--pushers", type=int, nargs="+", default=[4, 16], help="N (b)")
     parser.add_argument("--rows", type=int, default=1000, help="rows per batch (b)")
     parser.add_argument("--work-dir", type=Path, help="keep the peers' data and logs here")
     parser.add_argument("--json", type=Path, help="write the figures here too")
