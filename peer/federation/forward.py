@@ -67,6 +67,7 @@ class Forwarder:
     async def _forward(self, batch: PushBatch) -> dict[str, Any]:
         deadline = time.monotonic() + FORWARD_DEADLINE_S
         fresh = False
+        tries = 0
         while True:
             host = await self.hosting.host_of(batch.stream, fresh=fresh)
             if host == self.router.node_id:
@@ -85,7 +86,10 @@ class Forwarder:
                         stream=batch.stream,
                     ) from exc
                 fresh = True
-                await asyncio.sleep(0.5)
+                # soon at first (a failover names a new primary within a heartbeat), then
+                # less often: 0.05 s doubling to 0.5 s
+                await asyncio.sleep(min(0.5, 0.05 * 2**tries))
+                tries += 1
 
     async def relay(self, stream: str, start: str) -> AsyncIterator[Frame]:
         """A subscription served by the stream's host, here or over a link."""

@@ -475,6 +475,7 @@ class StreamReplica:
             "acknowledged": self.visible,
             "replicas": [] if state is None else list(state.replicas),
             "in_sync": [] if state is None else list(state.in_sync),
+            "under_replicated": state is not None and len(state.in_sync) < len(state.replicas),
             "lag": lag,
         }
 
