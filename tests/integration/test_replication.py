@@ -30,12 +30,13 @@ SCHEMA = {"name": "tick", "fields": [{"name": "k", "type": "int"}, {"name": "v",
 FAST = {"gossip_interval_s": 0.3, "suspect_after_s": 2.0, "dead_after_s": 6.0}
 
 
-@pytest.fixture
-def trio(tmp_path: Path) -> Iterator[list[PeerThread]]:
-    keys = make_participants(tmp_path, NAMES)
+def start_peers(tmp_path: Path, names: tuple[str, ...], voters: int) -> list[PeerThread]:
+    """Peers without Spark, each bootstrapping from the first; the first ``voters`` of them
+    hold the control plane's seats. The caller closes them (see ``peers``)."""
+    keys = make_participants(tmp_path, names)
     started: list[PeerThread] = []
     try:
-        for name in NAMES:
+        for i, name in enumerate(names):
             bootstrap = []
             if started:
                 first = started[0].peer.overlay
@@ -50,14 +51,23 @@ def trio(tmp_path: Path) -> Iterator[list[PeerThread]]:
                 trust_dir=tmp_path / "trust",
                 bootstrap=bootstrap,
                 brain=False,
-                voter=True,
+                voter=i < voters,
                 **FAST,  # type: ignore[arg-type]
             )
             started.append(PeerThread(config).__enter__())
-        yield started
-    finally:
+    except BaseException:
         for p in reversed(started):
             p.close()
+        raise
+    return started
+
+
+@pytest.fixture
+def trio(tmp_path: Path) -> Iterator[list[PeerThread]]:
+    started = start_peers(tmp_path, NAMES, voters=3)
+    yield started
+    for p in reversed(started):
+        p.close()
 
 
 def batch(i: int) -> list[dict[str, int]]:
@@ -200,33 +210,10 @@ def test_the_primary_stops_and_another_replica_takes_over_without_loss(
 
 @pytest.fixture
 def five(tmp_path: Path) -> Iterator[list[PeerThread]]:
-    names = ("p0", "p1", "p2", "p3", "p4")
-    keys = make_participants(tmp_path, names)
-    started: list[PeerThread] = []
-    try:
-        for i, name in enumerate(names):
-            bootstrap = []
-            if started:
-                first = started[0].peer.overlay
-                assert first is not None
-                bootstrap = [("127.0.0.1", first.port)]
-            config = PeerConfig(
-                data_dir=tmp_path / name,
-                port=0,
-                engine=False,
-                participant=name,
-                key_path=keys[name],
-                trust_dir=tmp_path / "trust",
-                bootstrap=bootstrap,
-                brain=False,
-                voter=i < 3,
-                **FAST,  # type: ignore[arg-type]
-            )
-            started.append(PeerThread(config).__enter__())
-        yield started
-    finally:
-        for p in reversed(started):
-            p.close()
+    started = start_peers(tmp_path, ("p0", "p1", "p2", "p3", "p4"), voters=3)
+    yield started
+    for p in reversed(started):
+        p.close()
 
 
 def node_of(p: PeerThread) -> bytes:
