@@ -574,7 +574,7 @@ def test_newcomer_receives_the_records_it_is_closest_to() -> None:
             for key in keys:
                 assert await net.servers[0].put(key, b"v", ALICE, expiry_s=3600) > 0
             newcomer = await net.node(node_key=newcomer_key, ksize=3)
-            await wait_for(lambda: all(newcomer.storage.get(dht_key(k)) for k in keys))
+            await wait_for(lambda: all(newcomer.storage.get(dht_key(k)) for k in keys), 15.0)
 
     run(main)
 

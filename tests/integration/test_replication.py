@@ -55,6 +55,16 @@ def start_peers(tmp_path: Path, names: tuple[str, ...], voters: int) -> list[Pee
                 **FAST,  # type: ignore[arg-type]
             )
             started.append(PeerThread(config).__enter__())
+
+        def everyone_seen() -> bool:
+            for p in started:
+                overlay = p.peer.overlay
+                if overlay is None or len(overlay.live_members()) < len(names):
+                    return False
+            return True
+
+        # a stream's replicas are the live members closest to it: wait until all are known
+        wait_for(everyone_seen, 30, "every peer to see every other")
     except BaseException:
         for p in reversed(started):
             p.close()
@@ -86,7 +96,7 @@ async def push_all(
         while True:
             port = rng.choice(ports)
             try:
-                async with Client("127.0.0.1", port, timeout_s=30) as c:
+                async with Client("127.0.0.1", port, timeout_s=45) as c:
                     replies[seq] = await c.push(stream, batch(seq), producer=producer, seq=seq)
                 break
             except Exception:
