@@ -40,6 +40,7 @@ __all__ = [
     "signed_contracts",
     "stream_name_on",
     "trust_all",
+    "wait_until",
 ]
 
 
@@ -327,3 +328,25 @@ async def collect(
     except TimeoutError:
         pass
     return rows
+
+
+async def wait_until(
+    probe: Callable[[], Any], what: str, timeout_s: float, *, every_s: float = 0.1
+) -> Any:
+    """Await ``probe()`` every ``every_s`` until it returns something true (returned) or
+    ``timeout_s`` has passed (TimeoutError naming ``what`` and the last outcome). Errors of a
+    federation in flux (a peer not up yet, refusing, timing out) count as a false outcome."""
+    from peer.errors import FedstreamError
+
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = await probe()
+        except (FedstreamError, TimeoutError, OSError) as exc:
+            last = exc
+        else:
+            if last:
+                return last
+        await asyncio.sleep(every_s)
+    raise TimeoutError(f"{what}: not after {timeout_s:.0f} s (last: {last!r})")

@@ -36,8 +36,6 @@ from peer.storage.spool import Spool, SpoolSet
 from peer.storage.spool_format import Quarantine, TrimmedError
 
 if TYPE_CHECKING:
-    import pyarrow as pa
-
     from peer.engine.runner import Engine
 
 log = logging.getLogger(__name__)
@@ -67,7 +65,8 @@ def checked_status(status: str) -> str:
     return status
 
 
-Appender = Callable[["pa.Table", str | None, int | None], Awaitable[dict[str, Any]]]
+# (the batch's spool file, its rows, producer, seq) -> the push's answer
+Appender = Callable[[bytes, int, str | None, int | None], Awaitable[dict[str, Any]]]
 
 
 class LocalSite:
@@ -259,8 +258,16 @@ class LocalSite:
         await self.room(stream, spool)
         appender = self.appenders.get(stream)
         if appender is not None:  # a replicated stream: its replicas must hold it first
-            table = await asyncio.to_thread(batch_from_wire, entry.schema, payload)
-            return await appender(table, producer, seq)
+
+            def encode() -> tuple[int, bytes | None]:
+                table = batch_from_wire(entry.schema, payload)
+                rows = table.num_rows
+                return rows, spool.encode(table, origin=producer, seq=seq) if rows else None
+
+            count, body = await asyncio.to_thread(encode)
+            if body is None:
+                return {"stream": stream, "count": 0, "offset": None, "duplicate": False}
+            return await appender(body, count, producer, seq)
         count, offset = await asyncio.to_thread(land)
         return {
             "stream": stream,

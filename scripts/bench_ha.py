@@ -65,7 +65,13 @@ import bench_common as bc
 
 from peer.client import Client
 from peer.errors import FedstreamError
-from peer.testing import LocalFederation, PeerProcess, make_participants, participant_args
+from peer.testing import (
+    LocalFederation,
+    PeerProcess,
+    make_participants,
+    participant_args,
+    wait_until,
+)
 
 NAMES = ("ha1", "ha2", "ha3", "ha4", "ha5")
 VOTERS = NAMES[:3]
@@ -169,21 +175,6 @@ class Peers:
 async def ask(port: int, what: str, *args: Any, **kwargs: Any) -> Any:
     async with Client("127.0.0.1", port, timeout_s=15) as c:
         return await getattr(c, what)(*args, **kwargs)
-
-
-async def wait_until(probe: Any, what: str, timeout_s: float) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = await probe()
-        except (FedstreamError, TimeoutError, OSError) as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        await asyncio.sleep(0.1)
-    raise TimeoutError(f"{what}: not after {timeout_s:.0f} s (last: {last!r})")
 
 
 async def federation_ready(peers: Peers) -> None:

@@ -16,10 +16,10 @@ it took office, so a new leader gives every peer a full ``failover_after_s`` to 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 from peer.control.commands import Elect
-from peer.control.state import ControlState, StreamState
+from peer.control.state import StreamState
 
 __all__ = ["choose_primary", "failover_decisions", "live_nodes"]
 
@@ -42,17 +42,18 @@ def live_nodes(last_heard: Mapping[str, float], now: float, failover_after_s: fl
 
 
 def failover_decisions(
-    state: ControlState,
+    streams: Iterable[StreamState],
     last_heard: Mapping[str, float],
     now: float,
     failover_after_s: float,
     log_ends: Mapping[str, Mapping[str, int]],
 ) -> list[Elect]:
-    """One ``Elect`` for each stream whose primary is silent and has a live ISR member.
+    """One ``Elect`` for each of ``streams`` (the control plane's states) whose primary is
+    silent and has a live ISR member.
     ``log_ends[stream][node]`` is the log end ``node`` last reported for ``stream``."""
     live = live_nodes(last_heard, now, failover_after_s)
     decisions = []
-    for stream in state.streams():
+    for stream in streams:
         if stream.primary in live:
             continue
         candidates = live - {stream.primary}

@@ -59,6 +59,11 @@ class StreamState:
     version: int
 
     @property
+    def under_replicated(self) -> bool:
+        """Whether some of the stream's replicas are out of its in-sync set."""
+        return len(self.in_sync) < len(self.replicas)
+
+    @property
     def required_insync(self) -> int:
         """``min_insync``, but never more than the replicas the stream has been given."""
         return min(self.min_insync, len(self.replicas))

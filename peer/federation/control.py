@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -31,7 +32,7 @@ from peer.consensus import command_to_wire
 from peer.control import Command, StreamState
 from peer.errors import FedstreamError, Unavailable
 from peer.federation.router import Router
-from peer.protocol.link import Frame
+from peer.protocol.link import Frame, Request
 from peer.protocol.replica import (
     ControlHeartbeat,
     ControlJoin,
@@ -45,6 +46,7 @@ log = logging.getLogger(__name__)
 HEARTBEAT_S = 0.25
 HEARTBEAT_TIMEOUT_S = 1.0
 SUBMIT_TIMEOUT_S = 8.0
+PLAIN_S = 5.0  # how long "not replicated" is believed without asking again
 
 Listener = Callable[[StreamState], None]
 
@@ -67,7 +69,9 @@ class ControlClient:
         self.leader: str | None = None
         self.states: dict[str, StreamState] = {}
         self._listeners: list[Listener] = []
-        self._heard = asyncio.Event()
+        # streams a voter said are not replicated, until (monotonic): host lookups of plain
+        # streams (query results) then cost no round trip each
+        self._plain: dict[str, float] = {}
 
     def listen(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -81,8 +85,7 @@ class ControlClient:
         found = tuple(v for v in voters if isinstance(v, str) and len(v) == 40)
         if found:
             self.voters = found
-        if leader is None or isinstance(leader, str):
-            self.leader = leader
+        self.leader = leader
 
     def learn(self, state: StreamState) -> None:
         known = self.states.get(state.name)
@@ -126,13 +129,9 @@ class ControlClient:
             log.debug("heartbeat to voter %s failed: %s", voter[:12], exc)
             return
         self._absorb(reply)
-        self._heard.set()
 
-    async def discover(self, members: Iterable[bytes], own: Iterable[str] = ()) -> bool:
-        """Find the voters by asking ``members`` (this peer's own voter list first)."""
-        self.set_voters(own)
-        if self.voters:
-            return True
+    async def discover(self, members: Iterable[bytes]) -> bool:
+        """Find the voters by asking ``members`` until one knows them."""
         for member in members:
             with contextlib.suppress(FedstreamError, TimeoutError):
                 reply = await asyncio.wait_for(
@@ -148,48 +147,45 @@ class ControlClient:
         first = [self.leader] if self.leader in self.voters else []
         return [*first, *(v for v in self.voters if v != self.leader)]
 
-    async def submit(self, command: Command | ControlJoin) -> Frame:
-        """Submit a command (or this peer's admission as a voter) to the control plane."""
-        message = (
-            command if isinstance(command, ControlJoin) else ControlSubmit(command_to_wire(command))
-        )
+    async def _ask_voters(self, message: Request, timeout_s: float, what: str) -> Frame:
+        """``message``'s answer from the first voter that gives one (the leader first)."""
         errors = []
         for voter in self._candidates():
             try:
                 reply = await asyncio.wait_for(
-                    self.router.ask(bytes.fromhex(voter), message), SUBMIT_TIMEOUT_S
+                    self.router.ask(bytes.fromhex(voter), message), timeout_s
                 )
             except (FedstreamError, TimeoutError) as exc:
                 errors.append(f"{voter[:12]}: {exc}")
                 continue
             self._absorb(reply)
             return reply
-        raise Unavailable(
-            "the control plane is unreachable" + (f" ({'; '.join(errors)})" if errors else "")
+        detail = f" ({'; '.join(errors)})" if errors else ""
+        raise Unavailable(f"{what}: the control plane is unreachable{detail}")
+
+    async def submit(self, command: Command | ControlJoin) -> Frame:
+        """Submit a command (or this peer's admission as a voter) to the control plane."""
+        message = (
+            command if isinstance(command, ControlJoin) else ControlSubmit(command_to_wire(command))
         )
+        return await self._ask_voters(message, SUBMIT_TIMEOUT_S, "submit")
 
     async def read(self, stream: str) -> StreamState | None:
         """The stream's state from a voter (and learnt here); None if it is not replicated."""
-        for voter in self._candidates():
-            try:
-                reply = await asyncio.wait_for(
-                    self.router.ask(bytes.fromhex(voter), ControlRead(stream)),
-                    HEARTBEAT_TIMEOUT_S,
-                )
-            except (FedstreamError, TimeoutError):
-                continue
-            self._absorb(reply)
-            raw = reply.get("stream")
-            if raw is None:
-                return None
-            state = state_from_wire(raw)
-            self.learn(state)
-            return self.states.get(stream, state)
-        raise Unavailable(f"stream {stream}: the control plane is unreachable", stream=stream)
+        reply = await self._ask_voters(ControlRead(stream), HEARTBEAT_TIMEOUT_S, stream)
+        raw = reply.get("stream")
+        if raw is None:
+            self._plain[stream] = time.monotonic() + PLAIN_S
+            return None
+        self.learn(state_from_wire(raw))
+        return self.states.get(stream)
 
     async def state_of(self, stream: str, *, fresh: bool = False) -> StreamState | None:
-        if not fresh and stream in self.states:
-            return self.states[stream]
+        if not fresh:
+            if stream in self.states:
+                return self.states[stream]
+            if self._plain.get(stream, 0.0) > time.monotonic():
+                return None
         if not self.voters:
             return None
         return await self.read(stream)

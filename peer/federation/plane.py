@@ -17,11 +17,12 @@ the rest, retriably.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from peer.errors import Unavailable
@@ -39,8 +40,11 @@ from peer.protocol.replica import (
     RaftFrame,
 )
 from peer.site import LocalSite
+from peer.storage.spool_format import atomic_write
 
 log = logging.getLogger(__name__)
+
+VoterHandler = Callable[[Voter, Any, str], Awaitable[Frame]]
 
 VOTERS_FILE = "voters.json"
 JOIN_S = 30.0
@@ -78,11 +82,15 @@ class ControlPlane:
         self.replicas = Replicas(site, router, self.client, records, on_role)
         self.voter: Voter | None = None
         self.directory = site.data_dir / "control"
-        router.register(ControlHeartbeat.OP, self._heartbeat)
-        router.register(ControlSubmit.OP, self._submit)
-        router.register(ControlJoin.OP, self._join)
+        voter_only: tuple[tuple[str, VoterHandler], ...] = (
+            (ControlHeartbeat.OP, Voter.on_heartbeat),
+            (ControlSubmit.OP, Voter.on_submit),
+            (ControlJoin.OP, Voter.on_join),
+            (RaftFrame.OP, Voter.on_raft),
+        )
+        for op, serve in voter_only:
+            router.register(op, functools.partial(self._at_voter, serve))
         router.register(ControlRead.OP, self._read)
-        router.register(RaftFrame.OP, self._raft)
 
     def _log_ends(self) -> dict[str, int]:
         return self.replicas.log_ends()
@@ -144,40 +152,22 @@ class ControlPlane:
 
     def _save_voters(self, voters: tuple[str, ...]) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = self.directory / (VOTERS_FILE + ".tmp")
-        tmp.write_text(json.dumps(list(voters)))
-        Path(tmp).replace(self.directory / VOTERS_FILE)
+        atomic_write(self.directory / VOTERS_FILE, json.dumps(list(voters)).encode(), fsync=True)
 
     # ----------------------------------------------------------------------- serving
-    def _not_voter(self) -> Unavailable:
-        return Unavailable(
-            "this peer is not a voter of the control plane", **self.client.describe()
-        )
-
-    async def _heartbeat(self, message: ControlHeartbeat, sender: str) -> Frame:
+    async def _at_voter(self, serve: VoterHandler, message: Any, sender: str) -> Frame:
+        """A request only a voter serves; any other peer refuses it (retriably), naming the
+        voters it knows."""
         if self.voter is None:
-            raise self._not_voter()
-        return await self.voter.on_heartbeat(message, sender)
-
-    async def _submit(self, message: ControlSubmit, sender: str) -> Frame:
-        if self.voter is None:
-            raise self._not_voter()
-        return await self.voter.on_submit(message, sender)
-
-    async def _join(self, message: ControlJoin, sender: str) -> Frame:
-        if self.voter is None:
-            raise self._not_voter()
-        return await self.voter.on_join(message, sender)
+            raise Unavailable(
+                "this peer is not a voter of the control plane", **self.client.describe()
+            )
+        return await serve(self.voter, message, sender)
 
     async def _read(self, message: ControlRead, sender: str) -> Frame:
         if self.voter is None:
             return {"stream": None, **self.client.describe(), "voter": False}
         return await self.voter.on_read(message, sender)
-
-    async def _raft(self, message: RaftFrame, sender: str) -> Frame:
-        if self.voter is None:
-            raise self._not_voter()
-        return await self.voter.on_raft(message, sender)
 
     # ----------------------------------------------------------------------- running
     async def run(self) -> None:

@@ -34,8 +34,6 @@ import time
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
-import pyarrow as pa
-
 from peer.control import ExpandIsr, ShrinkIsr, StreamState
 from peer.errors import FedstreamError, Unavailable
 from peer.federation.router import Router
@@ -66,7 +64,6 @@ from peer.replication import (
     WriteEntry,
     begin_epoch,
 )
-from peer.storage import spool_format as fmt
 from peer.storage.replica_state import ReplicaState
 from peer.storage.spool import Spool
 
@@ -100,22 +97,25 @@ def _consume(future: asyncio.Future[None]) -> None:
 
 
 class _Outbox:
-    """The messages for one follower of one stream, sent one exchange at a time."""
+    """The messages for one follower of one stream, sent one exchange at a time. Entries to
+    catch up on are queued by offset and read from the spool (off the event loop) when they
+    are sent."""
 
     def __init__(self, replica: StreamReplica, node: str) -> None:
         self.replica = replica
         self.node = node
-        self.queue: list[ReplicationMessage] = []
-        self.queued: set[int] = set()  # offsets of appends in the queue
+        self.queue: list[ReplicationMessage | int] = []  # int: the log's entry at that offset
+        self.queued: set[int] = set()  # offsets of the entries in the queue
         self.ready = asyncio.Event()
         self.task = asyncio.create_task(self.run())
 
-    def put(self, message: ReplicationMessage) -> None:
-        if isinstance(message, ReplicaAppend):
-            if message.offset in self.queued:
+    def put(self, item: ReplicationMessage | int) -> None:
+        offset = item.offset if isinstance(item, ReplicaAppend) else item
+        if isinstance(offset, int):
+            if offset in self.queued:
                 return
-            self.queued.add(message.offset)
-        self.queue.append(message)
+            self.queued.add(offset)
+        self.queue.append(item)
         self.ready.set()
 
     async def run(self) -> None:
@@ -126,16 +126,19 @@ class _Outbox:
             while self.queue:
                 batch, self.queue = self.queue[:MAX_EXCHANGE], self.queue[MAX_EXCHANGE:]
                 self.queued.difference_update(
-                    m.offset for m in batch if isinstance(m, ReplicaAppend)
+                    m.offset if isinstance(m, ReplicaAppend) else m
+                    for m in batch
+                    if isinstance(m, ReplicaAppend | int)
                 )
-                exchange = ReplicaExchange(replica.name, replica.me, tuple(batch))
                 try:
+                    messages = await replica.materialize(batch)
+                    exchange = ReplicaExchange(replica.name, replica.me, messages)
                     reply = await asyncio.wait_for(
                         replica.router.call(bytes.fromhex(self.node), exchange),
                         EXCHANGE_TIMEOUT_S,
                     )
                     answers = messages_from_wire(replica.name, reply.get("messages"))
-                except (FedstreamError, TimeoutError, OSError) as exc:
+                except (FedstreamError, TimeoutError, OSError, ValueError) as exc:
                     log.debug("replica exchange %s -> %s: %s", replica.name, self.node[:12], exc)
                     self.queue.clear()  # the tick resends what the follower still lacks
                     self.queued.clear()
@@ -256,14 +259,14 @@ class StreamReplica:
         self.owner.on_role(self.name, False)
         self.writes.clear()
         await self.idle.wait()
-        self._fail_waiters()
+        self._fail_waiters(self.not_primary())
         self._close_outboxes()
         self.follower = self._follower()
 
-    def _fail_waiters(self) -> None:
+    def _fail_waiters(self, error: Exception) -> None:
         for _, future in self.waiters:
             if not future.done():
-                future.set_exception(self.not_primary())
+                future.set_exception(error)
         self.waiters.clear()
 
     def _close_outboxes(self) -> None:
@@ -279,10 +282,9 @@ class StreamReplica:
         return Unavailable(f"this peer is not the primary of stream {self.name}", **details)
 
     # ----------------------------------------------------------------------- pushes
-    async def push(self, table: pa.Table, producer: str | None, seq: int | None) -> Frame:
-        if table.num_rows == 0:
-            return {"stream": self.name, "count": 0, "offset": None, "duplicate": False}
-        body = await asyncio.to_thread(self.spool.encode, table, origin=producer, seq=seq)
+    async def push(self, body: bytes, rows: int, producer: str | None, seq: int | None) -> Frame:
+        """Append a batch (``body``: its spool file, ``Spool.encode``; ``rows`` in it) once
+        this peer's core, as primary, places it; answer once it is acknowledged."""
         primary = self.primary
         if primary is None:
             raise self.not_primary()
@@ -316,7 +318,7 @@ class StreamReplica:
             ) from None
         return {
             "stream": self.name,
-            "count": table.num_rows,
+            "count": rows,
             "offset": None if duplicate else target,
             "duplicate": duplicate,
         }
@@ -335,10 +337,7 @@ class StreamReplica:
                     log.error("stream %s: a replicated write failed: %s", self.name, exc)
                     self.idle.set()
                     self.written = self.spool.log_end
-                    for _, future in self.waiters:
-                        if not future.done():
-                            future.set_exception(exc)
-                    self.waiters.clear()
+                    self._fail_waiters(exc)
                     async with self.lock:
                         await self.step_down()
                     break
@@ -414,23 +413,31 @@ class StreamReplica:
             self._schedule_step_down()
 
     def _ship(self, ship: Ship) -> None:
-        last = min(ship.last, self.written)
-        if last < ship.first:
-            return
-        primary = self.primary
-        assert primary is not None
+        """Queue the entries a follower lacks (those on this disk); read when sent."""
         outbox = self._outbox(ship.to)
-        for offset in range(ship.first, last + 1):
-            try:
-                body = self.spool.read_file_bytes(offset)
-                tag = fmt.file_info(
-                    dict(pa.ipc.open_file(pa.BufferReader(body)).schema.metadata or {})
-                ).tag
-            except (OSError, ValueError, FedstreamError) as exc:
-                log.warning("stream %s: offset %d cannot be shipped: %s", self.name, offset, exc)
-                return
-            origin, seq = tag if tag is not None else (None, None)
-            outbox.put(primary.entry_message(offset, body, origin, seq))
+        for offset in range(ship.first, min(ship.last, self.written) + 1):
+            outbox.put(offset)
+
+    async def materialize(
+        self, items: list[ReplicationMessage | int]
+    ) -> tuple[ReplicationMessage, ...]:
+        """The messages of an outbox's batch: queued entries read from the spool in a
+        thread, then made appends of this primary's epoch (ValueError once it is not)."""
+        offsets = [item for item in items if isinstance(item, int)]
+        entries = await asyncio.to_thread(lambda: {o: self.spool.read_entry(o) for o in offsets})
+        primary = self.primary
+        if offsets and primary is None:
+            raise ValueError(f"stream {self.name}: no longer primary")
+        out: list[ReplicationMessage] = []
+        for item in items:
+            if isinstance(item, int):
+                assert primary is not None
+                body, tag = entries[item]
+                origin, seq = tag if tag is not None else (None, None)
+                out.append(primary.entry_message(item, body, origin, seq))
+            else:
+                out.append(item)
+        return tuple(out)
 
     def _schedule_step_down(self) -> None:
         async def down() -> None:
@@ -468,14 +475,14 @@ class StreamReplica:
         if primary is not None:
             lag = {n: primary.log_end - primary.end_of_member(n) for n in primary.replicas}
         return {
-            "epoch": None if state is None else state.epoch,
+            "epoch": self.disk.epoch,  # the fence: the newest epoch this replica has seen
             "primary": None if state is None else state.primary,
             "role": "primary" if primary is not None else "follower",
             "log_end": self.spool.log_end,
             "acknowledged": self.visible,
             "replicas": [] if state is None else list(state.replicas),
             "in_sync": [] if state is None else list(state.in_sync),
-            "under_replicated": state is not None and len(state.in_sync) < len(state.replicas),
+            "under_replicated": state is not None and state.under_replicated,
             "lag": lag,
         }
 

@@ -24,8 +24,6 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-import pyarrow as pa
-
 from peer.control import CreateStream, ExpandIsr, ShrinkIsr, StreamState
 from peer.errors import FedstreamError, InvalidInput, Unavailable
 from peer.federation.control import ControlClient
@@ -34,8 +32,7 @@ from peer.federation.replicas import TICK_S, StreamReplica
 from peer.federation.router import Router
 from peer.protocol.link import Frame
 from peer.protocol.replica import ReplicaExchange
-from peer.site import LocalSite
-from peer.storage import spool_format as fmt
+from peer.site import Appender, LocalSite
 from peer.storage.replica_state import ReplicaState
 
 log = logging.getLogger(__name__)
@@ -100,8 +97,10 @@ class Replicas:
             if ReplicaState.exists(directory):
                 self.site.appenders[name] = self._not_ready(name)
 
-    def _not_ready(self, name: str) -> Callable[..., Coroutine[Any, Any, Frame]]:
-        async def refuse(_table: pa.Table, _producer: str | None, _seq: int | None) -> Frame:
+    def _not_ready(self, name: str) -> Appender:
+        async def refuse(
+            _body: bytes, _rows: int, _producer: str | None, _seq: int | None
+        ) -> Frame:
             raise Unavailable(
                 f"stream {name} is replicated; this peer has not yet heard its role", stream=name
             )
@@ -159,8 +158,8 @@ class Replicas:
             state = await asyncio.to_thread(
                 ReplicaState.load, spool.directory, log_end=spool.log_end, fsync=spool.fsync
             )
-            hold = fmt.read_watermark(spool.directory)
-            spool.hold(min(-1 if hold is None else hold, spool.log_end))
+            if spool.visible_bound is None:  # (a reopened spool keeps its watermark's bound)
+                spool.hold(-1)  # nothing is acknowledged until this peer's role says so
             replica = StreamReplica(self, name, spool, state)
             self.streams[name] = replica
             self.site.appenders[name] = replica.push

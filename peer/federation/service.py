@@ -152,8 +152,12 @@ class Federation:
             placed = await self.plane.replicas.create(
                 name, nodes, count, self.replication.min_insync
             )
-            for node in placed["replicas"]:  # each replica makes its copy and learns its role
-                await self.router.ask(bytes.fromhex(node), HostStream(name, found))
+            await asyncio.gather(  # each replica makes its copy and learns its role
+                *(
+                    self.router.ask(bytes.fromhex(n), HostStream(name, found))
+                    for n in placed["replicas"]
+                )
+            )
             return {
                 "stream": name,
                 "schema": found.name,
@@ -234,7 +238,7 @@ class Federation:
                 for n in state.replicas
             ],
             "min_insync": state.min_insync,
-            "under_replicated": len(state.in_sync) < state.required_insync,
+            "under_replicated": state.under_replicated,
         }
 
     async def _lookup_catalog(self, name: str) -> dict[str, Any]:

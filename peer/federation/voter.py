@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from peer.consensus import ControlMachine, command_from_wire
-from peer.control import Applied, Command, Elect, StreamState, choose_primary, live_nodes
+from peer.control import Applied, Command, failover_decisions
 from peer.errors import InvalidInput, Unavailable
 from peer.protocol.link import Frame
 from peer.protocol.replica import (
@@ -167,43 +167,33 @@ class Voter:
                     continue
                 now = time.monotonic()
                 if self._leading_since is None:
-                    self._leading_since = now
-                    for node in self._known_nodes():
-                        self.last_heard[node] = max(self.last_heard.get(node, now), now)
+                    self._leading_since = now  # count silence only from taking office
+                    self.last_heard = dict.fromkeys(self.last_heard, now)
                 self._failover_round(now)
         finally:
             for task in self._senders.values():
                 task.cancel()
             await asyncio.to_thread(self.machine.close)
 
-    def _known_nodes(self) -> set[str]:
-        nodes: set[str] = set()
-        for state in self.machine.snapshot():
-            nodes.update(state.replicas)
-        return nodes
-
     def _failover_round(self, now: float) -> None:
-        for node in self._known_nodes():
-            self.last_heard.setdefault(node, now)
-        live = live_nodes(self.last_heard, now, self.failover_after_s)
-        for state in self.machine.snapshot():
-            if state.primary in live or self._electing.get(state.name) == state.epoch:
-                continue
-            choice = choose_primary(state, self.log_ends.get(state.name, {}), live)
-            if choice is None:
-                continue
+        streams = self.machine.snapshot()
+        for state in streams:
+            for node in state.replicas:  # a node never heard: silent from now on
+                self.last_heard.setdefault(node, now)
+        pending = [s for s in streams if self._electing.get(s.name) != s.epoch]
+        for command in failover_decisions(
+            pending, self.last_heard, now, self.failover_after_s, self.log_ends
+        ):
             log.warning(
-                "primary %s of %s silent for %.1f s: electing %s",
-                state.primary[:12],
-                state.name,
+                "primary of %s silent for %.1f s: electing %s",
+                command.name,
                 self.failover_after_s,
-                choice[:12],
+                command.primary[:12],
             )
-            self._electing[state.name] = state.epoch
-            command = Elect(state.name, state.epoch, choice)
+            self._electing[command.name] = command.epoch
             task = asyncio.create_task(self.submit(command))
-            task.add_done_callback(functools.partial(self._elected, state=state))
+            task.add_done_callback(functools.partial(self._elected, name=command.name))
 
-    def _elected(self, task: asyncio.Task[Applied], *, state: StreamState) -> None:
+    def _elected(self, task: asyncio.Task[Applied], *, name: str) -> None:
         if task.cancelled() or task.exception() is not None or not task.result().ok:
-            self._electing.pop(state.name, None)  # try again next round
+            self._electing.pop(name, None)  # try again next round

@@ -20,7 +20,7 @@ Every ``from_wire`` checks each field of a frame from another peer and raises
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeAlias
 
@@ -167,7 +167,7 @@ class ReplicaExchange:
             "op": self.OP,
             "stream": self.stream,
             "sender": self.sender,
-            "messages": [message_to_wire(m) for m in self.messages],
+            **messages_to_wire(self.messages),
         }
 
     @classmethod
@@ -183,7 +183,7 @@ def messages_from_wire(stream: str, raw: object) -> tuple[ReplicationMessage, ..
     return tuple(message_from_wire(stream, item) for item in raw)
 
 
-def messages_to_wire(messages: tuple[ReplicationMessage, ...] | list[ReplicationMessage]) -> Frame:
+def messages_to_wire(messages: Sequence[ReplicationMessage]) -> Frame:
     return {"messages": [message_to_wire(m) for m in messages]}
 
 

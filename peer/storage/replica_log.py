@@ -175,6 +175,13 @@ class ReplicaLog:
         except OSError as exc:
             raise fmt.unreadable_file_error(self.name, self.directory, offset, exc) from None
 
+    def read_entry(self: _Log, offset: int) -> tuple[bytes, tuple[str, int] | None]:
+        """The file at ``offset`` as ``read_file_bytes`` gives it, and its event id
+        (origin, seq) from the replay memory (None if it has none): what a primary ships."""
+        data = ReplicaLog.read_file_bytes(self, offset)
+        with self._lock:
+            return data, self._tags.get(offset)
+
     def hold(self: _Log, visible: int | None) -> None:
         """Let readers see offsets up to ``visible`` only (None: up to the log end). Meant to
         rise (the acknowledged end); a bound below what was trimmed is taken as the trimmed

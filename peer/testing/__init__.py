@@ -24,6 +24,7 @@ from peer.cluster import (
     signed_contracts,
     stream_name_on,
     trust_all,
+    wait_until,
 )
 from peer.examples.keyed_window import keyed_window_box, keyed_window_query, keyed_window_sums
 from peer.testing.clock import ManualClock
@@ -46,4 +47,5 @@ __all__ = [
     "signed_contracts",
     "stream_name_on",
     "trust_all",
+    "wait_until",
 ]

@@ -32,7 +32,13 @@ import pytest
 from peer.client import Client
 from peer.errors import FedstreamError
 from peer.storage import spool_format as fmt
-from peer.testing import LocalFederation, PeerProcess, make_participants, participant_args
+from peer.testing import (
+    LocalFederation,
+    PeerProcess,
+    make_participants,
+    participant_args,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -143,21 +149,6 @@ def check_exactly_once(got: list[Row], acked: set[int], tried: set[int]) -> None
     assert not strays, f"rows nobody pushed: {strays[:5]}"
 
 
-async def wait_until(probe: Any, what: str, timeout_s: float = 60) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = await probe()
-        except (FedstreamError, TimeoutError, OSError) as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last: {last!r})")
-
-
 async def status_of(proc: PeerProcess) -> dict[str, Any]:
     async with Client("127.0.0.1", proc.port, timeout_s=10) as c:
         return await c.status()
@@ -195,7 +186,7 @@ def test_kill_9_of_the_primary_loses_no_acknowledged_row_and_it_returns_a_follow
                     return False
             return True
 
-        await wait_until(ready, "five live members that all know three voters", 90)
+        await wait_until(ready, "five live members that all know three voters", 90, every_s=0.2)
         async with Client("127.0.0.1", first.port, timeout_s=30) as c:
             await c.create_schema(SCHEMA)
             created = await c.create_stream(STREAM, "tick", replicas=3)
@@ -249,7 +240,7 @@ def test_kill_9_of_the_primary_loses_no_acknowledged_row_and_it_returns_a_follow
                 return dict(mine)
             return None
 
-        mine = await wait_until(followed, "the returning peer to be in sync again", 90)
+        mine = await wait_until(followed, "the returning peer to be in sync again", 90, every_s=0.2)
         await pusher.push_range(range(45, 50))
         got = await read_back(victim.port, 50 * ROWS)
 
@@ -259,7 +250,7 @@ def test_kill_9_of_the_primary_loses_no_acknowledged_row_and_it_returns_a_follow
             same = mine["log_end"] == theirs["log_end"]
             return dict(mine) if same else None
 
-        await wait_until(caught_up, "the returning peer to hold the last batches", 30)
+        await wait_until(caught_up, "the returning peer to hold the last batches", 30, every_s=0.2)
         return mine, (await status_of(new_primary))["replication"]["streams"][STREAM], got
 
     mine, theirs, got = asyncio.run(after_return())

@@ -177,8 +177,8 @@ def test_failover_elects_only_for_silent_primaries_with_a_live_isr_member() -> N
     assert state.apply(CreateStream("t", ("b", "c"), 2)).ok
     heard = {"a": 0.0, "b": 9.0, "c": 9.5}
     ends = {"s": {"b": 3, "c": 5}, "t": {"c": 1}}
-    assert failover_decisions(state, heard, 10.0, 1.5, ends) == [Elect("s", 1, "c")]
+    assert failover_decisions(state.streams(), heard, 10.0, 1.5, ends) == [Elect("s", 1, "c")]
     heard["a"] = 9.9
-    assert failover_decisions(state, heard, 10.0, 1.5, ends) == []
+    assert failover_decisions(state.streams(), heard, 10.0, 1.5, ends) == []
     heard = {"a": 0.0, "b": 0.0, "c": 0.0}
-    assert failover_decisions(state, heard, 10.0, 1.5, ends) == []  # nobody to elect
+    assert failover_decisions(state.streams(), heard, 10.0, 1.5, ends) == []  # nobody to elect

@@ -439,7 +439,7 @@ class Sim:
                 self.last_heard[name] = self.now
                 self.log_ends[name] = node.log_end
         for elect in failover_decisions(
-            self.control, self.last_heard, self.now, FAILOVER_S, {STREAM: self.log_ends}
+            self.control.streams(), self.last_heard, self.now, FAILOVER_S, {STREAM: self.log_ends}
         ):
             self.control.apply(elect)
         for name, node in self.nodes.items():
