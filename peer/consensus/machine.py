@@ -17,6 +17,8 @@ tick thread: it decodes the frame with :func:`command_from_wire` and applies it 
 with :class:`~peer.errors.Unavailable` (retriable) when there is no leader, the leader changed
 before the entry committed, or no answer came within ``submit_timeout`` (then the command may
 still be applied later: commands are conditional on an epoch or version, so a retry is safe).
+A ``CreateStream`` without an anchor leaves ``anchor`` out of its map (older voters know no
+such field).
 
 Snapshots. pysyncobj compacts its log by dumping the state machine, and sends the dump to a
 voter too far behind. By default it pickles the object's attributes; here its ``serializer`` /
@@ -68,6 +70,7 @@ from peer.control import (
     Command,
     ControlState,
     CreateStream,
+    DropStream,
     Elect,
     ExpandIsr,
     SetReplicas,
@@ -103,6 +106,7 @@ T = TypeVar("T")
 
 _COMMANDS: dict[str, type[Command]] = {
     "create_stream": CreateStream,
+    "drop_stream": DropStream,
     "elect": Elect,
     "shrink_isr": ShrinkIsr,
     "expand_isr": ExpandIsr,
@@ -111,6 +115,7 @@ _COMMANDS: dict[str, type[Command]] = {
 _TYPE_OF: dict[type[Any], str] = {cls: name for name, cls in _COMMANDS.items()}
 _STR_FIELDS = {"name", "primary", "node"}
 _INT_FIELDS = {"epoch", "version", "min_insync"}
+_OPTIONAL_FIELDS = {"anchor"}  # absent from the wire form when None (as older voters wrote)
 
 
 def _wire_int(what: str, value: object) -> int:
@@ -139,6 +144,8 @@ def command_to_wire(command: Command) -> bytes:
     body: dict[str, Any] = {"type": kind}
     for field in dataclasses.fields(command):
         value = getattr(command, field.name)
+        if value is None and field.name in _OPTIONAL_FIELDS:
+            continue
         body[field.name] = list(value) if isinstance(value, tuple) else value
     frame: bytes = msgpack.packb(body, use_bin_type=True)
     if len(frame) > MAX_COMMAND_BYTES:
@@ -168,6 +175,10 @@ def command_from_wire(data: bytes) -> Command:
         raise InvalidInput(f"{kind}: unexpected field {extra[0]!r:.80}")
     kwargs: dict[str, Any] = {}
     for name in sorted(names):
+        if name in _OPTIONAL_FIELDS:
+            value = body.get(name)
+            kwargs[name] = None if value is None else _wire_str(f"{kind}.{name}", value)
+            continue
         if name not in body:
             raise InvalidInput(f"{kind}: missing field {name!r}")
         value, what = body[name], f"{kind}.{name}"
@@ -188,8 +199,10 @@ def command_from_wire(data: bytes) -> Command:
 
 
 def stream_to_wire(stream: StreamState) -> list[Any]:
-    """One stream's state as a plain list (msgpack-able)."""
-    return [
+    """One stream's state as a plain list (msgpack-able): name, epoch, primary, replicas,
+    in_sync, min_insync, version, and the anchor as an 8th element if there is one (so an
+    unanchored stream keeps the 7-element form older voters read)."""
+    wire = [
         stream.name,
         stream.epoch,
         stream.primary,
@@ -198,12 +211,16 @@ def stream_to_wire(stream: StreamState) -> list[Any]:
         stream.min_insync,
         stream.version,
     ]
+    if stream.anchor is not None:
+        wire.append(stream.anchor)
+    return wire
 
 
 def stream_from_wire(value: object) -> StreamState:
-    """The inverse of :func:`stream_to_wire`, checking the invariants of the state."""
-    if not isinstance(value, list) or len(value) != 7:
-        raise InvalidInput(f"a stream state must be a list of 7, not {value!r:.80}")
+    """The inverse of :func:`stream_to_wire` (7 elements, or 8 with the anchor, which may be
+    nil), checking the invariants of the state."""
+    if not isinstance(value, list) or len(value) not in (7, 8):
+        raise InvalidInput(f"a stream state must be a list of 7 or 8, not {value!r:.80}")
     name = _wire_str("stream.name", value[0])
     epoch = _wire_int(f"stream {name!r} epoch", value[1])
     primary = _wire_str(f"stream {name!r} primary", value[2])
@@ -217,7 +234,12 @@ def stream_from_wire(value: object) -> StreamState:
         raise InvalidInput(f"stream {name!r}: replicas must be distinct and not empty")
     if primary not in in_sync or not set(in_sync) <= set(replicas):
         raise InvalidInput(f"stream {name!r}: the primary must be in sync, the ISR in replicas")
-    return StreamState(name, epoch, primary, replicas, in_sync, min_insync, version)
+    anchor: str | None = None
+    if len(value) == 8 and value[7] is not None:
+        anchor = _wire_str(f"stream {name!r} anchor", value[7])
+        if anchor in ("", name):
+            raise InvalidInput(f"stream {name!r}: the anchor must name another stream")
+    return StreamState(name, epoch, primary, replicas, in_sync, min_insync, version, anchor)
 
 
 def state_from_streams(streams: Sequence[StreamState], applied: int) -> ControlState:

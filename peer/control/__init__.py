@@ -1,19 +1,21 @@
 """The control plane: a replicated state machine that names each stream's primary, epoch and
 in-sync set (docs/replication.md). This package is its pure core: the commands of the
 replicated log, the state they are applied to, and the failover decisions of the Raft
-leader. The Raft library and the heartbeats that drive it live elsewhere and call in."""
+leader (which keep an anchored stream on its anchor's primary). The Raft library and the
+heartbeats that drive it live elsewhere and call in."""
 
 from __future__ import annotations
 
 from peer.control.commands import (
     Command,
     CreateStream,
+    DropStream,
     Elect,
     ExpandIsr,
     SetReplicas,
     ShrinkIsr,
 )
-from peer.control.failover import choose_primary, failover_decisions, live_nodes
+from peer.control.failover import anchor_roots, choose_primary, failover_decisions, live_nodes
 from peer.control.state import Applied, ControlState, StreamState
 
 __all__ = [
@@ -21,11 +23,13 @@ __all__ = [
     "Command",
     "ControlState",
     "CreateStream",
+    "DropStream",
     "Elect",
     "ExpandIsr",
     "SetReplicas",
     "ShrinkIsr",
     "StreamState",
+    "anchor_roots",
     "choose_primary",
     "failover_decisions",
     "live_nodes",

@@ -4,13 +4,25 @@ Each command is decided by one peer on what it knew then (an epoch, a state vers
 applied later by every voter in log order; :meth:`peer.control.state.ControlState.apply` turns
 a command decided on stale knowledge into a no-op. Constructors check every field and name the
 first wrong one, so a malformed command never reaches the log.
+
+A stream created with an ``anchor`` (the name of another stream) fails over with it: the
+failover decisions (:mod:`peer.control.failover`) keep its primary on its anchor's primary.
+``DropStream`` removes a stream from the state.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Command", "CreateStream", "Elect", "ExpandIsr", "SetReplicas", "ShrinkIsr"]
+__all__ = [
+    "Command",
+    "CreateStream",
+    "DropStream",
+    "Elect",
+    "ExpandIsr",
+    "SetReplicas",
+    "ShrinkIsr",
+]
 
 
 def _check_name(owner: str, field: str, value: object) -> None:
@@ -35,16 +47,32 @@ def _check_replicas(owner: str, name: str, replicas: object) -> None:
 @dataclass(frozen=True)
 class CreateStream:
     """A new replicated stream: epoch 1, ``replicas[0]`` its primary, every replica in sync
-    (all hold the empty log)."""
+    (all hold the empty log). With ``anchor`` (another stream's name) the stream follows that
+    stream's primary; its creator passes the anchor's replicas, its current primary first."""
 
     name: str
     replicas: tuple[str, ...]
     min_insync: int
+    anchor: str | None = None
 
     def __post_init__(self) -> None:
         _check_name("CreateStream", "name", self.name)
         _check_replicas("CreateStream", self.name, self.replicas)
         _check_int("CreateStream", "min_insync", self.min_insync, 1)
+        if self.anchor is not None:
+            _check_name("CreateStream", "anchor", self.anchor)
+            if self.anchor == self.name:
+                raise ValueError(f"CreateStream({self.name!r}).anchor must name another stream")
+
+
+@dataclass(frozen=True)
+class DropStream:
+    """Remove the stream ``name`` from the state (a no-op if there is none)."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        _check_name("DropStream", "name", self.name)
 
 
 @dataclass(frozen=True)
@@ -110,4 +138,4 @@ class SetReplicas:
         _check_replicas("SetReplicas", self.name, self.replicas)
 
 
-Command = CreateStream | Elect | ShrinkIsr | ExpandIsr | SetReplicas
+Command = CreateStream | DropStream | Elect | ShrinkIsr | ExpandIsr | SetReplicas

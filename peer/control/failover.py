@@ -8,10 +8,27 @@ member holds every acknowledged entry, so any choice keeps them all; the longest
 the most unacknowledged ones too. No live ISR member means no election: the stream waits
 (electing a replica outside the ISR could lose acknowledged entries).
 
+Anchors. A stream S whose ``anchor`` names a stream A present among the streams (a query
+fragment's result or checkpoint stream, anchored to the fragment's input A) must have A's
+primary, so that the fragment, its input and its outputs fail over together:
+
+- S is never elected on its own silence. It follows A: whenever A's primary is not S's, is
+  live and is in S's ISR, S gets an ``Elect`` of A's primary. If A's primary is outside S's
+  ISR, S waits (it must not lose acknowledged entries) until an ``ExpandIsr`` admits it.
+- When A's primary is silent, A's new primary is chosen, preferably, among the live members of
+  the ISRs of A and of every stream anchored to A (directly, or through a chain of anchors):
+  the followers can then follow at once. If that intersection has no live member, the choice
+  is over A's ISR alone, as for any stream (a follower outside it waits).
+- A stream whose anchor is missing (dropped, or never created) fails over on its own. A cycle of
+  anchors (possible only after a stream is dropped and created again) is cut at its least
+  name, which fails over on its own; the others follow it.
+
 The decisions are proposed as :class:`~peer.control.commands.Elect` commands for the epoch they
-were decided in, so one made on stale heartbeats is a no-op once anything has changed. Times
-are monotonic seconds on the leader's machine; the driver seeds ``last_heard`` with the moment
-it took office, so a new leader gives every peer a full ``failover_after_s`` to be heard.
+were decided in, so one made on stale heartbeats is a no-op once anything has changed. They
+come in the order of ``streams`` and depend on nothing else (no clock, no unordered
+iteration). Times are monotonic seconds on the leader's machine; the driver seeds
+``last_heard`` with the moment it took office, so a new leader gives every peer a full
+``failover_after_s`` to be heard.
 """
 
 from __future__ import annotations
@@ -21,7 +38,7 @@ from collections.abc import Collection, Iterable, Mapping
 from peer.control.commands import Elect
 from peer.control.state import StreamState
 
-__all__ = ["choose_primary", "failover_decisions", "live_nodes"]
+__all__ = ["anchor_roots", "choose_primary", "failover_decisions", "live_nodes"]
 
 
 def choose_primary(
@@ -41,6 +58,40 @@ def live_nodes(last_heard: Mapping[str, float], now: float, failover_after_s: fl
     return {node for node, heard in last_heard.items() if now - heard < failover_after_s}
 
 
+def _anchors(by_name: Mapping[str, StreamState]) -> dict[str, str]:
+    """Stream name -> the name of its anchor, for each stream whose anchor is present; each
+    cycle of anchors is cut at its least name."""
+    anchors = {
+        name: stream.anchor
+        for name, stream in by_name.items()
+        if stream.anchor is not None and stream.anchor in by_name and stream.anchor != name
+    }
+    for name in sorted(anchors):
+        if name not in anchors:
+            continue  # cut already
+        path: list[str] = []
+        node = name
+        while node in anchors and node not in path:
+            path.append(node)
+            node = anchors[node]
+        if node == name:  # back where it started: a cycle, exactly ``path``
+            del anchors[min(path)]
+    return anchors
+
+
+def anchor_roots(streams: Iterable[StreamState]) -> dict[str, str]:
+    """Stream name -> the stream it ultimately fails over with (its anchor's anchor...), for
+    every anchored stream whose anchor is present among ``streams``."""
+    anchors = _anchors({stream.name: stream for stream in streams})
+    roots = {}
+    for name in sorted(anchors):
+        root = anchors[name]
+        while root in anchors:  # cycles are cut, so this ends
+            root = anchors[root]
+        roots[name] = root
+    return roots
+
+
 def failover_decisions(
     streams: Iterable[StreamState],
     last_heard: Mapping[str, float],
@@ -49,15 +100,36 @@ def failover_decisions(
     log_ends: Mapping[str, Mapping[str, int]],
 ) -> list[Elect]:
     """One ``Elect`` for each of ``streams`` (the control plane's states) whose primary is
-    silent and has a live ISR member.
-    ``log_ends[stream][node]`` is the log end ``node`` last reported for ``stream``."""
+    silent and has a live ISR member, or that is anchored and can follow its anchor's primary
+    (see the module docstring).
+    ``log_ends[stream][node]`` is the log end ``node`` last reported for ``stream``.
+    ``streams`` should hold every stream: a stream whose anchor is not among them fails over
+    on its own."""
     live = live_nodes(last_heard, now, failover_after_s)
+    ordered = list(streams)
+    by_name = {stream.name: stream for stream in ordered}
+    anchors = _anchors(by_name)
+    followers: dict[str, list[StreamState]] = {}
+    for name, root in anchor_roots(by_name.values()).items():
+        followers.setdefault(root, []).append(by_name[name])
     decisions = []
-    for stream in streams:
+    for stream in ordered:
+        anchor = anchors.get(stream.name)
+        if anchor is not None:
+            lead = by_name[anchor].primary
+            if lead != stream.primary and lead in stream.in_sync and lead in live:
+                decisions.append(Elect(stream.name, stream.epoch, lead))
+            continue
         if stream.primary in live:
             continue
         candidates = live - {stream.primary}
-        choice = choose_primary(stream, log_ends.get(stream.name, {}), candidates)
+        ends = log_ends.get(stream.name, {})
+        choice = None
+        if stream.name in followers:
+            shared = candidates.intersection(*(f.in_sync for f in followers[stream.name]))
+            choice = choose_primary(stream, ends, shared)
+        if choice is None:
+            choice = choose_primary(stream, ends, candidates)
         if choice is not None:
             decisions.append(Elect(stream.name, stream.epoch, choice))
     return decisions

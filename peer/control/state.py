@@ -9,12 +9,22 @@ reads nothing but the state and the command (no clock, no randomness, no iterati
 unordered set), so every voter holds the same state after the same prefix of the log.
 
 For each stream the state holds ``epoch``, ``primary``, ``replicas`` (the successor list),
-``in_sync`` (the ISR, in replica order), the requested ``min_insync`` and a ``version`` that
-rises by one with every change. Commands are decided by a peer on what it knew then, and a
-command decided on stale knowledge is a no-op with a reason (:class:`Applied`):
+``in_sync`` (the ISR, in replica order), the requested ``min_insync``, a ``version`` that
+rises by one with every change, and ``anchor``: None, or the name of the stream it is anchored
+to. An anchored stream (a query fragment's results, its checkpoints) must keep the same primary
+as its anchor (the fragment's input), so all of them fail over together; the state only records
+the anchor, the failover decisions (:mod:`peer.control.failover`) act on it.
+
+Commands are decided by a peer on what it knew then, and a command decided on stale knowledge
+is a no-op with a reason (:class:`Applied`):
 
 - ``CreateStream``: epoch 1, the first replica leads, and every replica is in sync (they all
-  hold the empty log, so each holds every acknowledged entry).
+  hold the empty log, so each holds every acknowledged entry). It records its ``anchor`` as
+  given: an anchored stream's creator passes the anchor's replicas with its primary first. The
+  anchor need not exist (a stream whose anchor is missing fails over on its own).
+- ``DropStream`` removes the stream (a stream anchored to it keeps naming it, and so fails over
+  on its own until a stream of that name exists again). A name dropped and created again
+  starts afresh at epoch 1 and version 1.
 - ``Elect`` holds only in the epoch it was decided in, and only for an ISR member other than the
   primary. The new epoch's ISR is the old one without the deposed primary: it is the
   member known to be unreachable, and every other member holds every acknowledged entry.
@@ -26,7 +36,7 @@ command decided on stale knowledge is a no-op with a reason (:class:`Applied`):
   successor list leave the ISR.
 
 Invariants (tests/unit/test_control_state.py): the primary is in the ISR; the ISR is drawn from
-the replicas; epochs and versions never fall.
+the replicas; while a stream exists, its epoch and version never fall.
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ from dataclasses import dataclass, replace
 from peer.control.commands import (
     Command,
     CreateStream,
+    DropStream,
     Elect,
     ExpandIsr,
     SetReplicas,
@@ -57,6 +68,7 @@ class StreamState:
     in_sync: tuple[str, ...]
     min_insync: int
     version: int
+    anchor: str | None = None  # the stream this one fails over with (see the module docstring)
 
     @property
     def under_replicated(self) -> bool:
@@ -113,6 +125,9 @@ class ControlState:
         current = self._streams.get(command.name)
         if current is None:
             return Applied(command, False, f"no stream {command.name!r}")
+        if isinstance(command, DropStream):
+            del self._streams[command.name]
+            return Applied(command, True)
         if isinstance(command, Elect):
             outcome = self._elect(current, command)
         elif isinstance(command, ShrinkIsr | ExpandIsr):
@@ -139,6 +154,7 @@ class ControlState:
             in_sync=command.replicas,
             min_insync=command.min_insync,
             version=1,
+            anchor=command.anchor,
         )
         return Applied(command, True)
 

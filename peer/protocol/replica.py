@@ -191,7 +191,8 @@ def messages_to_wire(messages: Sequence[ReplicationMessage]) -> Frame:
 
 
 def state_to_wire(state: StreamState) -> Frame:
-    return {
+    """One stream's state; ``anchor`` only if it has one (older peers ignore the key)."""
+    frame: Frame = {
         "name": state.name,
         "epoch": state.epoch,
         "primary": state.primary,
@@ -200,6 +201,9 @@ def state_to_wire(state: StreamState) -> Frame:
         "min_insync": state.min_insync,
         "version": state.version,
     }
+    if state.anchor is not None:
+        frame["anchor"] = state.anchor
+    return frame
 
 
 def state_from_wire(frame: object) -> StreamState:
@@ -216,7 +220,10 @@ def state_from_wire(frame: object) -> StreamState:
         tuple(_node_hex(n, f"{what}: in_sync") for n in in_sync),
         _field(frame, "min_insync", int, what),
         _field(frame, "version", int, what),
+        _opt(frame, "anchor", str, what),  # absent (older voters) or nil: not anchored
     )
+    if state.anchor is not None and state.anchor in ("", state.name):
+        raise InvalidInput(f"{what} of {state.name}: the anchor must name another stream")
     if state.epoch < 1 or state.version < 0 or state.min_insync < 1:
         raise InvalidInput(f"{what} of {state.name}: epoch, version or min_insync out of range")
     if state.primary not in state.replicas or not set(state.in_sync) <= set(state.replicas):

@@ -35,6 +35,7 @@ from peer.consensus import (
 from peer.control import (
     Command,
     CreateStream,
+    DropStream,
     Elect,
     ExpandIsr,
     SetReplicas,
@@ -51,6 +52,8 @@ COMMANDS: list[Command] = [
     ShrinkIsr("s", 2, 7, C),
     ExpandIsr("s", 2, 8, C),
     SetReplicas("s", 9, (A, B)),
+    CreateStream("t", (B, A), 1, "s"),
+    DropStream("s"),
 ]
 
 
@@ -72,6 +75,7 @@ def test_every_command_round_trips_through_its_wire_form(command: Command) -> No
         "shrink_isr",
         "expand_isr",
         "set_replicas",
+        "drop_stream",
     }
 
 

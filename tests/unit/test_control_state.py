@@ -11,6 +11,7 @@ from peer.control import (
     Command,
     ControlState,
     CreateStream,
+    DropStream,
     Elect,
     ExpandIsr,
     SetReplicas,
@@ -128,6 +129,14 @@ commands = st.one_of(
         st.lists(nodes, min_size=1, max_size=4, unique=True).map(tuple),
         st.integers(1, 4),
     ),
+    st.builds(
+        CreateStream,
+        st.just("u"),
+        st.lists(nodes, min_size=1, max_size=4, unique=True).map(tuple),
+        st.integers(1, 4),
+        st.sampled_from(("s", "t")),
+    ),
+    st.builds(DropStream, st.sampled_from(("s", "t", "u"))),
     st.builds(Elect, st.sampled_from(("s", "t")), st.integers(1, 4), nodes),
     st.builds(ShrinkIsr, st.sampled_from(("s", "t")), st.integers(1, 4), st.integers(1, 6), nodes),
     st.builds(ExpandIsr, st.sampled_from(("s", "t")), st.integers(1, 4), st.integers(1, 6), nodes),
@@ -149,6 +158,9 @@ def test_any_log_keeps_the_invariants_and_every_voter_agrees(log: list[Command])
         outcomes = [voter.apply(command) for voter in voters]
         assert outcomes[0] == outcomes[1]
         after = voters[0].stream(command.name)
+        if isinstance(command, DropStream):
+            assert after is None and outcomes[0].ok == (before is not None)
+            continue
         assert after is not None or not outcomes[0].ok
         if before is not None and after is not None:
             assert after.epoch >= before.epoch
