@@ -32,6 +32,7 @@ from peer.model.schema import Schema, check_name, parse_schema, to_arrow_schema
 from peer.model.tuples import batch_from_wire, batch_to_wire
 from peer.protocol.api import QUERY_STATUSES, READY, START_POSITIONS
 from peer.storage.catalog import LocalCatalog, QueryEntry
+from peer.storage.replica_state import ReplicaState
 from peer.storage.spool import Spool, SpoolSet
 from peer.storage.spool_format import Quarantine, TrimmedError
 
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SUBSCRIBE_CHUNK = 64  # spool files read per wake-up of a subscriber
+INTERNAL_PREFIX = "~"  # streams the federation makes for itself (names users cannot give)
+INTERNAL_KEPT = 8  # batches an internal stream keeps (its newest matter, and a lagging replica's)
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,7 @@ class LocalSite:
         """Restart the queries that were RUNNING, from their checkpoints."""
         for name in self.catalog.query_names():
             entry = self.catalog.query(name)
-            if entry.status == "RUNNING":
+            if entry.status == "RUNNING" and not self.replicated_outputs(entry.query):
                 blocked = self.quarantined_streams(entry.query)
                 if blocked:
                     self.query_errors[name] = blocked[0].error().message
@@ -120,7 +123,10 @@ class LocalSite:
         for name in self.spools.streams():
             with contextlib.suppress(KeyError, OSError):
                 spool = self.spools.get(name)
-                await asyncio.to_thread(spool.trim, max_age_s=self.config.retention_s)
+                # an internal stream (a fragment's checkpoints) needs only its newest batches
+                internal = name.startswith(INTERNAL_PREFIX)
+                retain, age = (INTERNAL_KEPT, 0.0) if internal else (0, self.config.retention_s)
+                await asyncio.to_thread(spool.trim, retain, max_age_s=age)
         if self.engine is not None:
             for name, reason in (await self.engine.failed()).items():
                 if self.query_errors.get(name) != reason:
@@ -139,6 +145,35 @@ class LocalSite:
         )
         if placement != entry.placement:
             await asyncio.to_thread(self.catalog.set_placement, entry.query.name, placement)
+
+    def replicated_outputs(self, query: Query) -> bool:
+        """Whether ``query`` writes replicated streams: it runs wherever the primary of its
+        input is (peer.federation.fragments starts it there), not where it ran before."""
+        outputs = [s for box in query.boxes for s in box.outputs]
+        return any(
+            s in self.spools and ReplicaState.exists(self.spools.get(s).directory) for s in outputs
+        )
+
+    async def restore_query(self, query: Query, incarnation: str, status: str) -> None:
+        """Enter a fragment taken over from another peer (its checkpoint in place already),
+        in its own streaming query, and run it if it ran there."""
+        await asyncio.to_thread(self.catalog.add_query, query, incarnation)
+        await asyncio.to_thread(self.catalog.set_placement, query.name, "own")
+        if status == "RUNNING":
+            await self.set_query_status_here(query.name, "RUNNING")
+        elif status == "STOPPED":
+            await asyncio.to_thread(self.catalog.set_status, query.name, status)
+
+    async def release_query(self, name: str) -> None:
+        """Stop a fragment that now runs on another peer and forget it here (its streams
+        stay: they are replicas)."""
+        entry = self.catalog.find_query(name)
+        if entry is None:
+            return
+        if self.engine is not None:
+            await self.engine.drop_query(name, entry.incarnation)
+        await asyncio.to_thread(self.catalog.remove_query, name)
+        self._checked.pop(name, None)
 
     def quarantined_streams(self, query: Query) -> list[Quarantine]:
         """The quarantined spools among the streams ``query`` reads or writes."""

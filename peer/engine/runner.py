@@ -39,6 +39,7 @@ from peer.model.schema import Schema, spark_ddl
 from peer.storage.spool import SpoolSet
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
@@ -105,6 +106,12 @@ class Engine:
         self.lane = Lane(
             spools, checkpoint_root / "lane", trigger_s=trigger_s, max_rows=max_rows_per_batch
         )
+        # Seams for replicated fragments (peer.federation.fragments), called on Spark's
+        # callback thread: ``on_batch(query, batch id, checkpoint)`` before a micro-batch
+        # runs, and ``emit(stream, table, origin, seq)`` for each result part (default: the
+        # local spool's append).
+        self.on_batch: Callable[[str, int, Path], None] | None = None
+        self.emit: Callable[[str, pa.Table, str, int], None] | None = None
 
     async def _call(self, fn: Callable[[], T]) -> T:
         loop = asyncio.get_running_loop()
@@ -218,9 +225,14 @@ class Engine:
 
             def sink(df: DataFrame, batch_id: int) -> None:
                 started = time.monotonic()
+                if self.on_batch is not None:  # the checkpoint as this batch starts
+                    self.on_batch(name, batch_id, checkpoint)
                 table = df.toArrow()
                 for stream, part in split_outputs(compiled, table).items():
-                    self.spools.get(stream).append(part, origin=origin, seq=batch_id)
+                    if self.emit is not None:
+                        self.emit(stream, part, origin, batch_id)
+                    else:
+                        self.spools.get(stream).append(part, origin=origin, seq=batch_id)
                 if running is not None:
                     running.batches += 1
                     running.rows_out += table.num_rows

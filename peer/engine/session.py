@@ -34,6 +34,9 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.driver.memory": "1g",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.streaming.noDataMicroBatches.enabled": "true",
+    # Recovery needs the newest batch only; fewer old ones make checkpoints that travel (moves,
+    # replicated fragments: peer.federation.fragments) smaller.
+    "spark.sql.streaming.minBatchesToRetain": "10",
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.driver.host": "127.0.0.1",
     "spark.sql.adaptive.enabled": "false",

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from overlay.membership import MemberInfo, rank, stream_target
@@ -61,6 +61,9 @@ class Coordinator:
         self.records = records
         self.hosting = hosting
         self.router = router
+        # with a control plane: the primary of a replicated stream (node id, hex), where a
+        # fragment reading it is placed so that it can fail over with it
+        self.primary_of: Callable[[str], Awaitable[str | None]] = _no_primary
 
     # placement
     def _engines(self, members: list[MemberInfo]) -> list[MemberInfo]:
@@ -118,7 +121,12 @@ class Coordinator:
 
     async def create(self, query: Query) -> dict[str, Any]:
         checked = await self.check(query)
-        fragments = fragment_query(query, default=self.default_site, resolve=self.resolve_site)
+        primaries = {s: await self.primary_of(s) for s in checked.inputs}
+
+        def default(stream: str) -> str:
+            return primaries.get(stream) or self.default_site(stream)
+
+        fragments = fragment_query(query, default=default, resolve=self.resolve_site)
         made_by = {s: f.site for f in fragments for s in f.outputs}
         hosts = {s: (await self.hosting.host_of(s)).hex() for s in checked.inputs}
 
@@ -218,6 +226,10 @@ class Coordinator:
                 info["error"] = str(exc)
             out.append(info)
         return out
+
+
+async def _no_primary(_stream: str) -> str | None:
+    return None
 
 
 def _plan(query: Query, fragments: list[Fragment], host: Callable[[str], str]) -> dict[str, Any]:

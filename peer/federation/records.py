@@ -42,6 +42,8 @@ class CatalogRecords:
 
     async def stream(self, stream: str) -> dict[str, Any]:
         value = await self.read(f"stream:{stream}")
+        if value is None:  # a remembered miss may be older than the record: ask again
+            value = await self.read(f"stream:{stream}", fresh=True)
         if value is None or value.get("deleted"):
             raise NotFound(f"unknown stream {stream}", stream=stream)
         return value

@@ -165,18 +165,36 @@ class Replicas:
             self.site.appenders[name] = replica.push
             return replica
 
-    async def create(self, name: str, nodes: list[bytes], replicas: int, min_insync: int) -> Frame:
-        """Ask the control plane for a new replicated stream on ``nodes`` (closest first)."""
+    async def create(
+        self,
+        name: str,
+        nodes: list[bytes],
+        replicas: int,
+        min_insync: int,
+        *,
+        anchor: str | None = None,
+    ) -> Frame:
+        """Ask the control plane for a new replicated stream on ``nodes`` (the first leads;
+        ``anchor``: the stream whose primary it follows)."""
         chosen = tuple(n.hex() for n in nodes[:replicas])
         if not chosen:
             raise Unavailable(f"stream {name}: no live peer can hold it")
-        reply = await self.control.submit(CreateStream(name, chosen, min(min_insync, replicas)))
+        command = CreateStream(name, chosen, min(min_insync, replicas), anchor=anchor)
+        reply = await self.control.submit(command)
         if not reply.get("ok") and "exists" not in str(reply.get("reason")):
             raise Unavailable(f"stream {name} not created: {reply.get('reason')}", stream=name)
         state = await self.control.read(name)
         if state is None:
             raise Unavailable(f"stream {name}: the control plane lost it", stream=name)
         return {"epoch": state.epoch, "primary": state.primary, "replicas": list(state.replicas)}
+
+    async def forget(self, name: str) -> None:
+        """Stop replicating a dropped stream here (its spool is the caller's to drop)."""
+        replica = self.streams.pop(name, None)
+        self.site.appenders.pop(name, None)
+        self.control.states.pop(name, None)
+        if replica is not None:
+            await replica.close()
 
     # ----------------------------------------------------------------------- requests
     async def on_exchange(self, message: ReplicaExchange, _sender: str) -> Frame:

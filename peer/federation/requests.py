@@ -36,6 +36,14 @@ from peer.site import LocalSite, checked_status
 log = logging.getLogger(__name__)
 
 
+async def _not_replicated(_checked: CheckedQuery) -> None:
+    return None
+
+
+async def _nothing(_fragment: str, _status: str) -> None:
+    return None
+
+
 class SiteRequests:
     def __init__(
         self,
@@ -52,6 +60,11 @@ class SiteRequests:
         self.router = router
         # a replicated stream's copy is made by the replica driver (True: it was one)
         self.on_host_stream: Callable[[str], Awaitable[bool]] | None = None
+        # replicated fragments (peer.federation.fragments): installed there if they can be
+        # (None: not replicated), and told of every status change of a fragment
+        self.install_replicated: Callable[[CheckedQuery], Awaitable[dict[str, Any] | None]]
+        self.install_replicated = _not_replicated
+        self.after_status: Callable[[str, str], Awaitable[None]] = _nothing
 
     def register(self) -> None:
         r = self.router
@@ -128,6 +141,9 @@ class SiteRequests:
     async def create_here(self, checked: CheckedQuery) -> dict[str, Any]:
         """A query (a whole one, or one fragment) that runs here, its result streams hosted
         here and published in the catalog."""
+        replicated = await self.install_replicated(checked)
+        if replicated is not None:
+            return replicated
         name = checked.query.name
         for stream in checked.outputs:
             schema = checked.stream_schemas[stream]
@@ -151,10 +167,12 @@ class SiteRequests:
                     await asyncio.to_thread(catalog.forget_moved, fragment)
                 return reply
             if status == "DELETED":
+                await self.after_status(fragment, status)  # a replica of its streams?
                 return {"query": fragment, "status": status}  # gone already
             raise NotFound(f"no fragment {fragment} on this peer", query=fragment)
         outputs = [s for box in catalog.query(fragment).query.boxes for s in box.outputs]
         reply = await self.site.set_query_status_here(fragment, status)
+        await self.after_status(fragment, status)
         if status == "DELETED":
             still_read = self.site.streams_read()
             await self.drop_streams(

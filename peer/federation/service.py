@@ -19,6 +19,7 @@ from overlay.node import Overlay
 from peer.errors import AlreadyExists, InvalidInput, NotFound
 from peer.federation.coordinator import Coordinator
 from peer.federation.forward import Forwarder
+from peer.federation.fragments import ReplicatedFragments
 from peer.federation.hosting import LEASE_S, Hosting
 from peer.federation.mirror import Mirrors
 from peer.federation.plane import ControlPlane, ReplicationSettings
@@ -64,6 +65,12 @@ class Federation:
         self.hosting.primary_of = self._primary_of
         self.hosting.replicated = self.plane.replicas.is_replicated
         self.requests.on_host_stream = self._host_replica
+        self.fragments = ReplicatedFragments(
+            site, self.plane, self.records, self.router, min_insync=self.replication.min_insync
+        )
+        self.requests.install_replicated = self.fragments.install
+        self.requests.after_status = self.fragments.after_status
+        self.coordinator.primary_of = self._primary_hex
         self.status_parts: dict[str, StatusPart] = {}  # more of `peer status` (the brain's)
 
     @property
@@ -82,6 +89,7 @@ class Federation:
             tg.create_task(self.hosting.run())
             tg.create_task(self.mirrors.run())
             tg.create_task(self.plane.run())
+            tg.create_task(self.fragments.run())
 
     async def on_member(self, event: Event) -> None:
         """A member's state changed (gossip): re-resolve placements; a dead member's mirror
@@ -99,12 +107,18 @@ class Federation:
             self.hosting.moved_streams.pop(stream, None)
         else:
             self.hosting.hosted.discard(stream)
+        self.fragments.on_role(stream, primary)
 
     async def _host_replica(self, stream: str) -> bool:
         if not self.plane.client.active:
             return False
         state = await self.plane.replicas.refresh(stream)
         return state is not None
+
+    async def _primary_hex(self, stream: str) -> str | None:
+        """The primary of a replicated stream (node id, hex), None for a plain one."""
+        primary = await self._primary_of(stream, True)
+        return None if primary is None else primary.hex()
 
     async def _primary_of(self, stream: str, fresh: bool) -> bytes | None:
         if not self.plane.client.active:

@@ -180,16 +180,15 @@ class Voter:
         for state in streams:
             for node in state.replicas:  # a node never heard: silent from now on
                 self.last_heard.setdefault(node, now)
-        pending = [s for s in streams if self._electing.get(s.name) != s.epoch]
-        for command in failover_decisions(
-            pending, self.last_heard, now, self.failover_after_s, self.log_ends
-        ):
-            log.warning(
-                "primary of %s silent for %.1f s: electing %s",
-                command.name,
-                self.failover_after_s,
-                command.primary[:12],
-            )
+        # every stream is decided on (an anchored one follows its anchor, even while the
+        # anchor's own election is in flight); those with an election in flight are skipped
+        decisions = failover_decisions(
+            streams, self.last_heard, now, self.failover_after_s, self.log_ends
+        )
+        for command in decisions:
+            if self._electing.get(command.name) == command.epoch:
+                continue
+            log.warning("electing %s primary of %s", command.primary[:12], command.name)
             self._electing[command.name] = command.epoch
             task = asyncio.create_task(self.submit(command))
             task.add_done_callback(functools.partial(self._elected, name=command.name))

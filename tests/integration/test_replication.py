@@ -30,9 +30,12 @@ SCHEMA = {"name": "tick", "fields": [{"name": "k", "type": "int"}, {"name": "v",
 FAST = {"gossip_interval_s": 0.3, "suspect_after_s": 2.0, "dead_after_s": 6.0}
 
 
-def start_peers(tmp_path: Path, names: tuple[str, ...], voters: int) -> list[PeerThread]:
-    """Peers without Spark, each bootstrapping from the first; the first ``voters`` of them
-    hold the control plane's seats. The caller closes them (see ``peers``)."""
+def start_peers(
+    tmp_path: Path, names: tuple[str, ...], voters: int, spark: Any = None
+) -> list[PeerThread]:
+    """Peers (without Spark, or sharing the session ``spark``), each bootstrapping from the
+    first; the first ``voters`` of them hold the control plane's seats. The caller closes
+    them (see ``peers``)."""
     keys = make_participants(tmp_path, names)
     started: list[PeerThread] = []
     try:
@@ -45,7 +48,7 @@ def start_peers(tmp_path: Path, names: tuple[str, ...], voters: int) -> list[Pee
             config = PeerConfig(
                 data_dir=tmp_path / name,
                 port=0,
-                engine=False,
+                engine=spark is not None,
                 participant=name,
                 key_path=keys[name],
                 trust_dir=tmp_path / "trust",
@@ -54,7 +57,7 @@ def start_peers(tmp_path: Path, names: tuple[str, ...], voters: int) -> list[Pee
                 voter=i < voters,
                 **FAST,  # type: ignore[arg-type]
             )
-            started.append(PeerThread(config).__enter__())
+            started.append(PeerThread(config, spark).__enter__())
 
         def everyone_seen() -> bool:
             for p in started:

@@ -1,0 +1,444 @@
+"""Query fragments that fail over: run on the primary of their input, checkpoint to replicas.
+
+Theory of operation
+-------------------
+With a control plane, a fragment whose inputs are replicated streams led by its site (the
+coordinator places a fragment on the primary of its first input) is *replicated*:
+
+* Its result streams and a checkpoint stream ``~ckpt.<fragment>`` are replicated streams with
+  the replicas of its input stream A, *anchored* to A: the control plane moves their primary
+  wherever A's goes (:func:`peer.control.failover_decisions`), so the fragment, what it reads
+  and what it writes fail over together.
+* Before each micro-batch runs (Spark's ``foreachBatch`` callback, before the batch's plan
+  executes) the fragment's whole checkpoint directory, as it stands then (the batch's planned
+  offsets, the state it starts from), goes into the checkpoint stream as one record together
+  with the fragment's definition, incarnation and status; only once that record is
+  acknowledged does the batch's output go to its result streams, tagged (``query:<fragment>:
+  <incarnation>``, batch id) as always. So every batch whose results were acknowledged has its
+  planned offsets on every in-sync replica.
+* When this peer becomes primary of all of a fragment's streams it unpacks the newest record's
+  checkpoint and starts the fragment from it. Spark re-runs the batch the record was taken
+  before with the same offsets, from the same state: its output is the same and the result
+  streams drop it as a replay of (origin, batch id); later batches are new. A peer that stops
+  leading any of them stops the fragment and forgets it (its streams stay, as replicas).
+* A status change (STOPPED, RUNNING) writes a record too, so a replica takes the fragment over
+  in the status it had; DELETED drops the streams from the control plane and from every
+  replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import shutil
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+import pyarrow as pa
+
+from peer.control import DropStream, StreamState
+from peer.errors import FedstreamError, Unavailable
+from peer.federation.plane import ControlPlane
+from peer.federation.records import CatalogRecords
+from peer.federation.router import Router
+from peer.model.plan import CheckedQuery
+from peer.model.query import parse_query, query_to_dict
+from peer.model.schema import Field, Schema, make_schema
+from peer.protocol.link import FragmentStatus, HostStream
+from peer.site import INTERNAL_PREFIX, LocalSite
+from peer.storage.bundle import bundle, unbundle
+from peer.storage.spool_format import offset_path, read_file
+
+if TYPE_CHECKING:
+    from peer.federation.replicas import StreamReplica
+
+__all__ = ["CKPT_PREFIX", "FragmentRecord", "ReplicatedFragments", "checkpoint_stream"]
+
+log = logging.getLogger(__name__)
+
+CKPT_PREFIX = INTERNAL_PREFIX + "ckpt."
+CKPT_SCHEMA: Schema = make_schema(
+    "fedstream_checkpoint", (Field("batch", "long"), Field("record", "string"))
+)
+EMIT_PATIENCE_S = 120.0  # how long a result append retries a retriable refusal while primary
+EMIT_RETRY_S = 0.1
+
+
+def checkpoint_stream(fragment: str) -> str:
+    return CKPT_PREFIX + fragment
+
+
+@dataclass(frozen=True)
+class FragmentRecord:
+    """One entry of a fragment's checkpoint stream."""
+
+    fragment: str
+    definition: dict[str, Any]
+    incarnation: str
+    status: str
+    batch: int
+    checkpoint: bytes
+    inputs: tuple[str, ...] = field(default=())
+    outputs: tuple[str, ...] = field(default=())
+
+    def to_table(self) -> pa.Table:
+        body = msgpack.packb(
+            {
+                "fragment": self.fragment,
+                "definition": self.definition,
+                "incarnation": self.incarnation,
+                "status": self.status,
+                "batch": self.batch,
+                "checkpoint": self.checkpoint,
+                "inputs": list(self.inputs),
+                "outputs": list(self.outputs),
+            },
+            use_bin_type=True,
+        )
+        text = base64.b64encode(body).decode("ascii")
+        return pa.table(
+            {"batch": pa.array([self.batch], pa.int64()), "record": pa.array([text], pa.string())}
+        )
+
+    @staticmethod
+    def from_table(table: pa.Table) -> FragmentRecord:
+        """The record of one checkpoint-stream batch; ValueError names what is malformed."""
+        if table.num_rows != 1 or "record" not in table.column_names:
+            raise ValueError("a checkpoint record is one row with a 'record' column")
+        try:
+            raw = base64.b64decode(str(table.column("record")[0].as_py()), validate=True)
+            data = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+        except (ValueError, msgpack.UnpackException) as exc:
+            raise ValueError(f"checkpoint record is not base64 msgpack: {exc}") from None
+        if not isinstance(data, dict):
+            raise ValueError("checkpoint record is not a map")
+        text = {k: data.get(k) for k in ("fragment", "incarnation", "status")}
+        for key, value in text.items():
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"checkpoint record: {key} must be a non-empty string")
+        batch, checkpoint = data.get("batch"), data.get("checkpoint")
+        definition = data.get("definition")
+        if isinstance(batch, bool) or not isinstance(batch, int):
+            raise ValueError("checkpoint record: batch must be an int")
+        if not isinstance(checkpoint, bytes) or not isinstance(definition, dict):
+            raise ValueError("checkpoint record: checkpoint must be bytes, definition a map")
+        names: dict[str, tuple[str, ...]] = {}
+        for key in ("inputs", "outputs"):
+            value = data.get(key)
+            if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+                raise ValueError(f"checkpoint record: {key} must be a list of names")
+            names[key] = tuple(value)
+        return FragmentRecord(
+            str(text["fragment"]),
+            definition,
+            str(text["incarnation"]),
+            str(text["status"]),
+            batch,
+            checkpoint,
+            names["inputs"],
+            names["outputs"],
+        )
+
+
+@dataclass
+class _Standing:
+    """A replicated fragment running (or set up) on this peer. ``checkpoint`` is that of
+    the newest record written: a record never carries an older checkpoint than the one
+    before it (records are written under ``lock``)."""
+
+    definition: dict[str, Any]
+    incarnation: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    checkpoint: bytes = b""
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def record(self, name: str, status: str, batch: int) -> FragmentRecord:
+        return FragmentRecord(
+            name, self.definition, self.incarnation, status, batch, self.checkpoint,
+            self.inputs, self.outputs,
+        )  # fmt: skip
+
+
+class ReplicatedFragments:
+    """The replicated fragments of this peer: placed, checkpointed, taken over, released."""
+
+    def __init__(
+        self,
+        site: LocalSite,
+        plane: ControlPlane,
+        records: CatalogRecords,
+        router: Router,
+        *,
+        min_insync: int,
+    ) -> None:
+        self.site = site
+        self.plane = plane
+        self.records = records
+        self.router = router
+        self.min_insync = min_insync
+        self.me = router.node_id.hex()
+        self.standing: dict[str, _Standing] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake = asyncio.Event()
+        if site.engine is not None:
+            site.engine.on_batch = self.on_batch
+            site.engine.emit = self.emit
+
+    # ----------------------------------------------------------------------- placing
+    async def anchor_of(self, checked: CheckedQuery) -> StreamState | None:
+        """The state of the stream a fragment's streams anchor to, if the fragment can be
+        replicated here: a control plane runs, this peer has an engine, and every input is
+        a replicated stream this peer leads. None otherwise (it runs unreplicated)."""
+        client = self.plane.client
+        if not client.active or self.site.engine is None or not checked.inputs:
+            return None
+        states = [await client.state_of(s, fresh=True) for s in checked.inputs]
+        if any(s is None or s.primary != self.me for s in states):
+            return None
+        first = states[0]
+        assert first is not None
+        root = first.anchor or first.name
+        if root == first.name:
+            return first
+        return await client.state_of(root, fresh=True)
+
+    async def install(self, checked: CheckedQuery) -> dict[str, Any] | None:
+        """Install a fragment as replicated (its streams anchored to its input), or return
+        None if it cannot be (then it is installed as before)."""
+        anchor = await self.anchor_of(checked)
+        if anchor is None or anchor.primary != self.me:
+            return None
+        name = checked.query.name
+        nodes = [self.me, *(n for n in anchor.replicas if n != self.me)]
+        made = [(s, checked.stream_schemas[s], name) for s in checked.outputs]
+        made.append((checkpoint_stream(name), CKPT_SCHEMA, name))
+        for stream, schema, derived in made:
+            await self.records.publish_stream(stream, schema, derived)
+            await self.plane.replicas.create(
+                stream, [bytes.fromhex(n) for n in nodes], len(nodes), self.min_insync,
+                anchor=anchor.name,
+            )  # fmt: skip
+            await asyncio.gather(
+                *(self.router.ask(bytes.fromhex(n), HostStream(stream, schema)) for n in nodes)
+            )
+        reply = await self.site.add_query(checked)
+        entry = self.site.catalog.query(name)
+        await asyncio.to_thread(self.site.catalog.set_placement, name, "own")
+        standing = _Standing(
+            query_to_dict(checked.query), entry.incarnation, checked.inputs, checked.outputs
+        )
+        self.standing[name] = standing
+        await self._write(name, standing, "SETUP", -1)
+        log.info("fragment %s is replicated with %s (anchored to %s)", name, nodes, anchor.name)
+        return {**reply, "replicated": True, "replicas": nodes}
+
+    # ----------------------------------------------------------------------- status
+    async def after_status(self, name: str, status: str) -> None:
+        """A status change of a fragment here: record it, or (DELETED) drop its streams."""
+        standing = self.standing.get(name)
+        if standing is None:
+            if status == "DELETED":
+                await self.forget(name)
+            return
+        if status == "DELETED":
+            del self.standing[name]
+            await self.drop(name, standing)
+            return
+        engine = self.site.engine
+        assert engine is not None
+        directory = engine.checkpoint_dir(name, standing.incarnation)
+        # Stopped, its checkpoint is final and at least as new as the last record's; running
+        # (or set up), the batches write their own, so the last one is repeated.
+        taken = await asyncio.to_thread(bundle, directory) if status == "STOPPED" else None
+        await self._write(name, standing, status, -1, taken)
+
+    async def drop(self, name: str, standing: _Standing) -> None:
+        """Drop a deleted fragment's streams from the control plane, here and on its replicas."""
+        streams = [*standing.outputs, checkpoint_stream(name)]
+        holders: set[str] = set()
+        for stream in streams:
+            state = self.plane.client.states.get(stream)
+            if state is not None:
+                holders.update(state.replicas)
+            with contextlib.suppress(FedstreamError):
+                await self.plane.client.submit(DropStream(stream))
+        await self._drop_here(streams)
+        for node in sorted(holders - {self.me}):
+            try:
+                await self.router.ask(bytes.fromhex(node), FragmentStatus(name, "DELETED"))
+            except FedstreamError as exc:
+                log.warning("replica %s did not drop fragment %s: %s", node[:12], name, exc)
+
+    async def forget(self, name: str) -> None:
+        """A deleted fragment's replicated streams held here as a replica: dropped."""
+        stream = checkpoint_stream(name)
+        if stream not in self.site.spools:
+            return
+        record = await asyncio.to_thread(self._newest, stream)
+        outputs = list(record.outputs) if record is not None else []
+        await self._drop_here([*outputs, stream])
+
+    async def _drop_here(self, streams: list[str]) -> None:
+        for stream in streams:
+            await self.plane.replicas.forget(stream)
+        await self.site.drop_streams([s for s in streams if s in self.site.spools])
+
+    # ----------------------------------------------------------------------- Spark's thread
+    def on_batch(self, name: str, batch_id: int, checkpoint: Path) -> None:
+        """Before a micro-batch of ``name`` runs: its checkpoint to the replicas."""
+        standing = self.standing.get(name)
+        if standing is None:
+            return
+        self._wait(self._write(name, standing, "RUNNING", batch_id, bundle(checkpoint)))
+
+    def emit(self, stream: str, table: pa.Table, origin: str, seq: int) -> None:
+        """A result part: to the stream's replicas if it is replicated, else the spool."""
+        if table.num_rows == 0:
+            return
+        if stream not in self.site.appenders:
+            self.site.spools.get(stream).append(table, origin=origin, seq=seq)
+            return
+        body = self.site.spools.get(stream).encode(table, origin=origin, seq=seq)
+        self._wait(self._append(stream, body, table.num_rows, origin, seq))
+
+    def _wait(self, work: Awaitable[Any]) -> Any:
+        loop = self._loop
+        if loop is None:
+            raise Unavailable("replicated fragments are not running")
+
+        async def run() -> Any:
+            return await work
+
+        return asyncio.run_coroutine_threadsafe(run(), loop).result(EMIT_PATIENCE_S + 30)
+
+    async def _write(
+        self, name: str, standing: _Standing, status: str, batch: int, taken: bytes | None = None
+    ) -> None:
+        """Append a record to the fragment's checkpoint stream (``taken``: a new checkpoint)."""
+        stream = checkpoint_stream(name)
+        spool = self.site.spools.get(stream)
+        async with standing.lock:
+            if taken is not None:
+                standing.checkpoint = taken
+            table = standing.record(name, status, batch).to_table()
+            body = await asyncio.to_thread(spool.encode, table)
+            await self._append(stream, body, 1, None, None)
+
+    async def _append(
+        self, stream: str, body: bytes, rows: int, origin: str | None, seq: int | None
+    ) -> None:
+        """Append through the stream's replica, retrying retriable refusals while this peer
+        leads it (a follower catching up, an ISR change under way)."""
+        deadline = time.monotonic() + EMIT_PATIENCE_S
+        while True:
+            appender = self.site.appenders.get(stream)
+            if appender is None:
+                raise Unavailable(f"stream {stream} is not replicated here", stream=stream)
+            try:
+                await appender(body, rows, origin, seq)
+                return
+            except FedstreamError as exc:
+                if not (exc.retriable and self._leads(stream)) or time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(EMIT_RETRY_S)
+
+    # ----------------------------------------------------------------------- taking over
+    def _replica(self, stream: str) -> StreamReplica | None:
+        return self.plane.replicas.streams.get(stream)
+
+    def _leads(self, stream: str) -> bool:
+        replica = self._replica(stream)
+        return replica is not None and replica.primary is not None
+
+    def _led_elsewhere(self, stream: str) -> bool:
+        state = self.plane.client.states.get(stream)
+        return state is not None and state.primary != self.me
+
+    def _newest(self, stream: str) -> FragmentRecord | None:
+        spool = self.site.spools.get(stream)
+        end = spool.log_end
+        if end < 0:
+            return None
+        try:
+            return FragmentRecord.from_table(read_file(offset_path(spool.directory, end)))
+        except (OSError, ValueError) as exc:
+            log.error("checkpoint stream %s: newest record unreadable: %s", stream, exc)
+            return None
+
+    def on_role(self, _stream: str, _primary: bool) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Take over or release fragments whenever this peer's roles change."""
+        self._loop = asyncio.get_running_loop()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), 1.0)
+            self._wake.clear()
+            try:
+                await self.reconcile()
+            except Exception:
+                log.exception("replicated fragments: reconcile failed")
+
+    async def reconcile(self) -> None:
+        for stream in list(self.site.spools.streams()):
+            if not stream.startswith(CKPT_PREFIX) or self._replica(stream) is None:
+                continue
+            name = stream[len(CKPT_PREFIX) :]
+            standing = self.standing.get(name)
+            if standing is not None:
+                streams = (*standing.inputs, *standing.outputs, stream)
+                if any(self._led_elsewhere(s) for s in streams):
+                    await self.release(name)
+                continue
+            if not self._leads(stream):
+                continue
+            record = await asyncio.to_thread(self._newest, stream)
+            if record is None or record.fragment != name:
+                continue
+            if all(self._leads(s) for s in (*record.inputs, *record.outputs)):
+                await self.take_over(record)
+
+    async def take_over(self, record: FragmentRecord) -> None:
+        """Run a fragment here from the newest record of its checkpoint stream."""
+        engine = self.site.engine
+        if engine is None:
+            log.error("fragment %s cannot run here: this peer has no engine", record.fragment)
+            return
+        name = record.fragment
+        query = parse_query(record.definition)
+        if query.name != name:
+            log.error("checkpoint record of %s holds query %s", name, query.name)
+            return
+        await self.site.release_query(name)  # what ran here before (a restart) is stale
+        directory = engine.checkpoint_dir(name, record.incarnation)
+        if record.checkpoint:
+            await asyncio.to_thread(unbundle, record.checkpoint, directory)
+        else:  # it never ran
+            await asyncio.to_thread(shutil.rmtree, directory, True)
+        self.standing[name] = _Standing(
+            record.definition, record.incarnation, record.inputs, record.outputs,
+            record.checkpoint,
+        )  # fmt: skip
+        try:
+            await self.site.restore_query(query, record.incarnation, record.status)
+        except FedstreamError as exc:
+            log.error("fragment %s not taken over: %s", name, exc)
+            self.standing.pop(name, None)
+            return
+        log.warning(
+            "fragment %s taken over here at batch %d (%s)", name, record.batch, record.status
+        )
+
+    async def release(self, name: str) -> None:
+        """Another peer leads this fragment's streams now: stop it here and forget it."""
+        self.standing.pop(name, None)
+        await self.site.release_query(name)
+        log.warning("fragment %s released: it runs on its streams' new primary", name)

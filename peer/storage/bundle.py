@@ -1,0 +1,95 @@
+"""A directory as one blob and back: how a fragment's Spark checkpoint travels to the replicas
+of its streams (peer.federation.fragments).
+
+``bundle`` packs every regular file under a directory into a zip archive (deflated, names
+relative, sorted). ``unbundle`` checks an archive before it writes anything (names relative,
+without ``..``, no links or special files, within the size limits) and then replaces the
+target directory with its contents through a temporary sibling and a rename, so a crash
+leaves the old directory or the new one, never half of each. An archive from another peer is
+untrusted input: anything wrong is a ``ValueError`` that names it.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import stat
+import zipfile
+from pathlib import Path, PurePosixPath
+
+__all__ = ["MAX_BUNDLE_BYTES", "MAX_BUNDLE_FILES", "bundle", "unbundle"]
+
+MAX_BUNDLE_FILES = 20_000
+MAX_BUNDLE_BYTES = 512 * 1024 * 1024  # unpacked
+
+
+def bundle(directory: Path) -> bytes:
+    """Every regular file under ``directory`` (none if it does not exist) as a zip archive."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
+        if directory.is_dir():
+            for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+                if path.is_symlink():
+                    continue
+                archive.write(path, path.relative_to(directory).as_posix())
+    return out.getvalue()
+
+
+def _checked_names(archive: zipfile.ZipFile) -> list[tuple[zipfile.ZipInfo, PurePosixPath]]:
+    infos = archive.infolist()
+    if len(infos) > MAX_BUNDLE_FILES:
+        raise ValueError(f"checkpoint bundle holds {len(infos)} files; at most {MAX_BUNDLE_FILES}")
+    total = 0
+    checked = []
+    for info in infos:
+        name = PurePosixPath(info.filename)
+        if (
+            not info.filename
+            or "\\" in info.filename
+            or "\x00" in info.filename
+            or name.is_absolute()
+            or any(part in ("", ".", "..") for part in info.filename.split("/"))
+        ):
+            raise ValueError(f"checkpoint bundle names a file outside it: {info.filename!r}")
+        mode = info.external_attr >> 16
+        if info.is_dir() or (mode and not stat.S_ISREG(mode)):
+            raise ValueError(f"checkpoint bundle entry {info.filename!r} is not a regular file")
+        total += info.file_size
+        if total > MAX_BUNDLE_BYTES:
+            raise ValueError(f"checkpoint bundle unpacks to more than {MAX_BUNDLE_BYTES} bytes")
+        checked.append((info, name))
+    return checked
+
+
+def unbundle(data: bytes, directory: Path) -> None:
+    """Replace ``directory`` with the files of the archive ``data`` (see the module notes)."""
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+    except (zipfile.BadZipFile, ValueError) as exc:
+        raise ValueError(f"checkpoint bundle is not a zip archive: {exc}") from None
+    with archive:
+        entries = _checked_names(archive)
+        staging = directory.with_name(directory.name + ".incoming")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        try:
+            for info, name in entries:
+                target = staging.joinpath(*name.parts)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with archive.open(info) as source, open(target, "wb") as sink:
+                    shutil.copyfileobj(source, sink, 1 << 20)
+                    sink.flush()
+                    os.fsync(sink.fileno())
+        except (zipfile.BadZipFile, EOFError, NotImplementedError) as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise ValueError(f"checkpoint bundle is damaged: {exc}") from None
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    old = directory.with_name(directory.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if directory.exists():
+        directory.rename(old)
+    staging.rename(directory)
+    shutil.rmtree(old, ignore_errors=True)
