@@ -124,10 +124,12 @@ class FragmentRecord:
                 raise ValueError(f"checkpoint record: {key} must be a non-empty string")
         batch, checkpoint = data.get("batch"), data.get("checkpoint")
         definition = data.get("definition")
-        if isinstance(batch, bool) or not isinstance(batch, int):
-            raise ValueError("checkpoint record: batch must be an int")
+        if isinstance(batch, bool) or not isinstance(batch, int) or not -(2**63) <= batch < 2**63:
+            raise ValueError("checkpoint record: batch must be an int64")
         if not isinstance(checkpoint, bytes) or not isinstance(definition, dict):
             raise ValueError("checkpoint record: checkpoint must be bytes, definition a map")
+        if not all(isinstance(k, str) for k in definition):
+            raise ValueError("checkpoint record: definition keys must be strings")
         names: dict[str, tuple[str, ...]] = {}
         for key in ("inputs", "outputs"):
             value = data.get(key)

@@ -3,10 +3,11 @@ of its streams (peer.federation.fragments).
 
 ``bundle`` packs every regular file under a directory into a zip archive (deflated, names
 relative, sorted). ``unbundle`` checks an archive before it writes anything (names relative,
-without ``..``, no links or special files, within the size limits) and then replaces the
-target directory with its contents through a temporary sibling and a rename, so a crash
-leaves the old directory or the new one, never half of each. An archive from another peer is
-untrusted input: anything wrong is a ``ValueError`` that names it.
+without ``..``, each once, no links or special files, stored or deflated and not encrypted,
+within the size limits) and then replaces the target directory with its contents through a
+temporary sibling and a rename, so a crash leaves the old directory or the new one, never
+half of each. An archive from another peer is untrusted input: anything wrong is a
+``ValueError`` that names it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import shutil
 import stat
 import zipfile
+import zlib
 from pathlib import Path, PurePosixPath
 
 __all__ = ["MAX_BUNDLE_BYTES", "MAX_BUNDLE_FILES", "bundle", "unbundle"]
@@ -42,19 +44,35 @@ def _checked_names(archive: zipfile.ZipFile) -> list[tuple[zipfile.ZipInfo, Pure
         raise ValueError(f"checkpoint bundle holds {len(infos)} files; at most {MAX_BUNDLE_FILES}")
     total = 0
     checked = []
+    files: set[PurePosixPath] = set()
+    parents: set[PurePosixPath] = set()
     for info in infos:
         name = PurePosixPath(info.filename)
+        mode = info.external_attr >> 16
+        if info.filename.endswith("/") or (mode and not stat.S_ISREG(mode)):
+            raise ValueError(f"checkpoint bundle entry {info.filename!r} is not a regular file")
+        # zipfile cuts a name at a NUL (filename); orig_filename is the name as stored
         if (
             not info.filename
             or "\\" in info.filename
-            or "\x00" in info.filename
+            or "\x00" in info.orig_filename
             or name.is_absolute()
             or any(part in ("", ".", "..") for part in info.filename.split("/"))
         ):
-            raise ValueError(f"checkpoint bundle names a file outside it: {info.filename!r}")
-        mode = info.external_attr >> 16
-        if info.is_dir() or (mode and not stat.S_ISREG(mode)):
-            raise ValueError(f"checkpoint bundle entry {info.filename!r} is not a regular file")
+            raise ValueError(f"checkpoint bundle names a file outside it: {info.orig_filename!r}")
+        if name in files or name in parents or not files.isdisjoint(name.parents):
+            raise ValueError(
+                f"checkpoint bundle names {info.filename!r} twice, or as a file and a directory"
+            )
+        if info.flag_bits & 0x1:
+            raise ValueError(f"checkpoint bundle entry {info.filename!r} is encrypted")
+        if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            raise ValueError(
+                f"checkpoint bundle entry {info.filename!r} is compressed with method "
+                f"{info.compress_type}; only stored or deflated"
+            )
+        files.add(name)
+        parents.update(name.parents)
         total += info.file_size
         if total > MAX_BUNDLE_BYTES:
             raise ValueError(f"checkpoint bundle unpacks to more than {MAX_BUNDLE_BYTES} bytes")
@@ -66,7 +84,7 @@ def unbundle(data: bytes, directory: Path) -> None:
     """Replace ``directory`` with the files of the archive ``data`` (see the module notes)."""
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
-    except (zipfile.BadZipFile, ValueError) as exc:
+    except (zipfile.BadZipFile, ValueError, NotImplementedError) as exc:
         raise ValueError(f"checkpoint bundle is not a zip archive: {exc}") from None
     with archive:
         entries = _checked_names(archive)
@@ -81,7 +99,7 @@ def unbundle(data: bytes, directory: Path) -> None:
                     shutil.copyfileobj(source, sink, 1 << 20)
                     sink.flush()
                     os.fsync(sink.fileno())
-        except (zipfile.BadZipFile, EOFError, NotImplementedError) as exc:
+        except (zipfile.BadZipFile, EOFError, NotImplementedError, ValueError, zlib.error) as exc:
             shutil.rmtree(staging, ignore_errors=True)
             raise ValueError(f"checkpoint bundle is damaged: {exc}") from None
         except BaseException:
