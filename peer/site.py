@@ -43,7 +43,9 @@ log = logging.getLogger(__name__)
 
 SUBSCRIBE_CHUNK = 64  # spool files read per wake-up of a subscriber
 INTERNAL_PREFIX = "~"  # streams the federation makes for itself (names users cannot give)
-INTERNAL_KEPT = 8  # batches an internal stream keeps (its newest matter, and a lagging replica's)
+# An internal stream (a fragment's checkpoints) keeps its newest batch, and the others this
+# long: a replica that was away longer cannot catch up on them.
+INTERNAL_RETENTION_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,9 @@ class LocalSite:
                 spool = self.spools.get(name)
                 # an internal stream (a fragment's checkpoints) needs only its newest batches
                 internal = name.startswith(INTERNAL_PREFIX)
-                retain, age = (INTERNAL_KEPT, 0.0) if internal else (0, self.config.retention_s)
+                age = min(INTERNAL_RETENTION_S, self.config.retention_s) if internal else None
+                retain = 1 if internal else 0
+                age = self.config.retention_s if age is None else age
                 await asyncio.to_thread(spool.trim, retain, max_age_s=age)
         if self.engine is not None:
             for name, reason in (await self.engine.failed()).items():

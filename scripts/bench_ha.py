@@ -97,7 +97,7 @@ def election_time(peers: Peers, stream: str, since: float) -> float | None:
         path = peers.procs[name].log_path
         with contextlib.suppress(OSError):
             for line in path.read_text(errors="replace").splitlines():
-                if f"of {stream} silent" not in line:
+                if not line.rstrip().endswith(f"primary of {stream}") or "electing" not in line:
                     continue
                 with contextlib.suppress(ValueError):
                     stamp, _, ms = line[:23].partition(",")

@@ -108,9 +108,10 @@ class Engine:
         )
         # Seams for replicated fragments (peer.federation.fragments), called on Spark's
         # callback thread: ``on_batch(query, batch id, checkpoint)`` before a micro-batch
-        # runs, and ``emit(stream, table, origin, seq)`` for each result part (default: the
-        # local spool's append).
-        self.on_batch: Callable[[str, int, Path], None] | None = None
+        # runs, which may return a callable to call with the batch's result rows before they
+        # are emitted; ``emit(stream, table, origin, seq)`` for each result part (default:
+        # the local spool's append).
+        self.on_batch: Callable[[str, int, Path], Callable[[int], None] | None] | None = None
         self.emit: Callable[[str, pa.Table, str, int], None] | None = None
 
     async def _call(self, fn: Callable[[], T]) -> T:
@@ -225,9 +226,12 @@ class Engine:
 
             def sink(df: DataFrame, batch_id: int) -> None:
                 started = time.monotonic()
+                before_emit = None
                 if self.on_batch is not None:  # the checkpoint as this batch starts
-                    self.on_batch(name, batch_id, checkpoint)
+                    before_emit = self.on_batch(name, batch_id, checkpoint)
                 table = df.toArrow()
+                if before_emit is not None:
+                    before_emit(table.num_rows)
                 for stream, part in split_outputs(compiled, table).items():
                     if self.emit is not None:
                         self.emit(stream, part, origin, batch_id)

@@ -183,12 +183,17 @@ class Coordinator:
         return found[1]
 
     async def site_now(self, fragment: dict[str, Any]) -> str:
-        """The node id (hex) of the peer running ``fragment`` now: the host of its first
-        result stream (a fragment's results live where it runs)."""
+        """The node id (hex) of the peer running ``fragment`` now: the primary of its
+        replicated result streams, else the host of its first result stream (a fragment's
+        results live where it runs)."""
         planned = str(fragment["site"])
         outputs = fragment.get("outputs") or []
         if not outputs:
             return planned
+        for stream in outputs:  # a replicated fragment runs where its streams' primary is
+            primary = await self.primary_of(str(stream))
+            if primary is not None:
+                return primary
         return (await self.hosting.host_now(outputs[0], bytes.fromhex(planned))).hex()
 
     async def set_status(self, name: str, status: str) -> dict[str, Any]:

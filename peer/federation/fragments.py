@@ -34,7 +34,7 @@ import contextlib
 import logging
 import shutil
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -68,6 +68,7 @@ CKPT_SCHEMA: Schema = make_schema(
 )
 EMIT_PATIENCE_S = 120.0  # how long a result append retries a retriable refusal while primary
 EMIT_RETRY_S = 0.1
+RESTART_AFTER_S = 5.0  # a failed fragment is restarted at most this often
 
 
 def checkpoint_stream(fragment: str) -> str:
@@ -189,6 +190,8 @@ class ReplicatedFragments:
         self.standing: dict[str, _Standing] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake = asyncio.Event()
+        self._restarted: dict[str, float] = {}  # fragment -> when it was last restarted
+        self._refused: dict[str, int] = {}  # checkpoint stream -> offset of a refused record
         if site.engine is not None:
             site.engine.on_batch = self.on_batch
             site.engine.emit = self.emit
@@ -293,12 +296,22 @@ class ReplicatedFragments:
         await self.site.drop_streams([s for s in streams if s in self.site.spools])
 
     # ----------------------------------------------------------------------- Spark's thread
-    def on_batch(self, name: str, batch_id: int, checkpoint: Path) -> None:
-        """Before a micro-batch of ``name`` runs: its checkpoint to the replicas."""
+    def on_batch(self, name: str, batch_id: int, checkpoint: Path) -> Callable[[int], None] | None:
+        """Before a micro-batch of ``name`` runs: its checkpoint as it stands (the batch's
+        planned offsets, the state it starts from), sent to the replicas before the batch's
+        results, if it has any. A batch without results needs no record: the newest record
+        is at or after every batch whose results were acknowledged, which is what keeps a
+        re-run from re-planning one of them differently."""
         standing = self.standing.get(name)
         if standing is None:
-            return
-        self._wait(self._write(name, standing, "RUNNING", batch_id, bundle(checkpoint)))
+            return None
+        taken = bundle(checkpoint)
+
+        def before_emit(rows: int) -> None:
+            if rows:
+                self._wait(self._write(name, standing, "RUNNING", batch_id, taken))
+
+        return before_emit
 
     def emit(self, stream: str, table: pa.Table, origin: str, seq: int) -> None:
         """A result part: to the stream's replicas if it is replicated, else the spool."""
@@ -390,6 +403,7 @@ class ReplicatedFragments:
                 log.exception("replicated fragments: reconcile failed")
 
     async def reconcile(self) -> None:
+        await self._restart_failed()
         for stream in list(self.site.spools.streams()):
             if not stream.startswith(CKPT_PREFIX) or self._replica(stream) is None:
                 continue
@@ -400,31 +414,55 @@ class ReplicatedFragments:
                 if any(self._led_elsewhere(s) for s in streams):
                     await self.release(name)
                 continue
-            if not self._leads(stream):
-                continue
+            end = self.site.spools.get(stream).log_end
+            if not self._leads(stream) or self._refused.get(stream) == end:
+                continue  # (a record refused once is not tried again until a newer one)
             record = await asyncio.to_thread(self._newest, stream)
             if record is None or record.fragment != name:
+                self._refused[stream] = end
                 continue
-            if all(self._leads(s) for s in (*record.inputs, *record.outputs)):
-                await self.take_over(record)
+            leads_all = all(self._leads(s) for s in (*record.inputs, *record.outputs))
+            if leads_all and not await self.take_over(record):
+                self._refused[stream] = end
 
-    async def take_over(self, record: FragmentRecord) -> None:
-        """Run a fragment here from the newest record of its checkpoint stream."""
+    async def _restart_failed(self) -> None:
+        """A replicated fragment whose streaming query died here (a refused append, a disk
+        fault) is released; the next round takes it over again from its newest record if
+        this peer still leads its streams (at most every RESTART_AFTER_S)."""
+        engine = self.site.engine
+        if engine is None or not self.standing:
+            return
+        now = time.monotonic()
+        for name, reason in (await engine.failed()).items():
+            if name in self.standing and now - self._restarted.get(name, 0.0) > RESTART_AFTER_S:
+                self._restarted[name] = now
+                log.error(
+                    "fragment %s failed (%s); restarting it from its checkpoint", name, reason
+                )
+                await self.release(name)
+
+    async def take_over(self, record: FragmentRecord) -> bool:
+        """Run a fragment here from the newest record of its checkpoint stream; False if
+        the record cannot be run (said in the log)."""
         engine = self.site.engine
         if engine is None:
             log.error("fragment %s cannot run here: this peer has no engine", record.fragment)
-            return
+            return False
         name = record.fragment
-        query = parse_query(record.definition)
-        if query.name != name:
-            log.error("checkpoint record of %s holds query %s", name, query.name)
-            return
-        await self.site.release_query(name)  # what ran here before (a restart) is stale
-        directory = engine.checkpoint_dir(name, record.incarnation)
-        if record.checkpoint:
-            await asyncio.to_thread(unbundle, record.checkpoint, directory)
-        else:  # it never ran
-            await asyncio.to_thread(shutil.rmtree, directory, True)
+        began = time.monotonic()
+        try:
+            query = parse_query(record.definition)
+            if query.name != name:
+                raise ValueError(f"it holds query {query.name}")
+            await self.site.release_query(name)  # what ran here before (a restart) is stale
+            directory = engine.checkpoint_dir(name, record.incarnation)
+            if record.checkpoint:
+                await asyncio.to_thread(unbundle, record.checkpoint, directory)
+            else:  # it never ran
+                await asyncio.to_thread(shutil.rmtree, directory, True)
+        except (FedstreamError, ValueError, OSError) as exc:
+            log.error("fragment %s not taken over: its checkpoint record: %s", name, exc)
+            return False
         self.standing[name] = _Standing(
             record.definition, record.incarnation, record.inputs, record.outputs,
             record.checkpoint,
@@ -434,10 +472,15 @@ class ReplicatedFragments:
         except FedstreamError as exc:
             log.error("fragment %s not taken over: %s", name, exc)
             self.standing.pop(name, None)
-            return
+            return False
         log.warning(
-            "fragment %s taken over here at batch %d (%s)", name, record.batch, record.status
+            "fragment %s taken over here at batch %d (%s) in %.2f s",
+            name,
+            record.batch,
+            record.status,
+            time.monotonic() - began,
         )
+        return True
 
     async def release(self, name: str) -> None:
         """Another peer leads this fragment's streams now: stop it here and forget it."""

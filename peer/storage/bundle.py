@@ -34,7 +34,14 @@ def bundle(directory: Path) -> bytes:
             for path in sorted(p for p in directory.rglob("*") if p.is_file()):
                 if path.is_symlink():
                     continue
-                archive.write(path, path.relative_to(directory).as_posix())
+                try:
+                    data = path.read_bytes()
+                except FileNotFoundError:  # removed meanwhile (Spark drops old versions)
+                    continue
+                info = zipfile.ZipInfo(path.relative_to(directory).as_posix())
+                info.external_attr = (stat.S_IFREG | 0o644) << 16  # a regular file
+                info.compress_type = zipfile.ZIP_DEFLATED
+                archive.writestr(info, data, compresslevel=1)
     return out.getvalue()
 
 

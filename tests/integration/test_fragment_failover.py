@@ -77,15 +77,19 @@ def run(peers: list[PeerThread]) -> None:
     want = keyed_window_sums(batches)
     by_node = {p.peer.overlay.node_id.hex(): p for p in peers}  # type: ignore[union-attr]
 
-    async def setup() -> dict[str, Any]:
+    async def setup() -> tuple[dict[str, Any], PeerThread]:
         async with Client("127.0.0.1", peers[0].port, timeout_s=60) as c:
             await c.create_schema(SCHEMA)
             created = await c.create_stream("fo_ticks", "tick", replicas=3)
+        # the query through a peer that survives: its definition is served by the peer that
+        # published it (a query's catalog record is not replicated yet)
+        other = next(p for p in peers if p.peer.overlay.node_id.hex() != created["primary"])  # type: ignore[union-attr]
+        async with Client("127.0.0.1", other.port, timeout_s=60) as c:
             await c.create_query(QUERY)
             await c.start_query("fo")
-            return created
+        return created, other
 
-    created = asyncio.run(setup())
+    created, owner = asyncio.run(setup())
     victim = by_node[created["primary"]]
     survivors = [p for p in peers if p is not victim]
     ports = [p.port for p in peers]
@@ -113,3 +117,18 @@ def run(peers: list[PeerThread]) -> None:
     rows = asyncio.run(after())
     got = Counter((r["window_start"], r["window_end"], r["k"], r["s"], r["n"]) for r in rows)
     assert got == want
+
+    # deleting the query drops its replicated streams from the control plane and every replica
+    async def delete() -> None:
+        async with Client("127.0.0.1", owner.port, timeout_s=60) as c:  # its participant's
+            await c.delete_query("fo")
+
+    asyncio.run(delete())
+    internal = ("fo_out", "fo_kept", "~ckpt.fo")
+    for p in survivors:
+        fed = p.peer.fed
+        assert fed is not None
+        assert not set(internal) & set(fed.plane.replicas.streams)
+        assert not set(internal) & set(fed.site.spools.streams())
+        states = p.call(fed.plane.client.read("fo_out"))
+        assert states is None

@@ -1,0 +1,159 @@
+"""A windowed aggregate whose peer is killed with -9 fails over (real `peer join` processes).
+
+Five peers: three run Spark and hold the control plane's seats, two run no engine (so a
+stream's three replicas are the three engine peers). A stream with three replicas feeds a
+keyed 10 s tumbling window; the query runs on the stream's primary, its result stream and
+checkpoint stream replicated with the stream and anchored to it. Batches go through random
+peers under one producer id, retried with the same (producer, seq) after a retriable refusal.
+Mid-stream the primary (the aggregate's peer, with its JVM) is killed with SIGKILL. A survivor
+takes the stream, the result stream and the checkpoint over and resumes the aggregate; the
+result stream, read from the earliest offset, equals plain Python: no window lost, none twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from peer.client import Client
+from peer.errors import FedstreamError
+from peer.testing import (
+    LocalFederation,
+    collect,
+    keyed_window_query,
+    keyed_window_sums,
+    make_participants,
+    participant_args,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.timeout(900)]
+
+NAMES = ("hf1", "hf2", "hf3", "hf4", "hf5")
+ENGINES = NAMES[:3]
+FAST = ("--gossip-interval", "0.3", "--suspect-after", "2", "--dead-after", "5")
+SCHEMA = {
+    "name": "tick",
+    "fields": [
+        {"name": "k", "type": "int"},
+        {"name": "v", "type": "long"},
+        {"name": "t", "type": "long"},
+    ],
+}
+STREAM, OUT = "hf_ticks", "hf_out"
+QUERY = keyed_window_query("hf", STREAM, OUT, kept="hf_kept")
+BATCHES, PER_BATCH = 60, 100
+
+
+def make_batches() -> list[dict[str, list[int]]]:
+    rng = random.Random(23)
+    out = []
+    for b in range(BATCHES):
+        ts = [(b * PER_BATCH + i) // 40 for i in range(PER_BATCH)]
+        out.append(
+            {"k": [rng.randrange(5) for _ in ts], "v": [rng.randrange(60) for _ in ts], "t": ts}
+        )
+    return out
+
+
+@pytest.fixture
+def federation(tmp_path: Path) -> Iterator[LocalFederation]:
+    keys = make_participants(tmp_path, NAMES)
+    args = {
+        name: [
+            *participant_args(name, keys[name], tmp_path / "trust"),
+            *FAST,
+            *(["--voter"] if name in ENGINES else ["--no-engine"]),
+        ]
+        for name in NAMES
+    }
+    fed = LocalFederation(tmp_path, args)
+    try:
+        fed.start(timeout_s=240)
+        yield fed
+    finally:
+        fed.stop()
+
+
+async def push(ports: list[int], batches: list[dict[str, list[int]]], seqs: range) -> None:
+    """Each batch through a random peer, retried with the same (producer, seq) elsewhere."""
+    rng = random.Random(seqs.start)
+    for seq in seqs:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                async with Client("127.0.0.1", rng.choice(ports), timeout_s=20) as c:
+                    await c.push(STREAM, {"columns": batches[seq]}, producer="hf", seq=seq)
+                break
+            except (FedstreamError, TimeoutError, OSError) as exc:
+                if isinstance(exc, FedstreamError) and not exc.retriable:
+                    raise
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"batch {seq} not acknowledged: {exc}") from exc
+                await asyncio.sleep(0.1)
+
+
+def test_kill_9_of_an_aggregates_peer_keeps_its_output_exact(
+    federation: LocalFederation,
+) -> None:
+    procs = federation.procs
+    by_node = {p.node_id: p for p in procs.values()}
+    batches = make_batches()
+    want = keyed_window_sums(batches)
+    first = procs[NAMES[0]]
+
+    async def setup() -> dict[str, Any]:
+        async def ready() -> bool:
+            for p in procs.values():
+                async with Client("127.0.0.1", p.port, timeout_s=10) as c:
+                    status = await c.status()
+                alive = [m for m in status["overlay"]["members"] if m["state"] == "alive"]
+                if len(alive) < len(NAMES) or len(status["replication"]["voters"]) < 3:
+                    return False
+            return True
+
+        await wait_until(ready, "five live members that all know three voters", 120, every_s=0.3)
+        async with Client("127.0.0.1", first.port, timeout_s=60) as c:
+            await c.create_schema(SCHEMA)
+            created = await c.create_stream(STREAM, "tick", replicas=3)
+            await c.create_query(QUERY)
+            await c.start_query("hf")
+            placed = await c.lookup_object(OUT)
+        assert placed["primary"]["node"] == created["primary"], "the query is not on its input"
+        assert sorted(r["node"] for r in placed["replicas"]) == sorted(created["replicas"])
+        return created
+
+    created = asyncio.run(setup())
+    victim = by_node[created["primary"]]
+    survivors = [p for p in procs.values() if p is not victim]
+    ports = [p.port for p in procs.values()]
+
+    async def through_the_kill() -> None:
+        await push(ports, batches, range(0, 20))
+        async with Client("127.0.0.1", victim.port, timeout_s=60) as c:
+            assert await collect(c, OUT, 1, timeout_s=180), "no window before the kill"
+        task = asyncio.create_task(push(ports, batches, range(20, 40)))
+        await asyncio.sleep(random.Random(4).uniform(0.3, 0.8))
+        await asyncio.to_thread(victim.kill)
+        await asyncio.wait_for(task, 300)
+        await push([p.port for p in survivors], batches, range(40, BATCHES))
+
+    asyncio.run(through_the_kill())
+
+    async def read_back() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        async with Client("127.0.0.1", survivors[-1].port, timeout_s=60) as c:
+            found = await c.lookup_object(OUT)
+            rows = await collect(c, OUT, sum(want.values()), timeout_s=240, settle_s=5)
+            return found, rows
+
+    found, rows = asyncio.run(read_back())
+    assert found["epoch"] >= 2 and found["primary"]["node"] != victim.node_id
+    got = Counter((r["window_start"], r["window_end"], r["k"], r["s"], r["n"]) for r in rows)
+    assert got == want
