@@ -96,6 +96,8 @@ class LocalSite:
         self._landed = asyncio.Condition()
         # streams whose pushes another room appends (replicated streams: peer.federation)
         self.appenders: dict[str, Appender] = {}
+        # the highest offset of a stream that may be trimmed (a replica still lacks the rest)
+        self.trim_limit: Callable[[str], int | None] = lambda _stream: None
 
     # lifecycle
     async def resume_queries(self) -> None:
@@ -130,7 +132,8 @@ class LocalSite:
                 age = min(INTERNAL_RETENTION_S, self.config.retention_s) if internal else None
                 retain = 1 if internal else 0
                 age = self.config.retention_s if age is None else age
-                await asyncio.to_thread(spool.trim, retain, max_age_s=age)
+                keep = self.trim_limit(name)
+                await asyncio.to_thread(spool.trim, retain, max_age_s=age, keep_after=keep)
         if self.engine is not None:
             for name, reason in (await self.engine.failed()).items():
                 if self.query_errors.get(name) != reason:

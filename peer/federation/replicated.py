@@ -62,6 +62,7 @@ class Replicas:
         self._tasks: set[asyncio.Task[None]] = set()
         control.listen(self.on_state)
         router.register(ReplicaExchange.OP, self.on_exchange)
+        site.trim_limit = self.trim_limit
 
     # ----------------------------------------------------------------------- ReplicaOwner
     def on_role(self, stream: str, primary: bool) -> None:
@@ -209,6 +210,16 @@ class Replicas:
         if replica.known is None or replica.known.version < state.version:
             await replica.learn(state)
         return await replica.on_exchange(message.messages)
+
+    def trim_limit(self, name: str) -> int | None:
+        """On a primary, the last offset every replica holds: a follower catches up from
+        the primary's spool, so nothing it lacks is trimmed (a replica away for good pins
+        the stream until its replica set changes). None elsewhere."""
+        replica = self.streams.get(name)
+        primary = None if replica is None else replica.primary
+        if primary is None:
+            return None
+        return min(primary.end_of_member(n) for n in primary.replicas)
 
     def log_ends(self) -> dict[str, int]:
         return {name: replica.spool.log_end for name, replica in self.streams.items()}

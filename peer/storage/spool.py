@@ -354,13 +354,16 @@ class Spool(ReplicaLog):
     def committed(self, reader_id: str) -> int:
         return fmt.read_reader_offset(self.directory, reader_id)
 
-    def trim(self, retain: int = 0, *, max_age_s: float | None = None) -> int:
+    def trim(
+        self, retain: int = 0, *, max_age_s: float | None = None, keep_after: int | None = None
+    ) -> int:
         """Delete files every registered reader has committed, but keep the ``retain`` newest
         (of those readers may see: never above ``latest``).
 
         A spool no reader is registered on (a result stream, the input of a deleted query)
         keeps everything unless ``max_age_s`` is given: then files appended longer ago than
         that go. A registered reader always holds back what it has not committed.
+        ``keep_after``: nothing above this offset goes (what a replica still lacks).
         Returns the number of files deleted.
         """
         floors = []
@@ -373,6 +376,8 @@ class Spool(ReplicaLog):
             floors.append(self._aged_out(time.time_ns() - int(max_age_s * 1e9)))
         with self._lock:
             floor = min(min(floors), self.latest - max(retain, 0))
+            if keep_after is not None:
+                floor = min(floor, keep_after)
             if floor < self._earliest:
                 return 0
             # Record the seqs and the floor first: once files go, they are the only memory of

@@ -204,6 +204,19 @@ def test_trim_respects_every_reader(tmp_path: Path) -> None:
         spool.register_reader("../evil")
 
 
+def test_trim_keeps_what_a_replica_lacks(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "s", SCHEMA, fsync=False)
+    for k in range(10):
+        spool.append(batch(k))
+    spool.register_reader("query")
+    fmt.write_reader_offset(spool.directory, "query", 9)
+    assert spool.trim(keep_after=4) == 5  # the reader took all; a replica holds through 4
+    assert spool.earliest == 5
+    assert spool.trim(keep_after=-1) == 0  # one that holds nothing: nothing more goes
+    assert spool.trim(max_age_s=0.0, keep_after=6) == 2  # 5 and 6 only
+    assert spool.earliest == 7
+
+
 def test_open_recovers_temp_files_and_unfinished_trim(tmp_path: Path) -> None:
     spool = Spool(tmp_path / "s", SCHEMA, fsync=False)
     for k in range(4):
