@@ -156,6 +156,8 @@ class Watcher:
     async def run(self) -> None:
         while not self.stopped:
             names = [n for n in self.peers.alive() if n not in self.pusher.excluded]
+            if not names:  # the peers are stopping
+                return
             port = self.peers.procs[self.rng.choice(names)].port
             rows: list[dict[str, Any]] = []
             try:
