@@ -127,11 +127,9 @@ class LocalSite:
         for name in self.spools.streams():
             with contextlib.suppress(KeyError, OSError):
                 spool = self.spools.get(name)
-                # an internal stream (a fragment's checkpoints) needs only its newest batches
-                internal = name.startswith(INTERNAL_PREFIX)
-                age = min(INTERNAL_RETENTION_S, self.config.retention_s) if internal else None
-                retain = 1 if internal else 0
-                age = self.config.retention_s if age is None else age
+                retain, age = 0, self.config.retention_s
+                if name.startswith(INTERNAL_PREFIX):  # a fragment's checkpoints: the newest
+                    retain, age = 1, min(INTERNAL_RETENTION_S, age)
                 keep = self.trim_limit(name)
                 await asyncio.to_thread(spool.trim, retain, max_age_s=age, keep_after=keep)
         if self.engine is not None:

@@ -1,16 +1,24 @@
 """Helpers shared by the benchmark scripts: process-tree CPU and memory from /proc, machine
-facts, quantiles with lost samples, and Markdown formatting. Standard library and numpy only
+facts, quantiles with lost samples, Markdown formatting, and the frame of a run (its results'
+header, its work directory, its JSON). Standard library and numpy only
 (psutil is not a dependency of fedstream)."""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import json
 import os
 import platform
 import re
 import shutil
 import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,7 +38,7 @@ def _stat_fields(pid: int) -> list[str] | None:
         return None
     # comm may hold spaces and parentheses: fields start after the last ')'; rest[0] is
     # field 3 (state), so field n (1-based, proc(5)) is rest[n - 3].
-    return text[text.rindex(")") + 2:].split()
+    return text[text.rindex(")") + 2 :].split()
 
 
 def _ppid_map() -> dict[int, list[int]]:
@@ -102,8 +110,12 @@ class TreeMemory:
     python_processes: int
 
     def as_dict(self) -> dict[str, Any]:
-        return {"rss_mb": round(self.rss_mb), "jvm_rss_mb": round(self.jvm_rss_mb),
-                "processes": self.processes, "python_processes": self.python_processes}
+        return {
+            "rss_mb": round(self.rss_mb),
+            "jvm_rss_mb": round(self.jvm_rss_mb),
+            "processes": self.processes,
+            "python_processes": self.python_processes,
+        }
 
 
 def tree_memory(root: int) -> TreeMemory:
@@ -236,8 +248,9 @@ def busy_processes(limit: int = 5, exclude: set[int] | None = None) -> list[str]
     time.sleep(1.0)
     b = sample()
     used = sorted(((b[p] - a.get(p, b[p])) / CLK_TCK, p) for p in b)[::-1][:limit]
-    return [f"{cores:.2f} cores pid {pid} {_cmdline(pid)[:80]}" for cores, pid in used
-            if cores > 0.02]
+    return [
+        f"{cores:.2f} cores pid {pid} {_cmdline(pid)[:80]}" for cores, pid in used if cores > 0.02
+    ]
 
 
 # --------------------------------------------------------------------------- statistics
@@ -291,3 +304,72 @@ def jsonable(obj: Any) -> Any:
     if isinstance(obj, list | tuple):
         return [jsonable(v) for v in obj]
     return obj
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def git_commit() -> str:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "?"
+    return head + (" (work tree modified)" if dirty else "")
+
+
+def new_results(script: str) -> dict[str, Any]:
+    """What a benchmark run reports about itself (``script``: its file), as it starts."""
+    machine = machine_info()
+    return {
+        "command": " ".join([f".venv/bin/python scripts/{script}", *sys.argv[1:]]),
+        "commit": git_commit(),
+        "date": machine["date"],
+        "machine": machine,
+        "load_before": load_average(),
+        "errors": [],
+    }
+
+
+def header(results: dict[str, Any]) -> list[str]:
+    """The command, commit, machine and load lines of a report."""
+    m = results["machine"]
+    return [
+        f"Command: `{results['command']}`, commit {results['commit']}, {results['date']}.",
+        f"Machine: {m['nproc']} cores ({m['cpu']}), {m['ram_gib']} GiB, Python {m['python']}; "
+        f"load average before {results['load_before']}, after {results['load_after']}; "
+        f"{results['elapsed_s']:.0f} s in all.",
+        "",
+    ]
+
+
+def run_in(
+    args: argparse.Namespace,
+    prefix: str,
+    main_async: Callable[[argparse.Namespace, Path], Awaitable[dict[str, Any]]],
+    report: Callable[[dict[str, Any]], str],
+) -> dict[str, Any] | None:
+    """Run ``main_async`` in ``--work-dir`` (or a temporary directory, removed after a run
+    without errors), write ``--json``, print the report; None if interrupted."""
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix=prefix))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"work directory {work}", flush=True)
+    try:
+        results = asyncio.run(main_async(args, work))
+    except KeyboardInterrupt:
+        print(f"interrupted; logs in {work}", flush=True)
+        return None
+    if args.json:
+        args.json.write_text(json.dumps(jsonable(results), indent=1))
+    if not results["errors"] and args.work_dir is None:
+        shutil.rmtree(work, ignore_errors=True)
+    print("\n" + report(results))
+    return results

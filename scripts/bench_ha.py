@@ -44,13 +44,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import random
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,23 +101,6 @@ def election_time(peers: Peers, stream: str, since: float) -> float | None:
                     if t >= since - 0.01:
                         found.append(t)
     return min(found) if found else None
-
-
-def git_commit() -> str:
-    root = Path(__file__).resolve().parent.parent
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    except OSError:
-        return "?"
-    return head + (" (work tree modified)" if dirty else "")
 
 
 # --------------------------------------------------------------------------- the peers
@@ -422,14 +401,7 @@ async def run_failover(peers: Peers, args: argparse.Namespace) -> list[dict[str,
 
 
 def report(results: dict[str, Any]) -> str:
-    m = results["machine"]
-    lines = [
-        f"Command: `{results['command']}`, commit {results['commit']}, {results['date']}.",
-        f"Machine: {m['nproc']} cores ({m['cpu']}), {m['ram_gib']} GiB, Python {m['python']}; "
-        f"load average before {results['load_before']}, after {results['load_after']}; "
-        f"{results['elapsed_s']:.0f} s in all.",
-        "",
-    ]
+    lines = bc.header(results)
     kills = results["failover"]
     if kills:
         times = np.array([k["failover_s"] for k in kills])
@@ -508,17 +480,10 @@ def throughput_report(windows: list[dict[str, Any]], a: dict[str, Any]) -> list[
 
 
 async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    machine = bc.machine_info()
-    results: dict[str, Any] = {
-        "command": " ".join([".venv/bin/python scripts/bench_ha.py", *sys.argv[1:]]),
-        "commit": git_commit(),
-        "date": machine["date"],
-        "machine": machine,
+    results = bc.new_results("bench_ha.py") | {
         "args": {k: v for k, v in vars(args).items() if k != "json"},
-        "load_before": bc.load_average(),
         "throughput": [],
         "failover": [],
-        "errors": [],
     }
     print(f"load average {results['load_before']}; busiest: {bc.busy_processes()}", flush=True)
     began = time.monotonic()
@@ -557,19 +522,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", type=Path, help="keep the peers' data and logs here")
     parser.add_argument("--json", type=Path, help="write the figures here too")
     args = parser.parse_args(argv)
-    work = args.work_dir or Path(tempfile.mkdtemp(prefix="fedstream-bench-ha-"))
-    work.mkdir(parents=True, exist_ok=True)
-    print(f"work directory {work}", flush=True)
-    try:
-        results = asyncio.run(main_async(args, work))
-    except KeyboardInterrupt:
-        print(f"interrupted; logs in {work}", flush=True)
+    results = bc.run_in(args, "fedstream-bench-ha-", main_async, report)
+    if results is None:
         return 130
-    if args.json:
-        args.json.write_text(json.dumps(bc.jsonable(results), indent=1))
-    if not results["errors"] and args.work_dir is None:
-        shutil.rmtree(work, ignore_errors=True)
-    print("\n" + report(results))
     return 1 if results["errors"] else 0
 
 

@@ -37,11 +37,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import random
-import shutil
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -266,14 +263,7 @@ async def run_kills(peers: EnginePeers, args: argparse.Namespace) -> dict[str, A
 
 
 def report(results: dict[str, Any]) -> str:
-    m = results["machine"]
-    lines = [
-        f"Command: `{results['command']}`, commit {results['commit']}, {results['date']}.",
-        f"Machine: {m['nproc']} cores ({m['cpu']}), {m['ram_gib']} GiB, Python {m['python']}; "
-        f"load average before {results['load_before']}, after {results['load_after']}; "
-        f"{results['elapsed_s']:.0f} s in all.",
-        "",
-    ]
+    lines = bc.header(results)
     run = results.get("run") or {}
     kills = run.get("kills") or []
     if kills:
@@ -307,15 +297,7 @@ def report(results: dict[str, Any]) -> str:
 
 
 async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    machine = bc.machine_info()
-    results: dict[str, Any] = {
-        "command": " ".join([".venv/bin/python scripts/bench_ha_query.py", *sys.argv[1:]]),
-        "commit": ha.git_commit(),
-        "date": machine["date"],
-        "machine": machine,
-        "load_before": bc.load_average(),
-        "errors": [],
-    }
+    results = bc.new_results("bench_ha_query.py")
     print(f"load average {results['load_before']}; busiest: {bc.busy_processes()}", flush=True)
     began = time.monotonic()
     peers = EnginePeers(work)
@@ -341,21 +323,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", type=Path, help="keep the peers' data and logs here")
     parser.add_argument("--json", type=Path, help="write the figures here too")
     args = parser.parse_args(argv)
-    work = args.work_dir or Path(tempfile.mkdtemp(prefix="fedstream-bench-haq-"))
-    work.mkdir(parents=True, exist_ok=True)
-    print(f"work directory {work}", flush=True)
-    try:
-        results = asyncio.run(main_async(args, work))
-    except KeyboardInterrupt:
-        print(f"interrupted; logs in {work}", flush=True)
+    results = bc.run_in(args, "fedstream-bench-haq-", main_async, report)
+    if results is None:
         return 130
-    if args.json:
-        args.json.write_text(json.dumps(bc.jsonable(results), indent=1))
-    if not results["errors"] and args.work_dir is None:
-        shutil.rmtree(work, ignore_errors=True)
-    print("\n" + report(results))
-    ok = not results["errors"] and results.get("run", {}).get("exact")
-    return 0 if ok else 1
+    return 0 if not results["errors"] and results.get("run", {}).get("exact") else 1
 
 
 if __name__ == "__main__":

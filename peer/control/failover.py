@@ -82,7 +82,10 @@ def _anchors(by_name: Mapping[str, StreamState]) -> dict[str, str]:
 def anchor_roots(streams: Iterable[StreamState]) -> dict[str, str]:
     """Stream name -> the stream it ultimately fails over with (its anchor's anchor...), for
     every anchored stream whose anchor is present among ``streams``."""
-    anchors = _anchors({stream.name: stream for stream in streams})
+    return _roots(_anchors({stream.name: stream for stream in streams}))
+
+
+def _roots(anchors: Mapping[str, str]) -> dict[str, str]:
     roots = {}
     for name in sorted(anchors):
         root = anchors[name]
@@ -110,7 +113,7 @@ def failover_decisions(
     by_name = {stream.name: stream for stream in ordered}
     anchors = _anchors(by_name)
     followers: dict[str, list[StreamState]] = {}
-    for name, root in anchor_roots(by_name.values()).items():
+    for name, root in _roots(anchors).items():
         followers.setdefault(root, []).append(by_name[name])
     decisions = []
     for stream in ordered:

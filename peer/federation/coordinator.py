@@ -40,6 +40,7 @@ from typing import Any
 from overlay.membership import MemberInfo, rank, stream_target
 from overlay.node import Overlay
 from peer.errors import AlreadyExists, Conflict, InvalidInput, NotFound, QueryError
+from peer.federation.fragments import checkpoint_stream
 from peer.federation.hosting import Hosting
 from peer.federation.records import CatalogRecords
 from peer.federation.router import Router
@@ -184,16 +185,16 @@ class Coordinator:
 
     async def site_now(self, fragment: dict[str, Any]) -> str:
         """The node id (hex) of the peer running ``fragment`` now: the primary of its
-        replicated result streams, else the host of its first result stream (a fragment's
+        replicated streams, else the host of its first result stream (a fragment's
         results live where it runs)."""
         planned = str(fragment["site"])
         outputs = fragment.get("outputs") or []
         if not outputs:
             return planned
-        for stream in outputs:  # a replicated fragment runs where its streams' primary is
-            primary = await self.primary_of(str(stream))
-            if primary is not None:
-                return primary
+        # a replicated fragment runs where the primary of its streams (its checkpoints') is
+        primary = await self.primary_of(checkpoint_stream(str(fragment["name"])))
+        if primary is not None:
+            return primary
         return (await self.hosting.host_now(outputs[0], bytes.fromhex(planned))).hex()
 
     async def set_status(self, name: str, status: str) -> dict[str, Any]:

@@ -34,7 +34,7 @@ import contextlib
 import logging
 import shutil
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,7 +52,7 @@ from peer.model.query import parse_query, query_to_dict
 from peer.model.schema import Field, Schema, make_schema
 from peer.protocol.link import FragmentStatus, HostStream
 from peer.site import INTERNAL_PREFIX, LocalSite
-from peer.storage.bundle import bundle, unbundle
+from peer.storage.bundle import bundle, listing, unbundle
 from peer.storage.spool_format import offset_path, read_file
 
 if TYPE_CHECKING:
@@ -274,6 +274,8 @@ class ReplicatedFragments:
                 holders.update(state.replicas)
             with contextlib.suppress(FedstreamError):
                 await self.plane.client.submit(DropStream(stream))
+        with contextlib.suppress(FedstreamError):  # (the outputs' go with the query's)
+            await self.records.publish(f"stream:{checkpoint_stream(name)}", {"deleted": True})
         await self._drop_here(streams)
         for node in sorted(holders - {self.me}):
             try:
@@ -305,10 +307,14 @@ class ReplicatedFragments:
         standing = self.standing.get(name)
         if standing is None:
             return None
-        taken = bundle(checkpoint)
+        # Spark writes each checkpoint file once (new offsets, new state versions), so the
+        # files there now, read later, are the checkpoint as the batch starts: only a batch
+        # with results pays for packing them.
+        files = listing(checkpoint)
 
         def before_emit(rows: int) -> None:
             if rows:
+                taken = bundle(checkpoint, files)
                 self._wait(self._write(name, standing, "RUNNING", batch_id, taken))
 
         return before_emit
@@ -323,15 +329,13 @@ class ReplicatedFragments:
         body = self.site.spools.get(stream).encode(table, origin=origin, seq=seq)
         self._wait(self._append(stream, body, table.num_rows, origin, seq))
 
-    def _wait(self, work: Awaitable[Any]) -> Any:
+    def _wait(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` on the peer's loop from Spark's thread, and wait for it."""
         loop = self._loop
         if loop is None:
+            work.close()
             raise Unavailable("replicated fragments are not running")
-
-        async def run() -> Any:
-            return await work
-
-        return asyncio.run_coroutine_threadsafe(run(), loop).result(EMIT_PATIENCE_S + 30)
+        asyncio.run_coroutine_threadsafe(work, loop).result(EMIT_PATIENCE_S + 30)
 
     async def _write(
         self, name: str, standing: _Standing, status: str, batch: int, taken: bytes | None = None
@@ -427,13 +431,11 @@ class ReplicatedFragments:
 
     async def _restart_failed(self) -> None:
         """A replicated fragment whose streaming query died here (a refused append, a disk
-        fault) is released; the next round takes it over again from its newest record if
-        this peer still leads its streams (at most every RESTART_AFTER_S)."""
-        engine = self.site.engine
-        if engine is None or not self.standing:
-            return
+        fault: the site's maintenance notes it) is released; the next round takes it over
+        again from its newest record if this peer still leads its streams (at most every
+        RESTART_AFTER_S)."""
         now = time.monotonic()
-        for name, reason in (await engine.failed()).items():
+        for name, reason in list(self.site.query_errors.items()):
             if name in self.standing and now - self._restarted.get(name, 0.0) > RESTART_AFTER_S:
                 self._restarted[name] = now
                 log.error(

@@ -59,6 +59,7 @@ class Replicas:
         self._on_role = on_role
         self.streams: dict[str, StreamReplica] = {}
         self._creating: dict[str, asyncio.Lock] = {}
+        self._forgotten: set[str] = set()  # dropped here (see forget)
         self._tasks: set[asyncio.Task[None]] = set()
         control.listen(self.on_state)
         router.register(ReplicaExchange.OP, self.on_exchange)
@@ -126,17 +127,23 @@ class Replicas:
 
     # ----------------------------------------------------------------------- states
     def on_state(self, state: StreamState) -> None:
+        if state.name in self._forgotten:
+            return  # dropped here: a late answer of a voter that has not applied the drop
         if self.me in state.replicas:
             self.spawn(self._learn(state))
         elif state.name in self.streams:
             log.warning("this peer no longer replicates %s", state.name)
 
     async def _learn(self, state: StreamState) -> None:
+        if state.name in self._forgotten:  # dropped while this was on its way
+            return
         replica = await self.ensure(state.name)
         await replica.learn(state)
 
     async def refresh(self, name: str) -> StreamState | None:
-        """Read the stream's state from the control plane and act on it before returning."""
+        """Read the stream's state from the control plane and act on it before returning
+        (a stream of a name dropped here before is a new one: asked for by its creator)."""
+        self._forgotten.discard(name)
         state = await self.control.read(name)
         if state is not None and self.me in state.replicas:
             await self._learn(state)
@@ -190,7 +197,9 @@ class Replicas:
         return {"epoch": state.epoch, "primary": state.primary, "replicas": list(state.replicas)}
 
     async def forget(self, name: str) -> None:
-        """Stop replicating a dropped stream here (its spool is the caller's to drop)."""
+        """Stop replicating a dropped stream here (its spool is the caller's to drop); the
+        control plane's states of it are ignored until the name is created again."""
+        self._forgotten.add(name)
         replica = self.streams.pop(name, None)
         self.site.appenders.pop(name, None)
         self.control.states.pop(name, None)

@@ -20,28 +20,35 @@ import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
 
-__all__ = ["MAX_BUNDLE_BYTES", "MAX_BUNDLE_FILES", "bundle", "unbundle"]
+__all__ = ["MAX_BUNDLE_BYTES", "MAX_BUNDLE_FILES", "bundle", "listing", "unbundle"]
 
 MAX_BUNDLE_FILES = 20_000
 MAX_BUNDLE_BYTES = 512 * 1024 * 1024  # unpacked
 
 
-def bundle(directory: Path) -> bytes:
-    """Every regular file under ``directory`` (none if it does not exist) as a zip archive."""
+def listing(directory: Path) -> list[Path]:
+    """The regular files under ``directory`` (none if it does not exist), sorted; no links."""
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def bundle(directory: Path, files: list[Path] | None = None) -> bytes:
+    """The regular files under ``directory`` as a zip archive: those of ``listing`` now, or
+    ``files`` (a listing taken earlier: of a directory whose files are written once, as
+    Spark's checkpoints are, that is the directory as it was then, less any file deleted
+    since)."""
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
-        if directory.is_dir():
-            for path in sorted(p for p in directory.rglob("*") if p.is_file()):
-                if path.is_symlink():
-                    continue
-                try:
-                    data = path.read_bytes()
-                except FileNotFoundError:  # removed meanwhile (Spark drops old versions)
-                    continue
-                info = zipfile.ZipInfo(path.relative_to(directory).as_posix())
-                info.external_attr = (stat.S_IFREG | 0o644) << 16  # a regular file
-                info.compress_type = zipfile.ZIP_DEFLATED
-                archive.writestr(info, data, compresslevel=1)
+        for path in listing(directory) if files is None else files:
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:  # removed meanwhile (Spark drops old versions)
+                continue
+            info = zipfile.ZipInfo(path.relative_to(directory).as_posix())
+            info.external_attr = (stat.S_IFREG | 0o644) << 16  # a regular file
+            info.compress_type = zipfile.ZIP_DEFLATED
+            archive.writestr(info, data, compresslevel=1)
     return out.getvalue()
 
 
