@@ -132,7 +132,10 @@ class Peer:
         self._service.target = site
         if config.engine:
             site.engine = await self._start_engine(site, spark)
-            await site.resume_queries()
+            from peer.move.journal import Journal
+
+            # a fragment whose move did not finish runs where its move's outcome says
+            await site.resume_queries(skip=Journal(site.data_dir).fragments_in_doubt())
         if config.overlay or not is_loopback(config.host):
             await self._load_identity()
         tls: dict[str, Any] = {}
@@ -236,6 +239,7 @@ class Peer:
         await overlay.start()
         await fed.start()
         self._service.target = fed
+        await self.mover.recover()
 
     def _make_brain(self, fed: Federation, book: ContractBook) -> Brain:
         from contracts.bpm import BpmConfig
@@ -285,6 +289,8 @@ class Peer:
         self._stopping.set()
 
     async def close(self) -> None:
+        if self.mover is not None:
+            await self.mover.close()
         if self.overlay is not None:
             await self.overlay.close()
             self.overlay = None

@@ -20,7 +20,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -100,21 +100,30 @@ class LocalSite:
         self.trim_limit: Callable[[str], int | None] = lambda _stream: None
 
     # lifecycle
-    async def resume_queries(self) -> None:
-        """Restart the queries that were RUNNING, from their checkpoints."""
+    async def resume_queries(self, skip: Collection[str] = ()) -> None:
+        """Restart the queries that were RUNNING, from their checkpoints (but those in
+        ``skip``: fragments whose unfinished move decides where they run)."""
         for name in self.catalog.query_names():
             entry = self.catalog.query(name)
-            if entry.status == "RUNNING" and not self.replicated_outputs(entry.query):
-                blocked = self.quarantined_streams(entry.query)
-                if blocked:
-                    self.query_errors[name] = blocked[0].error().message
-                    log.error("query %s cannot resume: %s", name, self.query_errors[name])
-                    continue
-                try:
-                    await self._run(entry, resume=True)
-                except EngineError as exc:
-                    self.query_errors[name] = exc.message
-                    log.error("query %s could not resume: %s", name, exc.message)
+            if name not in skip and not self.replicated_outputs(entry.query):
+                await self.resume_query(name)
+
+    async def resume_query(self, name: str) -> None:
+        """Restart query ``name`` from its checkpoint if its status is RUNNING and the engine
+        does not run it yet (a failure is noted in ``query_errors``, not raised)."""
+        entry = self.catalog.query(name)
+        if entry.status != "RUNNING" or self.engine is None:
+            return
+        blocked = self.quarantined_streams(entry.query)
+        if blocked:
+            self.query_errors[name] = blocked[0].error().message
+            log.error("query %s cannot resume: %s", name, self.query_errors[name])
+            return
+        try:
+            await self._run(entry, resume=True)
+        except EngineError as exc:
+            self.query_errors[name] = exc.message
+            log.error("query %s could not resume: %s", name, exc.message)
 
     async def close(self) -> None:
         if self.engine is not None:

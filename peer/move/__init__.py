@@ -35,7 +35,12 @@ The sender P, holding the move lock (one move in or out at a time):
    writes a short handover lease naming Q for each result stream, records where the fragment
    went (requests for it are forwarded), and drops what it no longer needs.
 
-A failure before Q has resumed undoes steps 2-4 and restarts the fragment at P.
+A failure before P asks Q to install undoes steps 2-4 and restarts the fragment at P. From
+that request on, Q alone decides, once and durably, whether the move happened (it installed,
+or it aborts when P asks about a move it has not installed); P journals what it did so that it
+can undo or finish the move after a crash, and stays *in doubt* (the fragment stopped) while Q
+cannot be asked. So a crash at any step, or a lost reply, leaves exactly one running copy:
+see :mod:`~peer.move.journal`.
 
 Movable: a RUNNING fragment with its own streaming query (not in the stateless lane), whose
 result streams no other local query reads and whose replica inputs no other local query
@@ -43,6 +48,7 @@ reads. Q refuses a fragment whose streams or name it already holds.
 
 The stages live in their own modules: :mod:`~peer.move.plan` (what may move, and how each
 input travels), :mod:`~peer.move.package` (manifest, tar and their checks),
+:mod:`~peer.move.journal` (the durable intents and outcomes),
 :mod:`~peer.move.sender` (steps 1-6 and 8) and :mod:`~peer.move.receiver` (step 7).
 """
 
@@ -54,6 +60,7 @@ from typing import Any
 
 from contracts.book import ContractBook
 from peer.federation import Federation
+from peer.move.journal import Journal
 from peer.move.plan import movable
 from peer.move.receiver import ArrivalHook, MoveReceiver
 from peer.move.sender import MoveSender
@@ -62,7 +69,7 @@ from peer.site import LocalSite
 
 __all__ = ["ArrivalHook", "Mover"]
 
-MOVE_OPS = ("move_begin", "move_chunk", "move_install", "move_abort")
+MOVE_OPS = ("move_begin", "move_chunk", "move_install", "move_abort", "move_resolve")
 
 
 class Mover:
@@ -82,8 +89,19 @@ class Mover:
         root = site.data_dir / "moves"
         shutil.rmtree(root, ignore_errors=True)  # leftovers of a crash mid-move
         root.mkdir(parents=True, exist_ok=True)
-        self.sender = MoveSender(site, fed, self.lock)
-        self.receiver = MoveReceiver(site, fed, book, self.lock, on_arrival)
+        self.journal = Journal(site.data_dir)
+        self.sender = MoveSender(site, fed, self.lock, self.journal)
+        self.receiver = MoveReceiver(site, fed, book, self.lock, self.journal, on_arrival)
+
+    async def recover(self) -> None:
+        """Finish the moves in and out that this peer's last run left unfinished (see
+        :mod:`peer.move.journal`)."""
+        async with self.lock:
+            await self.receiver.recover()
+            await self.sender.recover()
+
+    async def close(self) -> None:
+        await self.sender.close()
 
     def register(self) -> None:
         """Serve the ``move_*`` peer-link requests."""

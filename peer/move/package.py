@@ -118,6 +118,9 @@ def check_manifest(manifest: Any) -> dict[str, Any]:
         need(key, str)
     if not all(c in "0123456789abcdef" for c in manifest["id"]) or len(manifest["id"]) != 32:
         raise InvalidInput("move_begin: id must be 32 hex digits")
+    epoch = need("epoch", int)
+    if not 1 <= epoch < 2**62:
+        raise InvalidInput("move_begin: epoch must be a positive integer")
     for key in ("load", "price"):
         value = need(key, (int, float))
         if not (value >= 0 and value < float("inf")):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
 import time
@@ -12,10 +13,18 @@ from typing import Any, Protocol
 
 from contracts.book import ContractBook
 from contracts.contract import covers
-from peer.errors import Conflict, InvalidInput, NotFound, Unauthorized, Unavailable
+from peer.errors import (
+    Conflict,
+    FedstreamError,
+    InvalidInput,
+    NotFound,
+    Unauthorized,
+    Unavailable,
+)
 from peer.federation import Federation
 from peer.model.query import parse_query
 from peer.model.schema import parse_schema
+from peer.move.journal import MOVE_ID, Journal, Outcome
 from peer.move.package import (
     MAX_MOVE_BYTES,
     Incoming,
@@ -54,15 +63,18 @@ class MoveReceiver:
         fed: Federation,
         book: ContractBook | None,
         lock: asyncio.Lock,
+        journal: Journal,
         on_arrival: ArrivalHook | None = None,
     ) -> None:
         self.site = site
         self.fed = fed
         self.book = book
         self.lock = lock  # one move in or out at a time
+        self.journal = journal
         self.on_arrival = on_arrival
         self.root = site.data_dir / "moves"
         self._incoming: dict[str, Incoming] = {}
+        self._installing: dict[str, asyncio.Future[None]] = {}  # move id -> its install
         self._holding = False  # the lock is held for an incoming move
 
     async def handle(self, frame: dict[str, Any], sender: str) -> dict[str, Any]:
@@ -76,6 +88,8 @@ class MoveReceiver:
                 ):
                     self._drop_incoming(key)
             return {"aborted": True}
+        if op == "move_resolve":
+            return await self._resolve(frame, sender)
         move_id = frame.get("move")
         found = self._incoming.get(move_id) if isinstance(move_id, str) else None
         if found is None or found.sender != sender or not isinstance(move_id, str):
@@ -94,11 +108,41 @@ class MoveReceiver:
             incoming.size += len(data)
             return {"move": move_id, "received": incoming.size}
         if op == "move_install":
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._installing[move_id] = done
             try:
                 return await self._install(check_install(frame, incoming), incoming)
             finally:
+                done.set_result(None)
+                self._installing.pop(move_id, None)
                 self._drop_incoming(move_id)
         raise InvalidInput(f"unknown move request {op!r}")
+
+    async def _resolve(self, frame: dict[str, Any], sender: str) -> dict[str, Any]:
+        """The final word on a move (``installed`` or ``aborted``), asked by its sender after
+        a failed or lost install, or when it undoes the move: a move not installed by now
+        never will be."""
+        move_id, fragment, epoch = frame.get("move"), frame.get("fragment"), frame.get("epoch")
+        if not isinstance(move_id, str) or not MOVE_ID.fullmatch(move_id):
+            raise InvalidInput("move_resolve: move must be 32 hex digits")
+        if not isinstance(fragment, str) or not isinstance(epoch, int) or isinstance(epoch, bool):
+            raise InvalidInput("move_resolve: fragment (a name) and epoch (an int) are needed")
+        installing = self._installing.get(move_id)
+        if installing is not None:
+            await installing  # its outcome is written before this resolves
+        outcome = await asyncio.to_thread(self.journal.outcome, move_id)
+        if outcome is not None:
+            if outcome.sender != sender:
+                raise NotFound(f"no move {move_id} from {sender} is known here")
+            return {"move": move_id, "decision": outcome.decision}
+        pending = self._incoming.get(move_id)
+        if pending is not None and pending.sender != sender:
+            raise NotFound(f"no move {move_id} from {sender} is known here")
+        await asyncio.to_thread(
+            self.journal.decide, Outcome(move_id, fragment, epoch, "aborted", sender)
+        )
+        self._drop_incoming(move_id)
+        return {"move": move_id, "decision": "aborted"}
 
     def _drop_incoming(self, move_id: str) -> None:
         incoming = self._incoming.pop(move_id, None)
@@ -119,6 +163,13 @@ class MoveReceiver:
         self._authorise(checked_manifest, sender)
         catalog = site.catalog
         name = checked_manifest["fragment"]
+        last = await asyncio.to_thread(self.journal.last_epoch, name)
+        if checked_manifest["epoch"] <= last:
+            raise Conflict(
+                f"fragment {name}: move epoch {checked_manifest['epoch']} is stale "
+                f"(this peer has seen epoch {last})",
+                query=name,
+            )
         if catalog.find_query(name) is not None:
             raise Conflict(f"a query named {name} runs here already", query=name)
         spools, hosted = site.spools, self.fed.hosting.hosted
@@ -168,7 +219,7 @@ class MoveReceiver:
         manifest = incoming.manifest
         if incoming.size != sealed["size"] or incoming.digest.hexdigest() != sealed["sha256"]:
             raise InvalidInput("move_install: the data does not match the announced hash")
-        site, fed = self.site, self.fed
+        site = self.site
         engine = site.engine
         assert engine is not None
         started = time.monotonic()
@@ -217,12 +268,30 @@ class MoveReceiver:
             catalog.set_placement(name, "own")
             catalog.forget_moved(name)
 
-        await asyncio.to_thread(land)
-        await site.set_query_status_here(name, "RUNNING")
+        move_id = manifest["id"]
+        if await asyncio.to_thread(self.journal.outcome, move_id) is not None:
+            raise Conflict(f"move {move_id} of {name} was resolved already", query=name)
+        arrival = {
+            "id": move_id,
+            "manifest": manifest,
+            "sender": incoming.sender,
+            "offsets": sealed["offsets"],  # reader offsets landing writes on streams here
+        }
+        await asyncio.to_thread(self.journal.write_arrival, move_id, arrival)
+        try:
+            await asyncio.to_thread(land)
+            await site.set_query_status_here(name, "RUNNING")
+            # the commit point: from here the fragment is ours, whatever happens
+            await asyncio.to_thread(
+                self.journal.decide,
+                Outcome(move_id, name, manifest["epoch"], "installed", incoming.sender),
+            )
+        except BaseException:
+            await self._roll_back(arrival, "aborted")
+            raise
+        await asyncio.to_thread(self.journal.drop_arrival, move_id)
         resume_s = time.monotonic() - started
-        for stream in manifest["outputs"]:
-            fed.hosting.adopt(stream)
-            fed.mirrors.resume_stream(stream)
+        self._serve_arrived(manifest)
         if self.on_arrival is not None:
             try:
                 await self.on_arrival(
@@ -237,3 +306,55 @@ class MoveReceiver:
                 log.error("ledger entry for arriving fragment %s not written: %s", name, exc)
         log.info("fragment %s arrived from %s and resumed", name, incoming.sender)
         return {"fragment": name, "resume_s": round(resume_s, 3)}
+
+    def _serve_arrived(self, manifest: dict[str, Any]) -> None:
+        """Host the result streams of a fragment that arrived and pump their mirrors."""
+        for stream in manifest["outputs"]:
+            self.fed.hosting.adopt(stream)
+            self.fed.mirrors.resume_stream(stream)
+
+    async def _roll_back(self, arrival: dict[str, Any], decision: str | None) -> None:
+        """Undo what landing an arrival did (nothing of it runs or serves yet), and record
+        the move as aborted (``decision``) unless that is done."""
+        manifest = arrival["manifest"]
+        site, name = self.site, manifest["fragment"]
+        log.warning("fragment %s did not arrive; rolling back what landed of it", name)
+        entry = site.catalog.find_query(name)
+        try:
+            if entry is not None and entry.incarnation == manifest["incarnation"]:
+                if site.engine is not None:  # stop it, drop its readers and checkpoint
+                    await site.engine.drop_query(name, manifest["incarnation"])
+                await asyncio.to_thread(site.catalog.remove_query, name)
+            for stream, offsets in arrival.get("offsets", {}).items():
+                with contextlib.suppress(KeyError):
+                    spool = site.spools.get(stream)
+                    for reader in offsets:
+                        spool.unregister_reader(reader)
+            landed = [s for s, i in manifest["inputs"].items() if i["mode"] == "copy"]
+            for stream in landed + list(manifest["outputs"]):
+                await asyncio.to_thread(site.catalog.remove_stream, stream)
+                with contextlib.suppress(KeyError):
+                    site.spools.drop(stream)
+        except (OSError, FedstreamError) as exc:
+            log.error("rolling back fragment %s: %s", name, exc)
+        if decision is not None and self.journal.outcome(manifest["id"]) is None:
+            await asyncio.to_thread(
+                self.journal.decide,
+                Outcome(manifest["id"], name, manifest["epoch"], "aborted", arrival["sender"]),
+            )
+        await asyncio.to_thread(self.journal.drop_arrival, manifest["id"])
+
+    async def recover(self) -> None:
+        """Finish the arrivals this peer's last run left unfinished: one whose install was
+        decided runs and serves; one that was not is rolled back (its sender undoes it)."""
+        for arrival in await asyncio.to_thread(self.journal.arrivals):
+            manifest = arrival.get("manifest")
+            if not isinstance(manifest, dict) or "id" not in manifest:
+                continue
+            outcome = await asyncio.to_thread(self.journal.outcome, manifest["id"])
+            if outcome is not None and outcome.decision == "installed":
+                await self.site.resume_query(manifest["fragment"])
+                self._serve_arrived(manifest)
+                await asyncio.to_thread(self.journal.drop_arrival, manifest["id"])
+            else:
+                await self._roll_back(arrival, "aborted")

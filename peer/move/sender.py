@@ -14,6 +14,7 @@ from typing import Any
 from peer.errors import Conflict, FedstreamError, InvalidInput, Unavailable
 from peer.federation import Federation
 from peer.model.query import query_to_dict
+from peer.move.journal import Intent, Journal
 from peer.move.package import CHUNK_BYTES, export_fragment
 from peer.move.plan import input_modes, why_not, why_not_there
 from peer.protocol.link import Raw, StartMirror, StopMirror
@@ -24,14 +25,21 @@ log = logging.getLogger(__name__)
 HANDOVER_S = 3.0  # the old host's last lease on a moved result stream
 INSTALL_TIMEOUT_S = 120.0
 MIRROR_CATCHUP_S = 60.0
+RESOLVE_ATTEMPTS = 3  # asked this often after a lost install reply before staying in doubt
+RESOLVE_TIMEOUT_S = 10.0
+RESOLVE_RETRY_S = 2.0
 
 
 class MoveSender:
-    def __init__(self, site: LocalSite, fed: Federation, lock: asyncio.Lock) -> None:
+    def __init__(
+        self, site: LocalSite, fed: Federation, lock: asyncio.Lock, journal: Journal
+    ) -> None:
         self.site = site
         self.fed = fed
         self.lock = lock  # one move in or out at a time
+        self.journal = journal
         self.root = site.data_dir / "moves"
+        self.in_doubt: dict[str, asyncio.Task[None]] = {}  # move id -> its resolver
 
     async def move_out(
         self,
@@ -50,6 +58,8 @@ class MoveSender:
         if self.lock.locked():
             raise Unavailable("another move is in flight on this peer; retry later")
         async with self.lock:
+            if any(task.get_name() == name for task in self.in_doubt.values()):
+                raise Conflict(f"fragment {name}: its last move is in doubt", query=name)
             reason = why_not(self.site, fed.hosting.hosted, name) or why_not_there(
                 self.site, name, target
             )
@@ -75,14 +85,26 @@ class MoveSender:
         # hosted here, and new at the target: mirrored there from the copy's end on
         hosted_inputs = [s for s in checked.inputs if s not in replicas and modes[s] == "copy"]
         outputs = list(checked.outputs)
-        move_id = uuid.uuid4().hex
-        stage = self.root / f"out-{move_id}"
-        detached: dict[str, tuple[bytes, int]] = {}  # replica input -> (its host, acked)
+        last_epoch = await asyncio.to_thread(self.journal.last_epoch, name)
+        intent = Intent(
+            id=uuid.uuid4().hex,
+            fragment=name,
+            target=target.hex(),
+            incarnation=entry.incarnation,
+            epoch=last_epoch + 1,
+            replica_inputs=replica_inputs,
+            hosted_inputs=hosted_inputs,
+            outputs=outputs,
+            readers=readers,
+            kept=[s for s in checked.inputs if s not in replicas],  # we go on hosting these
+        )
+        stage = self.root / f"out-{intent.id}"
         manifest: dict[str, Any] = {
-            "id": move_id,
+            "id": intent.id,
             "fragment": name,
             "definition": query_to_dict(entry.query),
             "incarnation": entry.incarnation,
+            "epoch": intent.epoch,
             "box_types": sorted({b.type for b in entry.query.boxes}),
             "contract": contract,
             "load": load,
@@ -110,7 +132,13 @@ class MoveSender:
         # the target, most is sent before the stop, the rest during the pause.
         held = [s for s in checked.inputs if modes[s] == "local"]
         mirrored = [s for s in held if s not in replicas]
-        await self._mirrors_caught_up({s: spools.get(s).latest - 16 for s in mirrored}, target)
+        try:
+            await self._mirrors_caught_up({s: spools.get(s).latest - 16 for s in mirrored}, target)
+            await asyncio.to_thread(self.journal.write_intent, intent)  # from here, undoable
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await fed.router.call(target, Raw("move_abort", {"fragment": name}))
+            raise
         started = time.monotonic()
         try:
             await engine.stop_query(name)  # the pause starts
@@ -122,7 +150,8 @@ class MoveSender:
                 await site.drained(stream)
                 host = await fed.hosting.host_of(stream, fresh=True)
                 reply = await fed.router.call(host, StopMirror(stream, fed.node_id))
-                detached[stream] = (host, int(reply.get("acked", -1)))
+                intent.detached[stream] = (host.hex(), int(reply.get("acked", -1)))
+                await asyncio.to_thread(self.journal.write_intent, intent)
             for stream in outputs:
                 await fed.mirrors.pause(stream)
             own_origin = {s: fed.mirrors.origin(s) for s in hosted_inputs + outputs}
@@ -137,38 +166,28 @@ class MoveSender:
                 own_origin,
                 target,
             )
-            reply = await self._ship(target, stage / "move.tar", {**sealed, "holds": holds})
+            await self._send_chunks(target, stage / "move.tar")
+            intent.phase = "installing"  # the target may install from now on: in doubt
+            await asyncio.to_thread(self.journal.write_intent, intent)
         except BaseException as exc:
-            await self._undo(name, target, detached, hosted_inputs, outputs, replica_inputs)
             shutil.rmtree(stage, ignore_errors=True)
+            await self._undo(intent)
             if isinstance(exc, FedstreamError):
                 raise Unavailable(
                     f"moving {name} failed, it runs here again: {exc.message}", query=name
                 ) from exc
             raise
+        try:
+            async with asyncio.timeout(INSTALL_TIMEOUT_S):
+                reply = await fed.router.call(
+                    target, Raw("move_install", {"move": intent.id, **sealed, "holds": holds})
+                )
+        except (FedstreamError, OSError, TimeoutError) as exc:
+            reply = await self._after_lost_install(intent, exc)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
         pause_s = time.monotonic() - started
-        # Q runs it now: send it what P held back, and let go.
-        for stream, (host, acked) in detached.items():
-            if host == target:
-                continue  # the target hosts it: the fragment reads the original there
-            try:
-                await fed.router.call(host, StartMirror(stream, target, acked))
-            except FedstreamError as exc:
-                log.error("host of %s did not start mirroring to the new site: %s", stream, exc)
-        for stream in hosted_inputs:
-            fed.mirrors.start(stream, target)
-            with contextlib.suppress(Exception):
-                await fed.hosting.renew(stream)
-        for stream in outputs:
-            await fed.hosting.hand_over(stream, target, HANDOVER_S)
-        kept = [s for s in checked.inputs if s not in replicas]  # we go on hosting these
-        await asyncio.to_thread(
-            self._release, name, entry.incarnation, readers, kept, replica_inputs, outputs
-        )
-        await asyncio.to_thread(catalog.add_moved, name, target.hex(), time.time())
-        for stream in replica_inputs:
-            site.thaw(stream)
-        shutil.rmtree(stage, ignore_errors=True)
+        await self._commit(intent)
         log.info("fragment %s moved to %s (pause %.2f s)", name, target.hex()[:12], pause_s)
         return {
             "fragment": name,
@@ -176,7 +195,87 @@ class MoveSender:
             "pause_s": round(pause_s, 3),
             "bytes": sealed["size"],
             "resume_s": reply.get("resume_s"),
+            "epoch": intent.epoch,
         }
+
+    async def _after_lost_install(self, intent: Intent, exc: Exception) -> dict[str, Any]:
+        """The install request failed or its reply was lost: the target alone knows whether
+        it installed. Ask it; undo if it did not; if it cannot say, stay in doubt (the
+        fragment stays stopped here) and keep asking in the background."""
+        message = exc.message if isinstance(exc, FedstreamError) else str(exc) or type(exc).__name__
+        log.warning("install of %s at the target failed (%s); asking it", intent.fragment, message)
+        decision = await self._resolve(intent, attempts=RESOLVE_ATTEMPTS)
+        if decision == "installed":
+            return {}
+        name = intent.fragment
+        if decision == "aborted":
+            await self._undo(intent)
+            raise Unavailable(f"moving {name} failed, it runs here again: {message}", query=name)
+        self._watch(intent)
+        raise Unavailable(
+            f"moving {name}: the target did not answer whether it installed the fragment; "
+            "it stays stopped here until the target answers",
+            query=name,
+        )
+
+    async def _resolve(self, intent: Intent, *, attempts: int | None) -> str | None:
+        """The target's final word on the move (installed or aborted); None when it did not
+        answer ``attempts`` times (None: ask until it does)."""
+        target = bytes.fromhex(intent.target)
+        frame = {"move": intent.id, "fragment": intent.fragment, "epoch": intent.epoch}
+        tried = 0
+        while attempts is None or tried < attempts:
+            tried += 1
+            try:
+                async with asyncio.timeout(RESOLVE_TIMEOUT_S):
+                    reply = await self.fed.router.call(target, Raw("move_resolve", frame))
+                decision = reply.get("decision")
+                if decision in ("installed", "aborted"):
+                    return str(decision)
+            except (FedstreamError, OSError, TimeoutError) as exc:
+                log.info("move %s of %s not resolved yet: %s", intent.id[:8], intent.fragment, exc)
+            await asyncio.sleep(RESOLVE_RETRY_S)
+        return None
+
+    def _watch(self, intent: Intent) -> None:
+        """Resolve an in-doubt move in the background, then commit or undo it."""
+        if intent.id in self.in_doubt:
+            return
+
+        async def settle() -> None:
+            try:
+                decision = await self._resolve(intent, attempts=None)
+                async with self.lock:
+                    if decision == "installed":
+                        await self._commit(intent)
+                    else:
+                        await self._undo(intent)
+            except Exception:
+                log.exception("settling the move of %s failed", intent.fragment)
+            finally:
+                self.in_doubt.pop(intent.id, None)
+
+        self.in_doubt[intent.id] = asyncio.create_task(settle(), name=intent.fragment)
+
+    async def recover(self) -> None:
+        """Finish the moves this peer's last run left unfinished: one whose install was
+        never sent is undone (the fragment runs here again); one in doubt is resolved with
+        the target in the background."""
+        for intent in await asyncio.to_thread(self.journal.intents):
+            if intent.phase == "stopping":
+                log.warning("move of %s was cut short; it runs here again", intent.fragment)
+                await self._undo(intent)
+            else:
+                log.warning("move of %s was in doubt; asking its target", intent.fragment)
+                self._watch(intent)
+
+    async def close(self) -> None:
+        tasks = list(self.in_doubt.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
     async def _mirrors_caught_up(
         self, goals: dict[str, int], target: bytes, *, strict: bool = False
@@ -195,63 +294,92 @@ class MoveSender:
                     f"{MIRROR_CATCHUP_S:.0f} s"
                 ) from None
 
-    async def _ship(self, target: bytes, tar_path: Path, sealed: dict[str, Any]) -> dict[str, Any]:
+    async def _send_chunks(self, target: bytes, tar_path: Path) -> None:
         router = self.fed.router
         move_id = tar_path.parent.name.removeprefix("out-")
         with tar_path.open("rb") as f:
             while block := await asyncio.to_thread(f.read, CHUNK_BYTES):
                 await router.call(target, Raw("move_chunk", {"move": move_id, "data": block}))
-        async with asyncio.timeout(INSTALL_TIMEOUT_S):
-            return await router.call(target, Raw("move_install", {"move": move_id, **sealed}))
 
-    async def _undo(
-        self,
-        name: str,
-        target: bytes,
-        detached: dict[str, tuple[bytes, int]],
-        hosted_inputs: list[str],
-        outputs: list[str],
-        replica_inputs: list[str],
-    ) -> None:
-        """The move failed before the new peer resumed it: run it here again."""
+    async def _undo(self, intent: Intent) -> None:
+        """The target did not install the fragment: run it here again (also after a
+        restart, when only the journal says what the move had done)."""
         site, fed = self.site, self.fed
-        log.warning("moving %s to %s failed; resuming it here", name, target.hex()[:12])
-        with contextlib.suppress(Exception):
-            await fed.router.call(target, Raw("move_abort", {"fragment": name}))
-        for stream, (host, acked) in detached.items():
+        name, target = intent.fragment, bytes.fromhex(intent.target)
+        log.warning("moving %s to %s failed; resuming it here", name, intent.target[:12])
+        with contextlib.suppress(Exception):  # the target forgets what it received
+            async with asyncio.timeout(RESOLVE_TIMEOUT_S):
+                await fed.router.call(
+                    target,
+                    Raw(
+                        "move_resolve",
+                        {"move": intent.id, "fragment": name, "epoch": intent.epoch},
+                    ),
+                )
+        for stream in intent.replica_inputs:
+            # the host mirrors to us again from what we hold (idempotent if it never stopped)
             try:
+                if stream in intent.detached:
+                    host = bytes.fromhex(intent.detached[stream][0])
+                else:
+                    host = await fed.hosting.host_of(stream, fresh=True)
+                acked = site.spools.get(stream).latest
                 await fed.router.call(host, StartMirror(stream, fed.node_id, acked))
-            except FedstreamError as exc:
+            except (FedstreamError, OSError, KeyError) as exc:
                 log.error("mirror of %s to this peer not restored: %s", stream, exc)
-        for stream in hosted_inputs:  # the mirror readers this move made (none was there)
+        for stream in intent.hosted_inputs:  # the mirror readers this move made
             with contextlib.suppress(KeyError):
                 await fed.mirrors.detach(stream, target)
-        for stream in outputs:
-            fed.mirrors.resume_stream(stream)
-        for stream in replica_inputs:
+        for stream in intent.outputs:
+            with contextlib.suppress(KeyError):
+                fed.mirrors.resume_stream(stream)
+        for stream in intent.replica_inputs:
             site.thaw(stream)
-        await site.set_query_status_here(name, "STOPPED")
-        await site.set_query_status_here(name, "RUNNING")
+        await site.resume_query(name)
+        await asyncio.to_thread(self.journal.drop_intent, intent.id)
 
-    def _release(
-        self,
-        name: str,
-        incarnation: str,
-        readers: dict[str, list[str]],
-        hosted_inputs: list[str],
-        replica_inputs: list[str],
-        outputs: list[str],
-    ) -> None:
+    async def _commit(self, intent: Intent) -> None:
+        """The target installed and runs the fragment: send it what we held back, let go."""
+        site, fed = self.site, self.fed
+        name, target = intent.fragment, bytes.fromhex(intent.target)
+        for stream, (host_hex, acked) in intent.detached.items():
+            host = bytes.fromhex(host_hex)
+            if host == target:
+                continue  # the target hosts it: the fragment reads the original there
+            try:
+                await fed.router.call(host, StartMirror(stream, target, acked))
+            except FedstreamError as exc:
+                log.error("host of %s did not start mirroring to the new site: %s", stream, exc)
+        for stream in intent.hosted_inputs:
+            fed.mirrors.start(stream, target)
+            with contextlib.suppress(Exception):
+                await fed.hosting.renew(stream)
+        for stream in intent.outputs:
+            try:
+                await fed.hosting.hand_over(stream, target, HANDOVER_S)
+            except FedstreamError as exc:  # the target claims it anyway once our lease ends
+                log.error("handing %s over to the new site: %s", stream, exc)
+        await asyncio.to_thread(self._release, intent)
+        await asyncio.to_thread(site.catalog.add_moved, name, intent.target, time.time())
+        for stream in intent.replica_inputs:
+            site.thaw(stream)
+        await asyncio.to_thread(self.journal.drop_intent, intent.id)
+
+    def _release(self, intent: Intent) -> None:
         site = self.site
         catalog, spools = site.catalog, site.spools
         assert site.engine is not None
-        for stream in hosted_inputs:
-            spool = spools.get(stream)
-            for reader in readers.get(stream, []):
-                spool.unregister_reader(reader)
-        for stream in replica_inputs + outputs:
+        for stream in intent.kept:
+            with contextlib.suppress(KeyError):
+                spool = spools.get(stream)
+                for reader in intent.readers.get(stream, []):
+                    spool.unregister_reader(reader)
+        for stream in intent.replica_inputs + intent.outputs:
             catalog.remove_stream(stream)
             with contextlib.suppress(KeyError):
                 spools.drop(stream)
-        catalog.remove_query(name)
-        shutil.rmtree(site.engine.checkpoint_dir(name, incarnation), ignore_errors=True)
+        with contextlib.suppress(Exception):
+            catalog.remove_query(intent.fragment)
+        shutil.rmtree(
+            site.engine.checkpoint_dir(intent.fragment, intent.incarnation), ignore_errors=True
+        )

@@ -24,6 +24,7 @@ from contracts.keys import generate, load_private
 from overlay.identity import raw_public
 from peer.errors import Conflict, FedstreamError, InvalidInput, NotFound, Unauthorized
 from peer.move import Mover
+from peer.move.journal import Outcome
 from peer.move.package import check_manifest as _check_manifest
 from peer.move.package import extract as _extract
 from peer.storage.catalog import LocalCatalog
@@ -50,6 +51,7 @@ def manifest(contract_id: str = "c" * 32, **changes: Any) -> dict[str, Any]:
         "fragment": "frag",
         "definition": DEFINITION,
         "incarnation": "abcd1234",
+        "epoch": 1,
         "box_types": ["filter"],
         "inputs": {"src": {"dir": "in0", "mode": "copy", "schema": SCHEMA, "source": "00" * 20}},
         "outputs": {"out": {"dir": "out0", "schema": SCHEMA}},
@@ -86,6 +88,8 @@ def test_a_good_manifest_passes() -> None:
         ),
         ({"outputs": ["out"]}, "outputs"),
         ({"contract": 5}, "contract"),
+        ({"epoch": 0}, "epoch"),
+        ({"epoch": "1"}, "epoch"),
     ],
 )
 def test_a_bad_manifest_is_refused_with_a_reason(change: dict[str, Any], words: str) -> None:
@@ -343,3 +347,56 @@ def test_a_copy_here_shorter_than_the_senders_is_refused_and_nothing_installed(
     catalog = mover.site.catalog
     assert catalog.find_query("frag") is None and catalog.stream_names() == []
     assert "frag-src" not in mover.site.spools.get("src").readers()
+
+
+def test_a_resolved_move_is_aborted_for_good_and_frees_the_receiver(
+    receiver: tuple[Mover, str],
+) -> None:
+    """The sender asks after a lost install reply: a move not installed by then never is."""
+    mover, cid = receiver
+    m = manifest(cid)
+
+    async def go() -> None:
+        await mover.handle({"op": "move_begin", "manifest": m}, "alpha")
+        await mover.handle({"op": "move_chunk", "move": m["id"], "data": b"xyz"}, "alpha")
+        with pytest.raises(NotFound):  # only the move's sender may ask
+            await mover.handle(
+                {"op": "move_resolve", "move": m["id"], "fragment": "frag", "epoch": 1}, "beta"
+            )
+        ask = {"op": "move_resolve", "move": m["id"], "fragment": "frag", "epoch": 1}
+        assert (await mover.handle(ask, "alpha"))["decision"] == "aborted"
+        assert (await mover.handle(ask, "alpha"))["decision"] == "aborted"  # final
+        assert not mover.busy
+        with pytest.raises(NotFound):  # what it received is gone: nothing to install
+            await mover.handle({"op": "move_install", "move": m["id"], "size": 3}, "alpha")
+
+    run(go())
+    assert mover.journal.outcome(m["id"]) is not None
+    assert mover.site.catalog.find_query("frag") is None
+
+
+@pytest.mark.parametrize(
+    "ask",
+    [
+        {"move": "../x", "fragment": "frag", "epoch": 1},
+        {"move": "a" * 32, "fragment": 5, "epoch": 1},
+        {"move": "a" * 32, "fragment": "frag", "epoch": True},
+    ],
+)
+def test_a_malformed_resolve_is_refused(receiver: tuple[Mover, str], ask: dict[str, Any]) -> None:
+    mover, _ = receiver
+    with pytest.raises(InvalidInput):
+        run(mover.handle({"op": "move_resolve", **ask}, "alpha"))
+    assert mover.journal.outcome("a" * 32) is None
+
+
+def test_a_move_older_than_the_fragments_last_arrival_is_refused(
+    receiver: tuple[Mover, str],
+) -> None:
+    mover, cid = receiver
+    mover.journal.decide(Outcome("e" * 32, "frag", 2, "installed", "alpha"))
+    with pytest.raises(Conflict) as err:
+        run(mover.handle({"op": "move_begin", "manifest": manifest(cid, epoch=2)}, "alpha"))
+    assert "epoch 2 is stale" in err.value.message and not mover.busy
+    reply = run(mover.handle({"op": "move_begin", "manifest": manifest(cid, epoch=3)}, "alpha"))
+    assert reply["ready"] and mover.busy
