@@ -33,6 +33,8 @@ def why_not(site: LocalSite, hosted: Collection[str], name: str) -> str | None:
         return f"fragment {name} is {entry.status}, not RUNNING"
     if site.engine is None or name not in site.engine.running:
         return f"fragment {name} runs in the shared stateless lane"
+    if site.replicated_outputs(entry.query):
+        return f"fragment {name} writes replicated streams: it runs where their primary is"
     checked = site.checked(entry.query)
     others = site.streams_read(besides=name)
     replicas = catalog.replicas()

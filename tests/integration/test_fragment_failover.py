@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from peer.client import Client
+from peer.move.plan import why_not
 from peer.testing import PeerThread, collect, keyed_window_query, keyed_window_sums, wait_until
 from tests.integration.test_replication import start_peers
 
@@ -100,6 +101,11 @@ def run(peers: list[PeerThread]) -> None:
             return await collect(c, "fo_out", 1, timeout_s=120)
 
     assert asyncio.run(before()), "no window before the primary stopped"
+    # a replicated fragment runs where the control plane puts its input's primary: no move
+    assert victim.peer.fed is not None and victim.peer.mover is not None
+    assert "fo" not in [name for name, _ in victim.peer.mover.movable()]
+    reason = why_not(victim.peer.fed.site, victim.peer.fed.hosting.hosted, "fo")
+    assert reason is not None and "replicated" in reason
     victim.close()
 
     async def after() -> list[dict[str, Any]]:
