@@ -330,6 +330,11 @@ class StreamReplica:
             while self.writes:
                 batch, self.writes = self.writes, []
                 self.idle.clear()
+                # The followers get the entries while this peer writes them (an entry is
+                # acknowledged only once it is on this disk too: ``written`` bounds it).
+                for outcome in batch:
+                    for outgoing in outcome.messages:
+                        self._outbox(outgoing.to).put(outgoing.message)
                 try:
                     effects = tuple(e for outcome in batch for e in outcome.effects)
                     await self.perform(effects)
@@ -345,9 +350,6 @@ class StreamReplica:
                 if self.primary is None:
                     break
                 self.written = max(self.written, batch[-1].offset)
-                for outcome in batch:
-                    for outgoing in outcome.messages:
-                        self._outbox(outgoing.to).put(outgoing.message)
                 self._acknowledge()
 
     def _acknowledge(self) -> None:
@@ -449,6 +451,7 @@ class StreamReplica:
     # ----------------------------------------------------------------------- follower side
     async def on_exchange(self, messages: tuple[ReplicationMessage, ...]) -> Frame:
         out: list[ReplicationMessage] = []
+        pending: list[Effect] = []  # performed together (one thread hop), before any reply
         async with self.lock:
             for message in messages:
                 if isinstance(message, ReplicaAppend | Probe):
@@ -457,15 +460,18 @@ class StreamReplica:
                         if refusal is not None:
                             out.append(refusal)
                             continue
+                        await self.perform(tuple(pending))
+                        pending.clear()
                         await self.step_down()
                     reply, effects = self.follower.receive(message)
-                    await self.perform(effects)
+                    pending.extend(effects)
                     out.append(reply)
                 elif isinstance(message, EpochEndReply) and self.primary is None:
                     answer, effects = self.follower.on_epoch_end(message)
-                    await self.perform(effects)
+                    pending.extend(effects)
                     if answer is not None:
                         out.append(answer)
+            await self.perform(tuple(pending))
         return messages_to_wire(out)
 
     def describe(self) -> dict[str, Any]:
