@@ -92,6 +92,7 @@ class PeerConfig:
     replicas: int = 3
     min_insync: int = 2
     failover_after_s: float = 1.5
+    repair_after_s: float = 30.0  # a replica silent this long is replaced by a live peer
 
 
 class Peer:
@@ -218,6 +219,7 @@ class Peer:
             replicas=config.replicas,
             min_insync=config.min_insync,
             failover_after_s=config.failover_after_s,
+            repair_after_s=config.repair_after_s,
         )
         fed = self.fed = Federation(
             site, overlay, self.api_addr, lease_s=config.lease_s, replication=replication

@@ -16,6 +16,7 @@ from peer.control.commands import (
     ShrinkIsr,
 )
 from peer.control.failover import anchor_roots, choose_primary, failover_decisions, live_nodes
+from peer.control.repair import repaired_replicas
 from peer.control.state import Applied, ControlState, StreamState
 
 __all__ = [
@@ -33,4 +34,5 @@ __all__ = [
     "choose_primary",
     "failover_decisions",
     "live_nodes",
+    "repaired_replicas",
 ]

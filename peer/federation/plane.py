@@ -59,6 +59,7 @@ class ReplicationSettings:
     min_insync: int = 2
     heartbeat_s: float = 0.25
     failover_after_s: float = 1.5
+    repair_after_s: float = 30.0  # a replica silent this long is replaced (peer.control.repair)
 
     def __post_init__(self) -> None:
         if self.replicas < 1 or self.min_insync < 1:
@@ -79,7 +80,9 @@ class ControlPlane:
         self.settings = settings
         self.me = router.node_id.hex()
         self.client = ControlClient(router, self._log_ends, heartbeat_s=settings.heartbeat_s)
-        self.replicas = Replicas(site, router, self.client, records, on_role)
+        self.replicas = Replicas(
+            site, router, self.client, records, on_role, repair_after_s=settings.repair_after_s
+        )
         self.voter: Voter | None = None
         self.directory = site.data_dir / "control"
         voter_only: tuple[tuple[str, VoterHandler], ...] = (

@@ -59,6 +59,8 @@ from peer.replication import (
     ReplicaAppend,
     SaveEpoch,
     SaveHistory,
+    Seed,
+    SeedLog,
     Ship,
     Truncate,
     WriteEntry,
@@ -70,6 +72,7 @@ from peer.storage.spool import Spool
 log = logging.getLogger(__name__)
 
 TICK_S = 0.05
+SEED = -1  # in an outbox: the seed of a follower lacking entries trimmed here (see _ship)
 ACK_TIMEOUT_S = 10.0
 EXCHANGE_TIMEOUT_S = 5.0
 MAX_EXCHANGE = 256
@@ -194,6 +197,8 @@ class StreamReplica:
                 self.disk.save_epoch(effect.epoch)
             elif isinstance(effect, SaveHistory):
                 self.disk.save_history(effect.history)
+            elif isinstance(effect, SeedLog):
+                self.spool.seed(effect.through, dict(effect.seqs))
 
     async def perform(self, effects: tuple[Effect, ...]) -> None:
         if effects:
@@ -415,9 +420,14 @@ class StreamReplica:
             self._schedule_step_down()
 
     def _ship(self, ship: Ship) -> None:
-        """Queue the entries a follower lacks (those on this disk); read when sent."""
+        """Queue the entries a follower lacks (those on this disk); read when sent. Entries
+        trimmed here already go as a seed: the follower starts its log after them."""
         outbox = self._outbox(ship.to)
-        for offset in range(ship.first, min(ship.last, self.written) + 1):
+        first = ship.first
+        if first < self.spool.earliest:
+            outbox.put(SEED)
+            first = self.spool.earliest
+        for offset in range(first, min(ship.last, self.written) + 1):
             outbox.put(offset)
 
     async def materialize(
@@ -425,14 +435,19 @@ class StreamReplica:
     ) -> tuple[ReplicationMessage, ...]:
         """The messages of an outbox's batch: queued entries read from the spool in a
         thread, then made appends of this primary's epoch (ValueError once it is not)."""
-        offsets = [item for item in items if isinstance(item, int)]
+        offsets = [item for item in items if isinstance(item, int) and item != SEED]
         entries = await asyncio.to_thread(lambda: {o: self.spool.read_entry(o) for o in offsets})
         primary = self.primary
-        if offsets and primary is None:
+        if any(isinstance(item, int) for item in items) and primary is None:
             raise ValueError(f"stream {self.name}: no longer primary")
         out: list[ReplicationMessage] = []
         for item in items:
-            if isinstance(item, int):
+            if item == SEED:
+                assert primary is not None
+                through, seqs = self.spool.trimmed_state()
+                history = tuple(e for e in primary.history if e.start <= through)
+                out.append(Seed(self.name, primary.epoch, through, tuple(seqs.items()), history))
+            elif isinstance(item, int):
                 assert primary is not None
                 body, tag = entries[item]
                 origin, seq = tag if tag is not None else (None, None)
@@ -454,7 +469,7 @@ class StreamReplica:
         pending: list[Effect] = []  # performed together (one thread hop), before any reply
         async with self.lock:
             for message in messages:
-                if isinstance(message, ReplicaAppend | Probe):
+                if isinstance(message, ReplicaAppend | Probe | Seed):
                     if self.primary is not None:
                         refusal = self.primary.fence(message)
                         if refusal is not None:
@@ -463,7 +478,10 @@ class StreamReplica:
                         await self.perform(tuple(pending))
                         pending.clear()
                         await self.step_down()
-                    reply, effects = self.follower.receive(message)
+                    if isinstance(message, Seed):
+                        reply, effects = self.follower.seed(message)
+                    else:
+                        reply, effects = self.follower.receive(message)
                     pending.extend(effects)
                     out.append(reply)
                 elif isinstance(message, EpochEndReply) and self.primary is None:

@@ -24,7 +24,14 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from peer.control import CreateStream, ExpandIsr, ShrinkIsr, StreamState
+from peer.control import (
+    CreateStream,
+    ExpandIsr,
+    SetReplicas,
+    ShrinkIsr,
+    StreamState,
+    repaired_replicas,
+)
 from peer.errors import FedstreamError, InvalidInput, Unavailable
 from peer.federation.control import ControlClient
 from peer.federation.records import CatalogRecords
@@ -38,6 +45,9 @@ from peer.storage.replica_state import ReplicaState
 log = logging.getLogger(__name__)
 
 OnRole = Callable[[str, bool], None]  # (stream, primary here?)
+IsLive = Callable[[str], bool]  # node (hex) -> alive in the overlay's view?
+Responsible = Callable[[str, int], list[str]]  # (stream, r) -> the r live peers closest to it
+REPAIR_CHECK_S = 1.0
 
 
 class Replicas:
@@ -50,6 +60,8 @@ class Replicas:
         control: ControlClient,
         records: CatalogRecords,
         on_role: OnRole,
+        *,
+        repair_after_s: float = 30.0,
     ) -> None:
         self.site = site
         self.router = router
@@ -61,6 +73,12 @@ class Replicas:
         self._creating: dict[str, asyncio.Lock] = {}
         self._forgotten: set[str] = set()  # dropped here (see forget)
         self._tasks: set[asyncio.Task[None]] = set()
+        # replica-set repair (peer.control.repair), wired by the federation
+        self.is_live: IsLive | None = None
+        self.responsible: Responsible | None = None
+        self.repair_after_s = repair_after_s
+        self._silent_since: dict[str, float] = {}
+        self._repairs: set[tuple[str, int]] = set()  # (stream, version) proposed
         control.listen(self.on_state)
         router.register(ReplicaExchange.OP, self.on_exchange)
         site.trim_limit = self.trim_limit
@@ -69,10 +87,10 @@ class Replicas:
     def on_role(self, stream: str, primary: bool) -> None:
         self._on_role(stream, primary)
 
-    def propose(self, command: ShrinkIsr | ExpandIsr) -> None:
+    def propose(self, command: ShrinkIsr | ExpandIsr | SetReplicas) -> None:
         self.spawn(self._propose(command))
 
-    async def _propose(self, command: ShrinkIsr | ExpandIsr) -> None:
+    async def _propose(self, command: ShrinkIsr | ExpandIsr | SetReplicas) -> None:
         try:
             reply = await self.control.submit(command)
             if not reply.get("ok"):
@@ -113,17 +131,55 @@ class Replicas:
         return name in self.streams or name in self.site.appenders
 
     async def run(self) -> None:
+        repair_at = time.monotonic() + REPAIR_CHECK_S
         try:
             while True:
                 await asyncio.sleep(TICK_S)
                 now = time.monotonic()
                 for replica in list(self.streams.values()):
                     replica.tick(now)
+                if now >= repair_at:
+                    repair_at = now + REPAIR_CHECK_S
+                    self.repair(now)
         finally:
             for replica in list(self.streams.values()):
                 await replica.close()
             for task in list(self._tasks):
                 task.cancel()
+
+    def repair(self, now: float) -> None:
+        """As the primary of a stream, replace a replica silent for ``repair_after_s`` by
+        the closest live peer that is not one yet (peer.control.repair)."""
+        is_live, responsible = self.is_live, self.responsible
+        if is_live is None or responsible is None:
+            return
+        members = {
+            n for replica in self.streams.values() if replica.known for n in replica.known.replicas
+        }
+        for node in members - {self.me}:
+            if is_live(node):
+                self._silent_since.pop(node, None)
+            else:
+                self._silent_since.setdefault(node, now)
+        dead = {n for n, since in self._silent_since.items() if now - since >= self.repair_after_s}
+        for name, replica in list(self.streams.items()):
+            state = replica.known
+            if replica.primary is None or state is None or state.primary != self.me:
+                continue
+            anchor = None if state.anchor is None else self.control.states.get(state.anchor)
+            if state.anchor is not None and anchor is None:
+                continue
+            candidates = (
+                []
+                if anchor is not None or not dead & set(state.replicas)
+                else (responsible(name, len(state.replicas) + len(dead)))
+            )
+            wanted = repaired_replicas(state, dead, candidates, anchor)
+            if wanted is None or (name, state.version) in self._repairs:
+                continue
+            self._repairs.add((name, state.version))
+            log.warning("stream %s: replicas %s replace %s", name, wanted, state.replicas)
+            self.propose(SetReplicas(name, state.version, wanted))
 
     # ----------------------------------------------------------------------- states
     def on_state(self, state: StreamState) -> None:
@@ -132,7 +188,19 @@ class Replicas:
         if self.me in state.replicas:
             self.spawn(self._learn(state))
         elif state.name in self.streams:
-            log.warning("this peer no longer replicates %s", state.name)
+            self.spawn(self._let_go(state))
+
+    async def _let_go(self, state: StreamState) -> None:
+        """The stream's replica set no longer holds this peer (it was away for good and was
+        replaced): drop its copy. Asked again later, it starts over, seeded by the primary."""
+        replica = self.streams.get(state.name)
+        if replica is None or (replica.known is not None and replica.known.version > state.version):
+            return  # (a late state from before this peer was added)
+        self.streams.pop(state.name, None)
+        log.warning("this peer no longer replicates %s: dropping its copy", state.name)
+        self.site.appenders.pop(state.name, None)
+        await replica.close()
+        await self.site.drop_streams([state.name])
 
     async def _learn(self, state: StreamState) -> None:
         if state.name in self._forgotten:  # dropped while this was on its way

@@ -62,6 +62,10 @@ class Federation:
         self.router.register_stream(self.forwarder.serve)
         self.replication = replication or ReplicationSettings()
         self.plane = ControlPlane(site, self.router, self.records, self.replication, self._on_role)
+        self.plane.replicas.is_live = lambda node: overlay.is_live(bytes.fromhex(node))
+        self.plane.replicas.responsible = lambda name, r: [
+            m.node_id.hex() for m in overlay.responsible(name, r)
+        ]
         self.hosting.primary_of = self._primary_of
         self.hosting.replicated = self.plane.replicas.is_replicated
         self.requests.on_host_stream = self._host_replica

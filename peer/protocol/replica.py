@@ -30,14 +30,19 @@ from peer.replication import (
     AppendReply,
     EpochEnd,
     EpochEndReply,
+    EpochStart,
     Probe,
     Refusal,
     ReplicaAppend,
+    Seed,
 )
 
 Frame: TypeAlias = dict[str, Any]
-ReplicationMessage: TypeAlias = ReplicaAppend | Probe | AppendReply | EpochEnd | EpochEndReply
+ReplicationMessage: TypeAlias = (
+    ReplicaAppend | Probe | Seed | AppendReply | EpochEnd | EpochEndReply
+)
 MAX_MESSAGES = 4096  # per exchange
+MAX_SEED_ORIGINS = 100_000  # producers (and epochs) a seed may name
 MAX_STREAMS = 100_000  # log ends per heartbeat
 
 
@@ -82,6 +87,14 @@ def message_to_wire(message: ReplicationMessage) -> Frame:
         }
     if isinstance(message, Probe):
         return {"t": "probe", "epoch": message.epoch}
+    if isinstance(message, Seed):
+        return {
+            "t": "seed",
+            "epoch": message.epoch,
+            "through": message.through,
+            "seqs": [[origin, seq] for origin, seq in message.seqs],
+            "history": [[e.epoch, e.start] for e in message.history],
+        }
     if isinstance(message, AppendReply):
         refused = None if message.refused is None else message.refused.value
         return {
@@ -125,6 +138,20 @@ def message_from_wire(stream: str, frame: object) -> ReplicationMessage:
             )
         if kind == "probe":
             return Probe(stream, _field(frame, "epoch", int, what))
+        if kind == "seed":
+            seqs = _field(frame, "seqs", list, what)
+            history = _field(frame, "history", list, what)
+            if len(seqs) > MAX_SEED_ORIGINS or len(history) > MAX_SEED_ORIGINS:
+                raise InvalidInput(f"{what}: a seed carries at most {MAX_SEED_ORIGINS} entries")
+            if not all(isinstance(p, list) and len(p) == 2 for p in seqs + history):
+                raise InvalidInput(f"{what}: seqs and history must be lists of pairs")
+            return Seed(
+                stream,
+                _field(frame, "epoch", int, what),
+                _field(frame, "through", int, what),
+                tuple((o, q) for o, q in seqs),
+                tuple(EpochStart(e, start) for e, start in history),
+            )
         if kind == "reply":
             refused = _opt(frame, "refused", str, what)
             return AppendReply(

@@ -49,6 +49,8 @@ from peer.replication.messages import (
     ReplicaAppend,
     SaveEpoch,
     SaveHistory,
+    Seed,
+    SeedLog,
     Truncate,
     WriteEntry,
 )
@@ -86,6 +88,8 @@ __all__ = [
     "ReplicaAppend",
     "SaveEpoch",
     "SaveHistory",
+    "Seed",
+    "SeedLog",
     "Ship",
     "Truncate",
     "WriteEntry",

@@ -64,6 +64,8 @@ from peer.replication.messages import (
     ReplicaAppend,
     SaveEpoch,
     SaveHistory,
+    Seed,
+    SeedLog,
     Truncate,
     WriteEntry,
 )
@@ -130,6 +132,23 @@ class Follower:
             WriteEntry(append.offset, append.entry_epoch, append.body, append.origin, append.seq)
         )
         self.log_end = append.offset
+        return self._reply(), tuple(effects)
+
+    def seed(self, seed: Seed) -> tuple[AppendReply | EpochEnd, tuple[Effect, ...]]:
+        """The primary trimmed entries this follower lacks: once reconciled (its log a prefix
+        of the primary's), start the log after ``seed.through`` with the primary's history of
+        the entries through there. Answered like an append."""
+        self._check_stream(seed.stream)
+        if seed.epoch < self.epoch:
+            return self._reply(Refusal.STALE_EPOCH), ()
+        effects = list(self.on_new_epoch(seed.epoch))
+        if not self.reconciled:
+            return self._ask(), tuple(effects)
+        if seed.through <= self.log_end:
+            return self._reply(), tuple(effects)
+        self.log_end = seed.through
+        self.history = check_history(seed.history, seed.through)
+        effects += [SeedLog(seed.through, seed.seqs), SaveHistory(self.history)]
         return self._reply(), tuple(effects)
 
     def on_new_epoch(self, epoch: int) -> tuple[Effect, ...]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from peer.replication.history import History
+from peer.replication.history import History, check_history
 
 __all__ = [
     "AppendReply",
@@ -170,6 +170,39 @@ class EpochEndReply:
 
 
 @dataclass(frozen=True)
+class Seed:
+    """Primary of ``epoch`` -> a follower that lacks entries the primary trimmed already:
+    start your log after ``through`` (what the primary trimmed), with the replay memory
+    ``seqs`` ((origin, highest seq) of the trimmed entries) and the primary's epoch history
+    of the entries through there. Answered like an append."""
+
+    stream: str
+    epoch: int
+    through: int
+    seqs: tuple[tuple[str, int], ...]
+    history: History
+
+    def __post_init__(self) -> None:
+        _check_str("Seed", "stream", self.stream)
+        _check_int("Seed", "epoch", self.epoch, 1)
+        _check_int("Seed", "through", self.through, 0)
+        for origin, seq in self.seqs:
+            _check_tag("Seed", origin, seq)
+        for start in self.history:
+            if start.start > self.through or start.epoch > self.epoch:
+                raise ValueError(f"Seed: history entry {start} beyond {self.through}/{self.epoch}")
+        check_history(self.history, self.through)
+
+
+@dataclass(frozen=True)
+class SeedLog:
+    """Start the log after ``through`` with the replay memory ``seqs`` (see :class:`Seed`)."""
+
+    through: int
+    seqs: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
 class WriteEntry:
     """Write the entry at ``offset`` (always the log's next offset) and fsync it."""
 
@@ -202,4 +235,4 @@ class SaveHistory:
     history: History
 
 
-Effect = WriteEntry | Truncate | SaveEpoch | SaveHistory
+Effect = WriteEntry | Truncate | SaveEpoch | SaveHistory | SeedLog

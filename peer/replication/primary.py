@@ -70,6 +70,7 @@ from peer.replication.messages import (
     ReplicaAppend,
     SaveEpoch,
     SaveHistory,
+    Seed,
     WriteEntry,
 )
 
@@ -333,7 +334,7 @@ class Primary:
         newly = self._advance()
         return self._progress(newly, ships, self._propose(now))
 
-    def fence(self, append: ReplicaAppend | Probe) -> AppendReply | None:
+    def fence(self, append: ReplicaAppend | Probe | Seed) -> AppendReply | None:
         """An append (or probe) reached this primary. From its own epoch or an older one it
         is refused (``STALE_EPOCH``); from a newer one it deposes this primary, and None says
         so: the driver steps down and hands it to a :class:`~peer.replication.Follower`."""

@@ -98,6 +98,9 @@ class _Log(Protocol):
     _append_ns: dict[int, int]
     _tags: dict[int, tuple[str, int]]
     _seqs: dict[str, int]
+    _base_seqs: dict[str, int]
+
+    def _write_state(self, trimmed: int, base_seqs: dict[str, int]) -> None: ...
 
     def _store(
         self, data: bytes, append_ns: int, tag: tuple[str, int] | None, *, offset: int | None
@@ -264,3 +267,39 @@ class ReplicaLog:
             finally:
                 self._seqs = self._merged_seqs()
         return dropped
+
+    def trimmed_state(self: _Log) -> tuple[int, dict[str, int]]:
+        """(trimmed through, the replay memory of the trimmed files): what a new replica is
+        seeded with before it takes the files after it (:meth:`seed`)."""
+        with self._lock:
+            return self._trimmed, dict(self._base_seqs)
+
+    def seed(self: _Log, through: int, seqs: dict[str, int]) -> None:
+        """Start this log after ``through``, which its primary trimmed already, with the
+        replay memory ``seqs`` of what it trimmed: a new replica takes the files after it.
+        The files held here (a prefix of the primary's log, all at or below ``through``) go;
+        recorded first, like a trim, so a crash leaves the seeded log. ValueError if this log
+        holds anything above ``through``."""
+        with self._lock:
+            if self._end > through:
+                raise ValueError(
+                    f"stream {self.name}: cannot seed through {through}: the log holds "
+                    f"offsets through {self._end}"
+                )
+            if self._end == through and self._trimmed == through:
+                return
+            doomed = range(self._earliest, self._end + 1)
+            base = dict(self._base_seqs)
+            for origin, seq in [*seqs.items(), *(self._tags[o] for o in doomed if o in self._tags)]:
+                base[origin] = max(base.get(origin, -1), seq)
+            self._write_state(through, base)
+            for offset in doomed:
+                self._append_ns.pop(offset, None)
+                self._tags.pop(offset, None)
+            self._earliest = through + 1
+            self._end = through
+            self._told = max(self._told, through)
+            self._seqs = self._merged_seqs()
+        for offset in doomed:
+            with contextlib.suppress(FileNotFoundError):
+                fmt.offset_path(self.directory, offset).unlink()

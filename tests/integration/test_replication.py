@@ -31,11 +31,15 @@ FAST = {"gossip_interval_s": 0.3, "suspect_after_s": 2.0, "dead_after_s": 6.0}
 
 
 def start_peers(
-    tmp_path: Path, names: tuple[str, ...], voters: int, spark: Any = None
+    tmp_path: Path,
+    names: tuple[str, ...],
+    voters: int,
+    spark: Any = None,
+    **settings: Any,
 ) -> list[PeerThread]:
     """Peers (without Spark, or sharing the session ``spark``), each bootstrapping from the
-    first; the first ``voters`` of them hold the control plane's seats. The caller closes
-    them (see ``peers``)."""
+    first; the first ``voters`` of them hold the control plane's seats; ``settings`` are
+    more of their PeerConfig. The caller closes them (see ``peers``)."""
     keys = make_participants(tmp_path, names)
     started: list[PeerThread] = []
     try:
@@ -55,7 +59,7 @@ def start_peers(
                 bootstrap=bootstrap,
                 brain=False,
                 voter=i < voters,
-                **FAST,  # type: ignore[arg-type]
+                **{**FAST, **settings},
             )
             started.append(PeerThread(config, spark).__enter__())
 
