@@ -157,6 +157,17 @@ def _output_schema(
             box=box.name,
             stream=stream,
         )
+    for have, made in zip(existing.fields, derived.fields, strict=True):
+        if made.nullable and not have.nullable:
+            raise QueryError(
+                f"query {query}, box {box.name}: output stream {stream} field '{have.name}' is "
+                "not nullable, but the box may produce NULL there (from a nullable input, a "
+                "NULL or a CASE without ELSE); declare the field nullable",
+                query=query,
+                box=box.name,
+                stream=stream,
+                field=have.name,
+            )
     return existing
 
 
@@ -212,7 +223,7 @@ def _map(p: BoxParams, inputs: list[Schema]) -> tuple[Spec, Outputs]:
             raise p.error(f"output field '{name}' is produced twice", param)
         seen.add(name.lower())
         outputs.append((name, expr))
-    return MapSpec(tuple(outputs)), [[Field(n, e.type) for n, e in outputs]]
+    return MapSpec(tuple(outputs)), [[Field(n, e.type, nullable=e.nullable) for n, e in outputs]]
 
 
 def _union(p: BoxParams, inputs: list[Schema]) -> tuple[Spec, Outputs]:
@@ -224,7 +235,11 @@ def _union(p: BoxParams, inputs: list[Schema]) -> tuple[Spec, Outputs]:
                 f"({_shape_text(schema)}) must have identical fields",
                 stream=stream,
             )
-    return UnionSpec(), [[Field(f.name, f.type) for f in first.fields]]
+    nullable = [any(s.fields[i].nullable for s in inputs) for i in range(len(first.fields))]
+    fields = [
+        Field(f.name, f.type, nullable=n) for f, n in zip(first.fields, nullable, strict=True)
+    ]
+    return UnionSpec(), [fields]
 
 
 def _bsort(p: BoxParams, inputs: list[Schema]) -> tuple[Spec, Outputs]:

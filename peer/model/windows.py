@@ -33,6 +33,7 @@ class AggregateCall:
     argument: str | None
     output_name: str
     output_type: str
+    nullable: bool = False  # NULL for a window whose argument values are all NULL
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ def check_aggregate(p: BoxParams, schema: Schema) -> tuple[AggregateSpec, Output
     taken = {"window_start": "window", "window_end": "window"}
     taken.update((name.lower(), "group-by") for name in group_by)
     calls = _calls(p, schema, taken)
-    fields += [Field(c.output_name, c.output_type) for c in calls]
+    fields += [Field(c.output_name, c.output_type, nullable=c.nullable) for c in calls]
     spec = AggregateSpec(
         calls=tuple(calls),
         window_by=window_by,
@@ -149,7 +150,11 @@ def _calls(p: BoxParams, schema: Schema, taken: dict[str, str]) -> list[Aggregat
         taken[name.lower()] = "previous aggregate"
         calls.append(
             AggregateCall(
-                function, field.name if field else None, name, _result_type(function, field)
+                function,
+                field.name if field else None,
+                name,
+                _result_type(function, field),
+                nullable=field is not None and field.nullable and not function.startswith("count"),
             )
         )
     return calls
@@ -245,4 +250,6 @@ def _join_outputs(
             raise p.error(f"output field '{name}' is produced twice", name_param)
         seen.add(name.lower())
     out_fields = [(f"{side}.{field.name}", name) for side, field, name in picked]
-    return out_fields, [Field(name, field.type) for _, field, name in picked]
+    return out_fields, [
+        Field(name, field.type, nullable=field.nullable) for _, field, name in picked
+    ]
