@@ -88,13 +88,41 @@ async def cmd_stream_create(args: argparse.Namespace) -> int:
 
 
 async def cmd_query_submit(args: argparse.Namespace) -> int:
-    text = Path(args.file).read_text()
+    """Submit a query; a whole Borealis document creates its schemas, input streams and each
+    of its queries in turn, placed by ``--deploy`` (peer.model.borealis)."""
+    from peer.model.borealis import deployed, is_document, parse_deploy, parse_document
+    from peer.model.query import parse_query, query_to_dict
 
-    async def go(client: Client) -> int:
-        result = await client.create_query(text)
+    text = Path(args.file).read_text()
+    placed = parse_deploy(Path(args.deploy).read_text()) if args.deploy else {}
+    xml = text.lstrip().startswith("<")
+    document = parse_document(text) if xml and is_document(text) else None
+
+    async def submit(client: Client, query: str | dict[str, Any]) -> dict[str, Any]:
+        result = await client.create_query(query)
         if args.start:
             result = {**result, **(await client.start_query(result["query"]))}
-        print_json(result)
+        return result
+
+    async def go(client: Client) -> int:
+        if document is None:
+            query = query_to_dict(deployed(parse_query(text), placed)) if placed else text
+            print_json(await submit(client, query))
+            return 0
+        for schema in document.schemas:
+            await client.create_schema(schema.to_dict())
+        for stream, schema_name in document.inputs:
+            await client.create_stream(stream, schema_name)
+        results = [
+            await submit(client, query_to_dict(deployed(q, placed))) for q in document.queries
+        ]
+        print_json(
+            {
+                "schemas": [s.name for s in document.schemas],
+                "streams": [stream for stream, _ in document.inputs],
+                "queries": results,
+            }
+        )
         return 0
 
     return await with_client(args, go)
@@ -266,6 +294,12 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         help="the query: Medusa or Borealis XML (a whole <borealis> document too) or JSON",
     )
     p.add_argument("--start", action="store_true", help="start the query once it is submitted")
+    p.add_argument(
+        "--deploy",
+        metavar="FILE",
+        help="a Borealis deploy file: <node endpoint=HOST:PORT query=NAME/> places that "
+        "query's boxes on the peer at that address",
+    )
     p.set_defaults(run=cmd_query_submit)
     for verb, status in (("start", "RUNNING"), ("stop", "STOPPED"), ("delete", "DELETED")):
         p = add_client_options(query.add_parser(verb, help=f"set a query {status}"))

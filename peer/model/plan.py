@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from peer.errors import ExpressionError, QueryError, SchemaError
+from peer.model.borealis import AGGREGATE_PARAMS, DROP_PARAMS, check_drop
 from peer.model.expr import Expr, parse_expression
 from peer.model.params import ORDER_TYPES, BoxParams
 from peer.model.query import Box, Query, make_query, topological_order
@@ -250,6 +251,13 @@ def _bsort(p: BoxParams, inputs: list[Schema]) -> tuple[Spec, Outputs]:
     return BSortSpec(order_on.name, int(slack), group_by), [list(schema.fields)]
 
 
+def _drop(p: BoxParams, inputs: list[Schema]) -> tuple[Spec, Outputs]:
+    """Borealis' load-shedding boxes: at drop rate 0 they pass every tuple, like a union of
+    one input (peer.model.borealis)."""
+    check_drop(p)
+    return UnionSpec(), [list(inputs[0].fields)]
+
+
 def _aggregate(p: BoxParams, inputs: list[Schema]) -> tuple[Spec, Outputs]:
     return check_aggregate(p, inputs[0])
 
@@ -265,6 +273,8 @@ _CHECKS: dict[str, Callable[[BoxParams, list[Schema]], tuple[Spec, Outputs]]] = 
     "aggregate": _aggregate,
     "join": _join,
     "bsort": _bsort,
+    "random_drop": _drop,
+    "window_drop": _drop,
 }
 
 # (fixed parameter names, indexed parameter bases) per box type.
@@ -281,6 +291,7 @@ _PARAMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "group-by",
             "slack",
             "timeout",
+            *AGGREGATE_PARAMS,
         ),
         ("aggregate-function", "aggregate-function-output-name"),
     ),
@@ -293,8 +304,11 @@ _PARAMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "right-order-on-field",
             "left-buffer-size",
             "right-buffer-size",
+            "timeout",
         ),
         ("out-field", "out-field-name"),
     ),
     "bsort": (("order-on", "slack", "group-by"), ()),
+    "random_drop": (DROP_PARAMS, ()),
+    "window_drop": (DROP_PARAMS, ()),
 }

@@ -50,6 +50,11 @@ MAX_FIELDS = 1024
 MAX_STRING_SIZE = 1 << 30
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_EXTERNAL_DTD = re.compile(
+    r"<!DOCTYPE\s+[A-Za-z_][\w.-]*\s+(SYSTEM|PUBLIC\s+(\"[^\"<>\[]*\"|'[^'<>\[]*'))\s+"
+    r"(\"[^\"<>\[]*\"|'[^'<>\[]*')\s*>",
+    re.IGNORECASE,
+)
 # Stream, schema, query and box names are plain names or URIs such as
 # medusa://nms.lcs.mit.edu/locator/person; no spaces, quotes or backslashes, since names end
 # up in log lines, file names (hashed) and error messages.
@@ -304,9 +309,15 @@ def parse_xml(text: str, error: type[FedstreamError], what: str) -> ET.Element:
     # expat resolves internal entities itself; refusing the declarations up front keeps
     # entity-expansion bombs out whatever the expat version. The text is already decoded, so
     # an encoding declaration cannot hide the markup from this check.
+    # Borealis files open with <!DOCTYPE borealis SYSTEM "borealis.dtd">: an external DTD,
+    # which expat does not fetch, is allowed; an internal subset (where entities live) is not.
     upper = text.upper()
-    if "<!DOCTYPE" in upper or "<!ENTITY" in upper:
-        raise error(f"{what} XML must not contain DOCTYPE or ENTITY declarations")
+    doctypes = upper.count("<!DOCTYPE")
+    if "<!ENTITY" in upper or doctypes > 1 or (doctypes and not _EXTERNAL_DTD.search(text)):
+        raise error(
+            f"{what} XML must not contain ENTITY declarations or a DOCTYPE other than "
+            '<!DOCTYPE name SYSTEM "file.dtd">'
+        )
     try:
         return ET.fromstring(text)
     except ET.ParseError as exc:
