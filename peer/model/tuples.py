@@ -204,7 +204,7 @@ def _check_size(f: Field, array: pa.Array, label: str, stream: str | None) -> No
 def _normalized(f: Field, values: Sequence[Any], label: str, stream: str | None) -> list[Any]:
     """The slow path: check each value, naming the first bad one; return canonical values."""
     check = _CHECKS[f.type]
-    out = []
+    out: list[Any] = []
     for line, value in enumerate(values):
         try:
             if value is None:

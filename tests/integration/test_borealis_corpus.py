@@ -80,7 +80,7 @@ def test_chained_queries_with_a_nullable_field(peer: PeerThread) -> None:
     out = cli(peer, "query", "submit", str(CORPUS / "stock.xml"), "--start")
     assert '"StockType_USD"' in out and "USQuoteToCanadian" in out
     rng = random.Random(1)
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "symbol": rng.choice(["IBM", "MSFT", "ORCL"]),
             "time": i,
@@ -109,7 +109,7 @@ def _sum(values: list[int | None]) -> int | None:
 def test_aggregates_with_order_by_and_load_shedding_at_rate_zero(peer: PeerThread) -> None:
     cli(peer, "query", "submit", str(CORPUS / "packets.xml"), "--start")
     rng = random.Random(2)
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "time": i // 4,
             "source": rng.randrange(3),
@@ -126,7 +126,7 @@ def test_aggregates_with_order_by_and_load_shedding_at_rate_zero(peer: PeerThrea
         for start in range((r["time"] // 5) * 5 - 5, r["time"] + 1, 5):
             if start <= r["time"] < start + 10:
                 windows[(start, r["source"])].append(r["size"])
-    want_stats = Counter()
+    want_stats: Counter[tuple[Any, ...]] = Counter()
     for (start, source), sizes in windows.items():
         if start + 10 <= watermark:
             present = [s for s in sizes if s is not None]
@@ -145,7 +145,7 @@ def test_aggregates_with_order_by_and_load_shedding_at_rate_zero(peer: PeerThrea
     by_source: dict[int, list[int | None]] = defaultdict(list)
     for r in rows:
         by_source[r["source"]].append(r["size"])
-    want_runs = Counter()
+    want_runs: Counter[tuple[Any, ...]] = Counter()
     for source, sizes in by_source.items():
         for start in range(0, len(sizes) - 3, 4):
             run = sizes[start : start + 4]
@@ -168,13 +168,13 @@ def test_join_filter_and_window_drop(peer: PeerThread) -> None:
     cli(peer, "query", "submit", str(CORPUS / "trades.xml"), "--start")
     rng = random.Random(3)
     symbols = ["IBM", "HPQ", "SUN"]
-    quotes = [
+    quotes: list[dict[str, Any]] = [
         {"time": t, "symbol": s, "price": round(rng.uniform(5, 60), 2)}
         for t in range(60)
         for s in symbols
         if rng.random() < 0.6
     ]
-    trades = [
+    trades: list[dict[str, Any]] = [
         {"time": t, "symbol": rng.choice(symbols), "qty": rng.randrange(1, 40)}
         for t in range(60)
         for _ in range(2)
