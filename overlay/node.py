@@ -39,7 +39,7 @@ from overlay.membership import Event, MemberInfo, Membership, MemberState, rank,
 from overlay.records import Record
 from overlay.tls import TlsContexts
 
-__all__ = ["Overlay", "OverlayConfig", "OverlayError", "PeerHandler"]
+__all__ = ["NotAdmitted", "Overlay", "OverlayConfig", "OverlayError", "PeerHandler"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,21 @@ class OverlayError(Exception):
     def __init__(self, message: str, *, retriable: bool = True) -> None:
         super().__init__(message)
         self.retriable = retriable
+
+
+class NotAdmitted(OverlayError):
+    """The bootstrap peers answered on the DHT but none took a peer link from this node
+    before the bootstrap timeout: they do not trust its participant (or, less likely, their
+    link port is unreachable)."""
+
+    def __init__(self, participant: str, seeds: list[tuple[str, int]], reason: str) -> None:
+        addresses = ", ".join(f"{h}:{p}" for h, p in seeds)
+        super().__init__(
+            f"the peers at {addresses} did not admit participant {participant!r} ({reason})",
+            retriable=False,
+        )
+        self.participant = participant
+        self.seeds = seeds
 
 
 @dataclass
@@ -192,15 +207,22 @@ class Overlay:
             return
         deadline = time.monotonic() + self.config.bootstrap_timeout_s
         while True:
-            answered = 0
+            answered, admitted, refusal = 0, False, "no reply"
             with contextlib.suppress(DhtUnavailable):
                 answered = await self._dht().bootstrap(seeds)
             for addr in seeds:
-                with contextlib.suppress(LinkError, OverlayError, OSError, TimeoutError):
+                try:
                     await self._gossip_with(addr, None)
-            if answered:
+                    admitted = True
+                except (LinkError, OverlayError, OSError, TimeoutError) as exc:
+                    refusal = str(exc) or type(exc).__name__
+            # Given --bootstrap, joining means a bootstrap peer took our peer link: the DHT
+            # answers anyone, while a peer that does not trust our participant refuses links.
+            if answered and (admitted or not self.config.bootstrap):
                 break
             if time.monotonic() >= deadline:
+                if answered:
+                    raise NotAdmitted(self.identity.participant, seeds, refusal)
                 raise OverlayError(
                     "no bootstrap peer answered at "
                     + ", ".join(f"{h}:{p}" for h, p in seeds)

@@ -2,9 +2,14 @@
 
 Text formats carry no types, so each value is converted by the stream's schema here, and an
 error names the 1-based line and the field. Timestamps are read as ISO-8601 strings (a missing
-zone means UTC) or as numbers of seconds since the Unix epoch, and sent as the wire's integer
-microseconds. Everything is read and checked before anything is sent: a file with one bad line
-pushes nothing.
+zone means UTC) or as numbers since the Unix epoch in ``time_unit`` (``s``, ``ms`` or ``us``;
+``peer push --time-unit``), and sent as the wire's integer microseconds; a timestamp outside
+the years 1 to 9999 (which ISO-8601 cannot write) is refused. A JSON null, or an empty CSV
+value, is a NULL: taken by a nullable field, refused elsewhere. Everything is read and checked
+before anything is sent: a file with one bad line pushes nothing.
+
+Going out (``peer subscribe``), a timestamp is written as an ISO-8601 UTC string, or as its
+integer microseconds when it lies outside the years ISO-8601 can write.
 """
 
 from __future__ import annotations
@@ -26,31 +31,68 @@ FALSE = {"false", "f", "0", "no"}
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
-def _timestamp(value: Any) -> int:
+TIME_UNITS = {"s": 1_000_000, "ms": 1_000, "us": 1}
+# What ISO-8601 (and Python's datetime) can write: 0001-01-01 to 9999-12-31T23:59:59.999999.
+MIN_US = (dt.datetime.min.replace(tzinfo=dt.UTC) - EPOCH) // dt.timedelta(microseconds=1)
+MAX_US = (dt.datetime.max.replace(tzinfo=dt.UTC) - EPOCH) // dt.timedelta(microseconds=1)
+
+
+def _timestamp(value: Any, unit: str) -> int:
+    per = TIME_UNITS[unit]
     if isinstance(value, bool):
         raise ValueError("a boolean is not a timestamp")
-    if isinstance(value, int | float):
-        if not math.isfinite(value):
-            raise ValueError("not a finite number of seconds")
-        return round(value * 1_000_000)
     if isinstance(value, str):
         text = value.strip()
         try:
-            return round(float(text) * 1_000_000)
+            value = int(text)
         except ValueError:
-            pass
+            try:
+                value = float(text)
+            except ValueError:
+                return _iso(text)
+    if isinstance(value, int):
+        micros = value * per
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"not a finite number of {unit}")
+        micros = round(value * per)
+    else:
+        raise ValueError(f"expected an ISO-8601 string or a number of {unit}, got {value!r}")
+    if not MIN_US <= micros <= MAX_US:
+        raise ValueError(
+            f"{value} {unit} since the epoch is outside the years 1 to 9999"
+            + ("" if unit == "us" else "; is it in smaller units? see --time-unit")
+        )
+    return micros
+
+
+def _iso(text: str) -> int:
+    try:
         parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-        if parsed.tzinfo is None:
-            parsed = parsed.replace(tzinfo=dt.UTC)
-        delta = parsed - EPOCH
-        return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-    raise ValueError(f"expected an ISO-8601 string or seconds, got {type(value).__name__}")
+    except ValueError:
+        raise ValueError(f"{text!r} is neither ISO-8601 nor a number") from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=dt.UTC)
+    delta = parsed - EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
-def convert(value: Any, type_: str, *, from_text: bool) -> Any:
-    """One value of a field, converted to its wire form; ValueError says why not."""
+def iso_or_micros(value: int) -> str | int:
+    """A timestamp for people: ISO-8601 UTC, or the integer microseconds ISO cannot write."""
+    if MIN_US <= value <= MAX_US:
+        return (EPOCH + dt.timedelta(microseconds=value)).isoformat()
+    return value
+
+
+def convert(
+    value: Any, type_: str, *, from_text: bool, nullable: bool = False, time_unit: str = "s"
+) -> Any:
+    """One value of a field, converted to its wire form (None: NULL); ValueError says why
+    not."""
     if value is None or (from_text and value == ""):
-        raise ValueError("missing value")
+        if nullable:
+            return None
+        raise ValueError("missing value (the field is not nullable)")
     if type_ in INT_RANGE:
         if from_text:
             value = int(str(value).strip())
@@ -80,7 +122,7 @@ def convert(value: Any, type_: str, *, from_text: bool) -> Any:
             return value
         raise ValueError(f"expected a string, got {value!r}")
     if type_ == "timestamp":
-        return _timestamp(value)
+        return _timestamp(value, time_unit)
     raise ValueError(f"unknown type {type_}")
 
 
@@ -115,8 +157,12 @@ def _records(text: Iterable[str], fmt: str, schema: Schema) -> Iterator[tuple[in
         raise TupleError(f"unknown format {fmt!r} (jsonl or csv)")
 
 
-def read_columns(text: Iterable[str], fmt: str, schema: Schema) -> dict[str, list[Any]]:
+def read_columns(
+    text: Iterable[str], fmt: str, schema: Schema, *, time_unit: str = "s"
+) -> dict[str, list[Any]]:
     """All tuples of ``text`` as wire columns; TupleError names the line and field."""
+    if time_unit not in TIME_UNITS:
+        raise TupleError(f"unknown time unit {time_unit!r} (s, ms or us)")
     columns: dict[str, list[Any]] = {f.name: [] for f in schema.fields}
     known = set(columns)
     for number, record in _records(text, fmt, schema):
@@ -134,7 +180,14 @@ def read_columns(text: Iterable[str], fmt: str, schema: Schema) -> dict[str, lis
                     f"line {number}: missing field {f.name!r}", line=number, field=f.name
                 )
             try:
-                columns[f.name].append(convert(record[f.name], f.type, from_text=fmt == "csv"))
+                value = convert(
+                    record[f.name],
+                    f.type,
+                    from_text=fmt == "csv",
+                    nullable=f.nullable,
+                    time_unit=time_unit,
+                )
+                columns[f.name].append(value)
             except ValueError as exc:
                 raise TupleError(
                     f"line {number}, field {f.name!r} ({f.type}): {exc}", line=number, field=f.name
@@ -158,7 +211,7 @@ def to_jsonl(rows: Iterable[dict[str, Any]], schema: Schema) -> str:
             for name in stamps:
                 value = row.get(name)
                 if isinstance(value, int):
-                    row[name] = (EPOCH + dt.timedelta(microseconds=value)).isoformat()
+                    row[name] = iso_or_micros(value)
                 elif isinstance(value, dt.datetime):
                     row[name] = value.isoformat()
         out.write(json.dumps(row, default=str))

@@ -67,6 +67,7 @@ class PeerConfig:
     overlay_host: str | None = None  # default: the API host
     overlay_port: int | None = None  # default: API port + 1 (0 when the API port is 0)
     bootstrap: list[tuple[str, int]] = field(default_factory=list)
+    bootstrap_timeout_s: float = 30.0
     participant: str | None = None
     key_path: Path | None = None
     trust_dir: Path | None = None
@@ -206,6 +207,7 @@ class Peer:
                 host=config.overlay_host or config.host,
                 port=port,
                 bootstrap=list(config.bootstrap),
+                bootstrap_timeout_s=config.bootstrap_timeout_s,
                 gossip_interval_s=config.gossip_interval_s,
                 suspect_after_s=config.suspect_after_s,
                 dead_after_s=config.dead_after_s,

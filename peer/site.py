@@ -301,7 +301,7 @@ class LocalSite:
             raise InvalidInput("push: give both producer and seq, or neither", stream=stream)
 
         def land() -> tuple[int, int | None]:
-            table = batch_from_wire(entry.schema, payload)
+            table = batch_from_wire(entry.schema, payload, stream=stream)
             return table.num_rows, spool.append(table, origin=producer, seq=seq)
 
         await self.room(stream, spool)
@@ -309,7 +309,7 @@ class LocalSite:
         if appender is not None:  # a replicated stream: its replicas must hold it first
 
             def encode() -> tuple[int, bytes | None]:
-                table = batch_from_wire(entry.schema, payload)
+                table = batch_from_wire(entry.schema, payload, stream=stream)
                 rows = table.num_rows
                 return rows, spool.encode(table, origin=producer, seq=seq) if rows else None
 

@@ -15,6 +15,18 @@ if ! command -v java >/dev/null 2>&1 && [ -z "${JAVA_HOME:-}" ]; then
   fi
 fi
 
+# The test suite runs a Node.js client written from docs/protocol.md against a real peer
+# (tests/node/); without node that test is skipped, saying so.
+if ! command -v node >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] no node found: installing nodejs (for the protocol client test)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs || \
+      echo "[setup] nodejs did not install: the Node.js client test will be skipped" >&2
+  else
+    echo "[setup] node not found: the Node.js protocol client test will be skipped (apt-get install nodejs)" >&2
+  fi
+fi
+
 stamp="$VENV/.fedstream-installed"
 if [ ! -x "$VENV/bin/python" ]; then
   echo "[setup] creating virtual environment $VENV"

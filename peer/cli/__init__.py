@@ -30,7 +30,7 @@ from peer.cli.commands import add_client_commands
 from peer.cli.contract import add_contract_command, add_keygen_command
 from peer.cli.doctor import add_doctor_command
 from peer.cli.join import add_join_command
-from peer.cli.options import UsageError, parse_addr
+from peer.cli.options import UsageError, parse_addr, use_defaults_formatter
 from peer.errors import FedstreamError, JavaMissing, Unavailable
 
 __all__ = ["UsageError", "build_parser", "main", "parse_addr"]
@@ -59,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_demo_arguments(p)
     p.set_defaults(sync=cmd_demo)
+    use_defaults_formatter(parser)
     return parser
 
 

@@ -88,13 +88,41 @@ async def cmd_stream_create(args: argparse.Namespace) -> int:
 
 
 async def cmd_query_submit(args: argparse.Namespace) -> int:
-    text = Path(args.file).read_text()
+    """Submit a query; a whole Borealis document creates its schemas, input streams and each
+    of its queries in turn, placed by ``--deploy`` (peer.model.borealis)."""
+    from peer.model.borealis import deployed, is_document, parse_deploy, parse_document
+    from peer.model.query import parse_query, query_to_dict
 
-    async def go(client: Client) -> int:
-        result = await client.create_query(text)
+    text = Path(args.file).read_text()
+    placed = parse_deploy(Path(args.deploy).read_text()) if args.deploy else {}
+    xml = text.lstrip().startswith("<")
+    document = parse_document(text) if xml and is_document(text) else None
+
+    async def submit(client: Client, query: str | dict[str, Any]) -> dict[str, Any]:
+        result = await client.create_query(query)
         if args.start:
             result = {**result, **(await client.start_query(result["query"]))}
-        print_json(result)
+        return result
+
+    async def go(client: Client) -> int:
+        if document is None:
+            query = query_to_dict(deployed(parse_query(text), placed)) if placed else text
+            print_json(await submit(client, query))
+            return 0
+        for schema in document.schemas:
+            await client.create_schema(schema.to_dict())
+        for stream, schema_name in document.inputs:
+            await client.create_stream(stream, schema_name)
+        results = [
+            await submit(client, query_to_dict(deployed(q, placed))) for q in document.queries
+        ]
+        print_json(
+            {
+                "schemas": [s.name for s in document.schemas],
+                "streams": [stream for stream, _ in document.inputs],
+                "queries": results,
+            }
+        )
         return 0
 
     return await with_client(args, go)
@@ -133,7 +161,14 @@ async def cmd_push(args: argparse.Namespace) -> int:
 
     async def go(peers: PeerList) -> int:
         result = await push_lines(
-            peers, args.stream, text, args.format, args.batch_size, producer, policy
+            peers,
+            args.stream,
+            text,
+            args.format,
+            args.batch_size,
+            producer,
+            policy,
+            time_unit=args.time_unit,
         )
         print(json.dumps(result))
         return 0
@@ -149,6 +184,8 @@ async def push_lines(
     batch_size: int,
     producer: str,
     policy: RetryPolicy,
+    *,
+    time_unit: str = "s",
 ) -> dict[str, Any]:
     """Push tuples (JSONL or CSV lines) in chunks of ``batch_size``, chunk n under event id
     (``producer``, n); what ``peer push`` prints: the rows acknowledged, and among them those
@@ -160,7 +197,7 @@ async def push_lines(
     info = await (await peers.connect()).lookup_object(stream)
     if info.get("kind") != "stream":
         raise UsageError(f"{stream} is a {info.get('kind')}, not a stream")
-    columns = read_columns(lines, fmt, parse_schema(info["schema"]))
+    columns = read_columns(lines, fmt, parse_schema(info["schema"]), time_unit=time_unit)
     pushed = duplicates = 0
     for seq, part in enumerate(chunks(columns, batch_size), start=1):
         rows = len(next(iter(part.values()), []))
@@ -235,13 +272,13 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     p = add_client_options(
         schema.add_parser("create", help="create a schema from Medusa XML or JSON")
     )
-    p.add_argument("file")
+    p.add_argument("file", help="the schema: Medusa XML <schema> or JSON (README: Schemas)")
     p.set_defaults(run=cmd_schema_create)
 
     stream = sub.add_parser("stream", help="streams").add_subparsers(dest="sub", required=True)
     p = add_client_options(stream.add_parser("create", help="create a stream"))
-    p.add_argument("name")
-    p.add_argument("--schema", required=True)
+    p.add_argument("name", help="the stream's name (plain or a URI)")
+    p.add_argument("--schema", required=True, help="the name of an existing schema")
     p.add_argument(
         "--replicas",
         type=int,
@@ -252,25 +289,49 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
 
     query = sub.add_parser("query", help="queries").add_subparsers(dest="sub", required=True)
     p = add_client_options(query.add_parser("submit", help="submit Medusa/Borealis XML or JSON"))
-    p.add_argument("file")
-    p.add_argument("--start", action="store_true")
+    p.add_argument(
+        "file",
+        help="the query: Medusa or Borealis XML (a whole <borealis> document too) or JSON",
+    )
+    p.add_argument("--start", action="store_true", help="start the query once it is submitted")
+    p.add_argument(
+        "--deploy",
+        metavar="FILE",
+        help="a Borealis deploy file: <node endpoint=HOST:PORT query=NAME/> places that "
+        "query's boxes on the peer at that address",
+    )
     p.set_defaults(run=cmd_query_submit)
     for verb, status in (("start", "RUNNING"), ("stop", "STOPPED"), ("delete", "DELETED")):
         p = add_client_options(query.add_parser(verb, help=f"set a query {status}"))
-        p.add_argument("name")
+        p.add_argument("name", help="the query's name")
         p.set_defaults(run=status_cmd(status))
 
     p = add_client_options(
         sub.add_parser("push", help="push tuples (one per line); exit 0 once acked")
     )
-    p.add_argument("stream")
-    p.add_argument("file", nargs="?", default="-")
-    p.add_argument("--format", choices=("jsonl", "csv"), default="jsonl")
+    p.add_argument("stream", help="the stream to push to")
+    p.add_argument(
+        "file", nargs="?", default="-", help="the tuples, one per line ('-': standard input)"
+    )
+    p.add_argument(
+        "--format",
+        choices=("jsonl", "csv"),
+        default="jsonl",
+        help="jsonl: one JSON object per line; csv: a header line of field names, then one "
+        "tuple per line (an empty value is NULL)",
+    )
+    p.add_argument(
+        "--time-unit",
+        choices=("s", "ms", "us"),
+        default="s",
+        help="the unit of numeric timestamps since the Unix epoch (ISO-8601 strings are "
+        "always read as such)",
+    )
     p.add_argument("--batch-size", type=int, default=10_000, help="tuples per chunk")
     p.add_argument(
         "--producer",
         metavar="ID",
-        help="the event id's producer (default a fresh cli:<16 hex> per run); give a failed "
+        help="the event id's producer (default: a fresh cli:<16 hex> per run); give a failed "
         "run's to push the rest of the same input (same --batch-size) without duplicates",
     )
     p.add_argument(
@@ -279,20 +340,30 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         default=DEFAULT_RETRY_TIMEOUT_S,
         metavar="S",
         help="retry a chunk refused with a retriable error (or whose connection was lost, "
-        "on the next --peer) for up to S seconds "
-        f"(default {DEFAULT_RETRY_TIMEOUT_S:g}; 0: no retries)",
+        "on the next --peer) for up to S seconds (0: no retries)",
     )
     p.set_defaults(run=cmd_push)
 
     p = add_client_options(sub.add_parser("subscribe", help="print a stream's tuples as JSONL"))
-    p.add_argument("stream")
-    p.add_argument("--limit", type=int)
-    p.add_argument("--idle-timeout", type=float, default=None)
-    p.add_argument("--start", choices=("latest", "earliest"), default="latest")
+    p.add_argument("stream", help="the stream to print")
+    p.add_argument("--limit", type=int, help="stop after N tuples (default: never)")
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="stop once no tuple came for S seconds (default: wait for ever)",
+    )
+    p.add_argument(
+        "--start",
+        choices=("latest", "earliest"),
+        default="latest",
+        help="latest: tuples pushed from now on; earliest: the stream from its first kept tuple",
+    )
     p.set_defaults(run=cmd_subscribe)
 
     p = add_client_options(sub.add_parser("lookup", help="describe a schema, stream or query"))
-    p.add_argument("name")
+    p.add_argument("name", help="a schema, stream, query, participant or peer name")
     p.add_argument(
         "--json",
         action="store_true",
@@ -301,5 +372,5 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     p.set_defaults(run=cmd_lookup)
 
     p = add_client_options(sub.add_parser("status", help="what the peer runs"))
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the whole status as JSON")
     p.set_defaults(run=cmd_status)

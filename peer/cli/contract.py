@@ -31,8 +31,8 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 def add_keygen_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("keygen", help="make a participant key pair")
-    p.add_argument("name")
-    p.add_argument("--dir", default=".")
+    p.add_argument("name", help="the participant's name: writes DIR/NAME.key and DIR/NAME.pub")
+    p.add_argument("--dir", default=".", help="where to write the key pair")
     p.set_defaults(sync=cmd_keygen)
 
 
@@ -185,14 +185,14 @@ def add_contract_command(sub: argparse._SubParsersAction[argparse.ArgumentParser
     p.add_argument("--from-key", metavar="FILE.pub", help="A's public key (default DIR/A.pub)")
     p.add_argument("--to-key", metavar="FILE.pub", help="B's public key (default DIR/B.pub)")
     p.add_argument("--keys", default=".", metavar="DIR", help="where NAME.pub files are")
-    p.add_argument("--out", required=True, metavar="FILE")
+    p.add_argument("--out", required=True, metavar="FILE", help="the contract file to write")
     p.set_defaults(sync=cmd_contract_create)
     p = verbs.add_parser("sign", help="add your signature to a contract file")
-    p.add_argument("file")
+    p.add_argument("file", help="the contract file (TOML), signed in place")
     p.add_argument("--key", required=True, metavar="KEYFILE", help="your private key (NAME.key)")
     p.set_defaults(sync=cmd_contract_sign)
     p = verbs.add_parser("verify", help="exit 0 only if valid now and signed by both parties")
-    p.add_argument("file")
+    p.add_argument("file", help="the contract file (TOML)")
     p.add_argument(
         "--trust",
         metavar="DIR",

@@ -144,7 +144,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def add_doctor_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("doctor", help="check Java, Spark, data directory, spools and ports")
-    p.add_argument("--data-dir", default="./peer-data")
-    p.add_argument("--listen", default="127.0.0.1:7700")
+    p.add_argument(
+        "--data-dir", default="./peer-data", metavar="DIR", help="the data directory to check"
+    )
+    p.add_argument(
+        "--listen",
+        default="127.0.0.1:7700",
+        metavar="HOST:PORT",
+        help="the client API address that must be free to listen on",
+    )
     p.add_argument("--quick", action="store_true", help="skip the Spark start-up check")
     p.set_defaults(sync=cmd_doctor)

@@ -5,7 +5,8 @@ to install it, unless ``--no-engine``). Once the peer serves, ``DATA_DIR/peer.js
 where (API port, overlay port, node id, participant, pid), written whole or not at all, so
 that scripts and :class:`peer.cluster.PeerProcess` can wait for it; it is removed when the
 peer leaves. Failures to start are worded for the person who typed the command: an overlay
-that cannot be joined is exit 2, a bad identity or contract directory a usage error.
+that cannot be joined is exit 2 (a federation that refuses our participant too: the message
+says which participant and how to fix it), a bad identity or contract directory a usage error.
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ import json
 import os
 import signal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from peer.cli.options import UsageError, parse_addr
 from peer.errors import Unavailable
+
+if TYPE_CHECKING:
+    from overlay.node import NotAdmitted
 
 
 async def cmd_join(args: argparse.Namespace) -> int:
@@ -48,6 +52,7 @@ async def cmd_join(args: argparse.Namespace) -> int:
         overlay_host=overlay_host,
         overlay_port=overlay_port,
         bootstrap=bootstrap,
+        bootstrap_timeout_s=args.bootstrap_timeout,
         participant=args.participant,
         key_path=Path(args.key) if args.key else None,
         trust_dir=Path(args.trust) if args.trust else None,
@@ -74,8 +79,10 @@ async def cmd_join(args: argparse.Namespace) -> int:
     except BaseException as exc:
         await node.close()
         from overlay.identity import IdentityError
-        from overlay.node import OverlayError
+        from overlay.node import NotAdmitted, OverlayError
 
+        if isinstance(exc, NotAdmitted):
+            raise Unavailable(refused_message(exc, args.data_dir)) from exc
         if isinstance(exc, OverlayError):
             raise Unavailable(f"cannot join the overlay: {exc}") from exc
         if isinstance(exc, IdentityError):
@@ -100,12 +107,36 @@ async def cmd_join(args: argparse.Namespace) -> int:
     return 0
 
 
+def refused_message(exc: NotAdmitted, data_dir: str) -> str:
+    """What to do when the federation refused this peer's participant."""
+    name = exc.participant
+    return (
+        f"refused: {exc}. Fix: copy {name}.pub "
+        f"(written by `peer keygen {name}` beside {name}.key; for a peer started without "
+        f"--participant, {data_dir}/keys/participant.pub renamed {name}.pub) into the trust "
+        "directory of the peers you join (their `peer join --trust DIR`, or their "
+        "DATA_DIR/trust/), restart them, then start this peer again"
+    )
+
+
 def add_join_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("join", help="run a peer until SIGINT/SIGTERM")
-    p.add_argument("--data-dir", default="./peer-data")
-    p.add_argument("--participant", help="participant name (with --key)")
-    p.add_argument("--key", help="the participant's private key file (from `peer keygen`)")
-    p.add_argument("--listen", default="127.0.0.1:7700", help="client API address")
+    p.add_argument(
+        "--data-dir",
+        default="./peer-data",
+        metavar="DIR",
+        help="where the peer keeps its keys, catalog, spools, checkpoints and ledger",
+    )
+    p.add_argument(
+        "--participant",
+        help="participant name (with --key; default: a standalone participant of its own)",
+    )
+    p.add_argument(
+        "--key", metavar="FILE", help="the participant's private key file (from `peer keygen`)"
+    )
+    p.add_argument(
+        "--listen", default="127.0.0.1:7700", metavar="HOST:PORT", help="client API address"
+    )
     p.add_argument(
         "--overlay",
         help="overlay address: UDP (DHT) and TCP (peer links) on one port "
@@ -116,9 +147,21 @@ def add_join_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         action="append",
         default=[],
         metavar="HOST:PORT",
-        help="overlay address of a peer to join through (repeat: tried in turn)",
+        help="overlay address of a peer to join through (repeat: tried in turn; default: "
+        "none, start a federation alone)",
     )
-    p.add_argument("--http")
+    p.add_argument(
+        "--bootstrap-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="exit 2 when no --bootstrap peer admits this one within S seconds",
+    )
+    p.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="address of the HTTP /status, /metrics and dashboard (default: none)",
+    )
     p.add_argument(
         "--contracts",
         metavar="DIR",
@@ -130,15 +173,47 @@ def add_join_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         metavar="CORES",
         help="CPU cores this peer's load is measured against (default: all of them)",
     )
-    p.add_argument("--bpm-period", type=float, default=5.0, help="seconds between load checks")
-    p.add_argument("--offer-margin", type=float, default=0.05, help="offer above price*(1+margin)")
     p.add_argument(
-        "--accept-margin", type=float, default=0.05, help="accept below price*(1-margin)"
+        "--bpm-period", type=float, default=5.0, metavar="S", help="seconds between load checks"
     )
-    p.add_argument("--trust", help="directory of trusted participants' public keys (NAME.pub)")
-    p.add_argument("--gossip-interval", type=float, default=1.0, help="seconds")
-    p.add_argument("--suspect-after", type=float, default=3.0, help="seconds of silence")
-    p.add_argument("--dead-after", type=float, default=8.0, help="seconds of silence")
+    p.add_argument(
+        "--offer-margin",
+        type=float,
+        default=0.05,
+        help="offer load to a partner when its cost is above price*(1+margin)",
+    )
+    p.add_argument(
+        "--accept-margin",
+        type=float,
+        default=0.05,
+        help="accept a partner's load while its cost is below price*(1-margin)",
+    )
+    p.add_argument(
+        "--trust",
+        metavar="DIR",
+        help="directory of trusted participants' public keys (NAME.pub) (default: DATA_DIR/trust)",
+    )
+    p.add_argument(
+        "--gossip-interval",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="seconds between liveness and load gossip rounds",
+    )
+    p.add_argument(
+        "--suspect-after",
+        type=float,
+        default=3.0,
+        metavar="S",
+        help="seconds of silence before a peer is suspected",
+    )
+    p.add_argument(
+        "--dead-after",
+        type=float,
+        default=8.0,
+        metavar="S",
+        help="seconds of silence before a peer is declared dead",
+    )
     p.add_argument(
         "--max-backlog",
         type=int,
@@ -173,7 +248,13 @@ def add_join_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         metavar="N",
         help="a push is acknowledged once N replicas hold it (default 2)",
     )
-    p.add_argument("--spark-master", default="local[*]")
+    p.add_argument(
+        "--spark-master",
+        default="local[*]",
+        metavar="URL",
+        help="the Spark master of this peer's engine: local[N], spark://HOST:PORT, or "
+        "sc://HOST:PORT for Spark Connect",
+    )
     p.add_argument("--no-engine", action="store_true", help="serve without Spark")
     p.add_argument(
         "--no-lane",

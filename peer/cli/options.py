@@ -18,6 +18,26 @@ from typing import TypedDict
 DEFAULT_PEER = "127.0.0.1:7700"
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows an option's default after its help, unless the help speaks of it already or
+    there is none to show (no value, a flag that is off)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, False, [], argparse.SUPPRESS) or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
+def use_defaults_formatter(parser: argparse.ArgumentParser) -> None:
+    """Give ``parser`` and every sub-parser below it :class:`DefaultsHelpFormatter`."""
+    parser.formatter_class = DefaultsHelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in set(action.choices.values()):
+                use_defaults_formatter(child)
+
+
 class UsageError(Exception):
     """Options that do not fit together or cannot be read: exit 2, with the message."""
 

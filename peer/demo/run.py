@@ -65,7 +65,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"seconds over which to push the input (default {DEFAULT_DURATION_S:g}; "
         "0: as fast as the peers take it)",
     )
-    p.add_argument("--example", choices=sorted(EXAMPLES), default="traffic")
+    p.add_argument(
+        "--example", choices=sorted(EXAMPLES), default="traffic", help="the example query to run"
+    )
     p.add_argument(
         "--cars",
         type=int,

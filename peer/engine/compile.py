@@ -132,7 +132,8 @@ class _Compiler:
             if spec.window_by == "TUPLES":
                 from peer.engine.stateful import tuple_window_aggregate
 
-                return [tuple_window_aggregate(inputs[0], spec, box.output_schemas[0])]
+                out, source = box.output_schemas[0], box.input_schemas[0]
+                return [tuple_window_aggregate(inputs[0], spec, out, source)]
             return [self.aggregate(spec, box, inputs[0])]
         if isinstance(spec, JoinSpec):
             return [self.join(spec, box, inputs[0], inputs[1])]
@@ -183,6 +184,8 @@ class _Compiler:
 
         assert spec.order_on is not None  # check_query requires it for VALUES windows
         schema = box.output_schemas[0]
+        # A tuple whose order value is NULL belongs to no window (SQL: no comparison holds).
+        df = df.where(F.col(spec.order_on).isNotNull())
         timed = df.withColumn(TS, to_event_time(df, spec.order_on, spec.order_type))
         timed = timed.withWatermark(TS, _micros(spec.slack))
         window = F.window(TS, _micros(spec.window_size), _micros(spec.advance)).alias("__w")
@@ -230,7 +233,8 @@ class _Compiler:
                     "after a join or an aggregate"
                 )
             pick = F.min_by if function == "firstval" else F.max_by
-            return pick(col, F.col(SEQ))
+            # Aggregates skip NULL: a NULL value's row has no order, so min_by/max_by skip it.
+            return pick(col, F.when(col.isNotNull(), F.col(SEQ)))
         raise QueryError(f"aggregate function {function!r} cannot run on Spark")
 
     def join(self, spec: JoinSpec, box: CheckedBox, left: DataFrame, right: DataFrame) -> DataFrame:

@@ -46,9 +46,9 @@ def _aggregate(call: AggregateCall, values: Sequence[Any]) -> Any:
     if fn == "max":
         return max(present)
     if fn == "firstval":
-        return values[0]
+        return present[0]
     if fn == "lastval":
-        return values[-1]
+        return present[-1]
     raise ValueError(f"unknown aggregate function {fn!r}")
 
 
@@ -96,8 +96,14 @@ class BoundedSorter:
         self.buffer.append([order, seq, *row])
         out = []
         while len(self.buffer) > self.slack:
+            # NULL order values sort first, as in Spark's ORDER BY ... ASC.
             smallest = min(
-                range(len(self.buffer)), key=lambda i: (self.buffer[i][0], self.buffer[i][1])
+                range(len(self.buffer)),
+                key=lambda i: (
+                    self.buffer[i][0] is not None,
+                    self.buffer[i][0] or 0,
+                    self.buffer[i][1],
+                ),
             )
             out.append(self.buffer.pop(smallest)[2:])
         return out
@@ -109,12 +115,16 @@ class BoundedSorter:
         self.buffer = json.loads(text)
 
 
-def _plain(value: Any) -> Any:
-    """A JSON-able Python value for a pandas cell (timestamps become int microseconds)."""
+def _plain(value: Any, nullable: bool = False) -> Any:
+    """A JSON-able Python value for a pandas cell (timestamps become int microseconds). pandas
+    shows a NULL as NaN or NaT; in a nullable field that is None (a double NaN there cannot
+    be told from NULL, and is taken as one)."""
     import pandas as pd
 
-    if value is None or (isinstance(value, float) and value != value):  # NaN from nullable cols
-        return value
+    if value is None or value is pd.NaT:
+        return None
+    if isinstance(value, float) and value != value:
+        return None if nullable else value
     if isinstance(value, pd.Timestamp):
         return int(value.value // 1000)
     if hasattr(value, "item"):
@@ -142,7 +152,9 @@ def _grouped(df: DataFrame, group_by: tuple[str, ...]) -> Any:
     return df.withColumn("__group", F.lit(0)).groupBy("__group")
 
 
-def tuple_window_aggregate(df: DataFrame, spec: AggregateSpec, out: Schema) -> DataFrame:
+def tuple_window_aggregate(
+    df: DataFrame, spec: AggregateSpec, out: Schema, source: Schema
+) -> DataFrame:
     from pyspark.sql.streaming.state import GroupStateTimeout
 
     size, advance, calls, group_by = (
@@ -151,6 +163,7 @@ def tuple_window_aggregate(df: DataFrame, spec: AggregateSpec, out: Schema) -> D
         spec.calls,
         spec.group_by,
     )
+    nullable = {f.name for f in source.fields if f.nullable}
     args = [c.argument for c in calls]
 
     def run(
@@ -165,7 +178,7 @@ def tuple_window_aggregate(df: DataFrame, spec: AggregateSpec, out: Schema) -> D
         rows = []
         group_values = [_plain(v) for v in key] if group_by else []
         for values in batch.to_dict("records"):
-            tuple_args = [_plain(values[a]) if a else None for a in args]
+            tuple_args = [_plain(values[a], a in nullable) if a else None for a in args]
             for start, end, aggs in windows.add(tuple_args):
                 rows.append([start, end, *group_values, *aggs])
         state.update((windows.dump(),))
@@ -181,6 +194,7 @@ def bounded_sort(df: DataFrame, spec: BSortSpec, out: Schema) -> DataFrame:
     from pyspark.sql.streaming.state import GroupStateTimeout
 
     slack, order_on, names = spec.slack, spec.order_on, list(out.names)
+    nullable = {f.name for f in out.fields if f.nullable}
 
     def run(
         key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: Any
@@ -193,8 +207,9 @@ def bounded_sort(df: DataFrame, spec: BSortSpec, out: Schema) -> DataFrame:
         batch = pd.concat(list(frames)).sort_values(SEQ)
         rows = []
         for values in batch.to_dict("records"):
-            row = [_plain(values[n]) for n in names]
-            rows.extend(sorter.add(_plain(values[order_on]), int(values[SEQ]), row))
+            row = [_plain(values[n], n in nullable) for n in names]
+            order = _plain(values[order_on], order_on in nullable)
+            rows.extend(sorter.add(order, int(values[SEQ]), row))
         state.update((sorter.dump(),))
         yield _frame(rows, out)
 

@@ -20,7 +20,7 @@ The subset:
 
 Types follow Spark: numeric types widen int < long < double; ``/``, sqrt, exp, ln, log, pow are
 double; floor/ceil are long; length is int; comparisons need two numeric operands or two of the
-same type; NULL takes any type.
+same type; NULL takes any type. ``Expr.nullable``: the value may be NULL (SQL semantics).
 """
 
 from __future__ import annotations
@@ -94,6 +94,7 @@ class Expr:
     sql: str
     type: str
     columns: frozenset[str]
+    nullable: bool = False  # may be NULL: reads a nullable column, has NULL or CASE sans ELSE
 
 
 Scope = Schema | Mapping[str, Schema]
@@ -134,14 +135,12 @@ def _parse_expression(text: str, scope: Scope, where: str) -> Expr:
         ) from exc
     if type_ == _NULL:
         raise ExpressionError(f"{prefix}expression has no type; write CAST(NULL AS <type>)")
-    return Expr(text=text, sql=sql, type=type_, columns=frozenset(checker.columns))
+    return Expr(text, sql, type_, frozenset(checker.columns), checker.nullable)
 
 
 def with_columns(expr: Expr, names: Mapping[str, str]) -> str:
-    """``expr.sql`` with each column (keyed as in ``expr.columns``) renamed to ``names[key]``.
-
-    For an engine that renames columns before evaluating, e.g. the two sides of a join.
-    """
+    """``expr.sql`` with each column (keyed as in ``expr.columns``) renamed to ``names[key]``,
+    for an engine that renames columns before evaluating, e.g. the two sides of a join."""
     tree = sqlglot.parse_one(expr.sql, read=_DIALECT)
 
     def rename(node: exp.Expr) -> exp.Expr:
@@ -251,6 +250,7 @@ class _Checker:
     def __init__(self, scope: Scope, prefix: str) -> None:
         self.prefix = prefix
         self.columns: set[str] = set()
+        self.nullable = False
         self.visited: set[int] = set()
         self.sides: dict[str, Schema] = {} if isinstance(scope, Schema) else dict(scope)
         self.schema = scope if isinstance(scope, Schema) else None
@@ -355,6 +355,7 @@ class _Checker:
             side, field = found[0]
         key = f"{side}.{field.name}" if side else field.name
         self.columns.add(key)
+        self.nullable = self.nullable or field.nullable
         node.replace(exp.column(field.name, table=side or None, quoted=True))
         return field.type
 
@@ -441,6 +442,7 @@ class _Checker:
             results.append(self.check(branch.args["true"]))
         if node.args.get("default") is not None:
             results.append(self.check(node.args["default"]))
+        self.nullable |= node.args.get("default") is None
         return self.unify(results, node)
 
     def if_(self, node: exp.If) -> str:
@@ -488,6 +490,7 @@ class _Checker:
         return target
 
     def constant(self, node: exp.Expr) -> str:
+        self.nullable |= isinstance(node, exp.Null)
         return "bool" if isinstance(node, exp.Boolean) else _NULL
 
     # -- functions -------------------------------------------------------------------------

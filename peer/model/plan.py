@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from peer.errors import ExpressionError, QueryError, SchemaError
+from peer.model.borealis import AGGREGATE_PARAMS, DROP_PARAMS, check_drop
 from peer.model.expr import Expr, parse_expression
 from peer.model.params import ORDER_TYPES, BoxParams
 from peer.model.query import Box, Query, make_query, topological_order
@@ -157,6 +158,17 @@ def _output_schema(
             box=box.name,
             stream=stream,
         )
+    for have, made in zip(existing.fields, derived.fields, strict=True):
+        if made.nullable and not have.nullable:
+            raise QueryError(
+                f"query {query}, box {box.name}: output stream {stream} field '{have.name}' is "
+                "not nullable, but the box may produce NULL there (from a nullable input, a "
+                "NULL or a CASE without ELSE); declare the field nullable",
+                query=query,
+                box=box.name,
+                stream=stream,
+                field=have.name,
+            )
     return existing
 
 
@@ -212,7 +224,7 @@ def _map(p: BoxParams, inputs: list[Schema]) -> tuple[Spec, Outputs]:
             raise p.error(f"output field '{name}' is produced twice", param)
         seen.add(name.lower())
         outputs.append((name, expr))
-    return MapSpec(tuple(outputs)), [[Field(n, e.type) for n, e in outputs]]
+    return MapSpec(tuple(outputs)), [[Field(n, e.type, nullable=e.nullable) for n, e in outputs]]
 
 
 def _union(p: BoxParams, inputs: list[Schema]) -> tuple[Spec, Outputs]:
@@ -224,7 +236,11 @@ def _union(p: BoxParams, inputs: list[Schema]) -> tuple[Spec, Outputs]:
                 f"({_shape_text(schema)}) must have identical fields",
                 stream=stream,
             )
-    return UnionSpec(), [[Field(f.name, f.type) for f in first.fields]]
+    nullable = [any(s.fields[i].nullable for s in inputs) for i in range(len(first.fields))]
+    fields = [
+        Field(f.name, f.type, nullable=n) for f, n in zip(first.fields, nullable, strict=True)
+    ]
+    return UnionSpec(), [fields]
 
 
 def _bsort(p: BoxParams, inputs: list[Schema]) -> tuple[Spec, Outputs]:
@@ -233,6 +249,13 @@ def _bsort(p: BoxParams, inputs: list[Schema]) -> tuple[Spec, Outputs]:
     slack = p.number("slack", p.get("slack") or "0", integral=True, zero_ok=True)
     group_by = p.field_list("group-by", schema)
     return BSortSpec(order_on.name, int(slack), group_by), [list(schema.fields)]
+
+
+def _drop(p: BoxParams, inputs: list[Schema]) -> tuple[Spec, Outputs]:
+    """Borealis' load-shedding boxes: at drop rate 0 they pass every tuple, like a union of
+    one input (peer.model.borealis)."""
+    check_drop(p)
+    return UnionSpec(), [list(inputs[0].fields)]
 
 
 def _aggregate(p: BoxParams, inputs: list[Schema]) -> tuple[Spec, Outputs]:
@@ -250,6 +273,8 @@ _CHECKS: dict[str, Callable[[BoxParams, list[Schema]], tuple[Spec, Outputs]]] = 
     "aggregate": _aggregate,
     "join": _join,
     "bsort": _bsort,
+    "random_drop": _drop,
+    "window_drop": _drop,
 }
 
 # (fixed parameter names, indexed parameter bases) per box type.
@@ -266,6 +291,7 @@ _PARAMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "group-by",
             "slack",
             "timeout",
+            *AGGREGATE_PARAMS,
         ),
         ("aggregate-function", "aggregate-function-output-name"),
     ),
@@ -278,8 +304,11 @@ _PARAMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "right-order-on-field",
             "left-buffer-size",
             "right-buffer-size",
+            "timeout",
         ),
         ("out-field", "out-field-name"),
     ),
     "bsort": (("order-on", "slack", "group-by"), ()),
+    "random_drop": (DROP_PARAMS, ()),
+    "window_drop": (DROP_PARAMS, ()),
 }

@@ -6,7 +6,8 @@ A query arrives in one of three spellings that all yield equal :class:`Query` ob
   <output port stream/><param name value/></box></query>`` (ports order the arrows);
 - Borealis XML: the same with ``<in stream/>``, ``<out stream/>`` and ``<parameter name
   value/>``, optionally inside a ``<borealis>`` or ``<network>`` element holding one query
-  (its other children, such as schema and stream declarations, are ignored here);
+  (its other children, such as schema and stream declarations, are ignored here; a whole
+  document is read by :mod:`peer.model.borealis`);
 - JSON text or a mapping: ``{"name", "boxes": [{"name", "type", "inputs", "outputs",
   "params": {...}, "node"?}]}``.
 
@@ -27,7 +28,8 @@ from typing import Any
 from peer.errors import QueryError
 from peer.model.schema import check_name, parse_json, parse_xml, source_text
 
-BOX_TYPES = ("filter", "map", "union", "aggregate", "join", "bsort")
+# random_drop and window_drop are Borealis' load-shedding boxes (pass-through at rate 0).
+BOX_TYPES = ("filter", "map", "union", "aggregate", "join", "bsort", "random_drop", "window_drop")
 MAX_BOXES = 1000
 
 # (min inputs, max inputs, min outputs, max outputs); None means unbounded.
@@ -38,6 +40,8 @@ _ARITY: dict[str, tuple[int, int | None, int, int | None]] = {
     "aggregate": (1, 1, 1, 1),
     "join": (2, 2, 1, 1),
     "bsort": (1, 1, 1, 1),
+    "random_drop": (1, 1, 1, 1),
+    "window_drop": (1, 1, 1, 1),
 }
 _PARAM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 
@@ -288,7 +292,11 @@ def _query_from_xml(root: ET.Element) -> Query:
     if root.tag in ("borealis", "network"):
         queries = [child for child in root if child.tag == "query"]
         if len(queries) != 1:
-            raise QueryError(f"<{root.tag}> must hold exactly one <query>, found {len(queries)}")
+            raise QueryError(
+                f"<{root.tag}> must hold exactly one <query> here, found {len(queries)}; "
+                "`peer query submit FILE` takes a whole Borealis document (its schemas, input "
+                "streams and every query)"
+            )
         root = queries[0]
     if root.tag != "query":
         raise QueryError(f"query XML must have a <query> root element, got <{root.tag}>")

@@ -11,6 +11,9 @@ names starting with ``__`` are reserved for the engine's internal columns. ``siz
 for string fields only (Medusa's fixed-size strings): it bounds the length, in characters, of
 a pushed value. On other types Aurora used it for byte widths, which our types already fix,
 so it is accepted and dropped.
+
+A field is non-nullable unless declared ``"nullable": true`` (JSON) or ``nullable="true"``
+(XML): only a nullable field takes nil (SQL NULL), and every box treats NULL as SQL does.
 """
 
 from __future__ import annotations
@@ -47,6 +50,11 @@ MAX_FIELDS = 1024
 MAX_STRING_SIZE = 1 << 30
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_EXTERNAL_DTD = re.compile(
+    r"<!DOCTYPE\s+[A-Za-z_][\w.-]*\s+(SYSTEM|PUBLIC\s+(\"[^\"<>\[]*\"|'[^'<>\[]*'))\s+"
+    r"(\"[^\"<>\[]*\"|'[^'<>\[]*')\s*>",
+    re.IGNORECASE,
+)
 # Stream, schema, query and box names are plain names or URIs such as
 # medusa://nms.lcs.mit.edu/locator/person; no spaces, quotes or backslashes, since names end
 # up in log lines, file names (hashed) and error messages.
@@ -76,6 +84,7 @@ class Field:
     name: str
     type: str
     size: int | None = None
+    nullable: bool = False
 
 
 @dataclass(frozen=True)
@@ -103,6 +112,8 @@ class Schema:
             d: dict[str, Any] = {"name": f.name, "type": f.type}
             if f.size is not None:
                 d["size"] = f.size
+            if f.nullable:
+                d["nullable"] = True
             fields.append(d)
         return {"name": self.name, "fields": fields}
 
@@ -192,13 +203,17 @@ def _schema_from_mapping(data: Mapping[str, Any]) -> Schema:
     for i, raw in enumerate(raw_fields[: MAX_FIELDS + 1]):
         if not isinstance(raw, Mapping):
             raise SchemaError(f"schema {name}: field #{i} must be an object", schema=name)
-        extra = set(raw) - {"name", "type", "size"}
+        extra = set(raw) - {"name", "type", "size", "nullable"}
         if extra:
             raise SchemaError(
                 f"schema {name}: field #{i} has unknown keys {sorted(map(str, extra))}",
                 schema=name,
             )
-        fields.append(_make_field(name, raw.get("name"), raw.get("type"), raw.get("size")))
+        fields.append(
+            _make_field(
+                name, raw.get("name"), raw.get("type"), raw.get("size"), raw.get("nullable")
+            )
+        )
     return make_schema(name, fields)
 
 
@@ -210,29 +225,49 @@ def _schema_from_xml(root: ET.Element) -> Schema:
     for child in root:
         if child.tag != "field":
             raise SchemaError(f"schema {name}: unexpected element <{child.tag}>", schema=name)
-        fields.append(_make_field(name, child.get("name"), child.get("type"), child.get("size")))
+        fields.append(
+            _make_field(
+                name,
+                child.get("name"),
+                child.get("type"),
+                child.get("size"),
+                child.get("nullable"),
+            )
+        )
         if len(fields) > MAX_FIELDS:
             break
     return make_schema(name, fields)
 
 
-def _make_field(schema: str, name: object, type_: object, size: object) -> Field:
+def _make_field(
+    schema: str, name: object, type_: object, size: object, nullable: object = None
+) -> Field:
     where = f"schema {schema}: "
     fname = check_field_name(name, SchemaError, where)
     where = f"schema {schema}, field '{fname}': "
     ftype = normalize_type(type_, SchemaError, where)
+    null_ok = _nullable(nullable, where)
     if size is None or size == "":
-        return Field(fname, ftype)
+        return Field(fname, ftype, nullable=null_ok)
     if isinstance(size, str) and size.strip().isdigit():
         size = int(size.strip())
     if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= MAX_STRING_SIZE:
         raise SchemaError(f"{where}size must be a positive integer, got {_show(size)}")
-    return Field(fname, ftype, size if ftype == "string" else None)
+    return Field(fname, ftype, size if ftype == "string" else None, null_ok)
+
+
+def _nullable(value: object, where: str) -> bool:
+    # JSON says true/false; XML attributes are text ("true", "false", "1", "0").
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "1", "false", "0"):
+        return value.strip().lower() in ("true", "1")
+    raise SchemaError(f"{where}nullable must be true or false, got {_show(value)}")
 
 
 def to_arrow_schema(schema: Schema) -> pa.Schema:
     return pa.schema(
-        [pa.field(f.name, _ARROW_TYPES[f.type], nullable=False) for f in schema.fields]
+        [pa.field(f.name, _ARROW_TYPES[f.type], nullable=f.nullable) for f in schema.fields]
     )
 
 
@@ -274,9 +309,15 @@ def parse_xml(text: str, error: type[FedstreamError], what: str) -> ET.Element:
     # expat resolves internal entities itself; refusing the declarations up front keeps
     # entity-expansion bombs out whatever the expat version. The text is already decoded, so
     # an encoding declaration cannot hide the markup from this check.
+    # Borealis files open with <!DOCTYPE borealis SYSTEM "borealis.dtd">: an external DTD,
+    # which expat does not fetch, is allowed; an internal subset (where entities live) is not.
     upper = text.upper()
-    if "<!DOCTYPE" in upper or "<!ENTITY" in upper:
-        raise error(f"{what} XML must not contain DOCTYPE or ENTITY declarations")
+    doctypes = upper.count("<!DOCTYPE")
+    if "<!ENTITY" in upper or doctypes > 1 or (doctypes and not _EXTERNAL_DTD.search(text)):
+        raise error(
+            f"{what} XML must not contain ENTITY declarations or a DOCTYPE other than "
+            '<!DOCTYPE name SYSTEM "file.dtd">'
+        )
     try:
         return ET.fromstring(text)
     except ET.ParseError as exc:

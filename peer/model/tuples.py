@@ -11,7 +11,9 @@ line and field. A batch is accepted whole or refused whole with a :class:`TupleE
 
 Wire conventions: timestamps are int microseconds since the Unix epoch (UTC), msgpack
 ``Timestamp`` or ``datetime`` (naive means UTC); ints may arrive as integral floats (JSON
-clients cannot always tell them apart) but never as bools; doubles accept ints and NaN/inf.
+clients cannot always tell them apart) but never as bools; doubles accept ints and NaN/inf;
+nil (None) is a NULL, taken only by a field declared nullable. An error's details name the
+stream, the field and the tuple (its 0-based index in the batch).
 """
 
 from __future__ import annotations
@@ -128,21 +130,24 @@ def _refuse_row(schema: Schema, row: object, line: int, label: str, stream: str 
     non-dict mapping that has them."""
     if not isinstance(row, Mapping):
         raise TupleError(
-            f"{label}, line {line}: a tuple must be an object", stream=stream, line=line
+            f"{label}, tuple {line}: a tuple must be an object", stream=stream, tuple=line
         )
     for name in schema.names:
         if name not in row:
             raise TupleError(
-                f"{label}, line {line}: field '{name}' is missing",
+                f"{label}, tuple {line}: field '{name}' is missing",
                 stream=stream,
-                line=line,
+                tuple=line,
                 field=name,
             )
     extra = next((k for k in row if k not in schema.names), None)
     if extra is None:
         return
     raise TupleError(
-        f"{label}, line {line}: unknown field {extra!r}", stream=stream, line=line, field=str(extra)
+        f"{label}, tuple {line}: unknown field {extra!r}",
+        stream=stream,
+        tuple=line,
+        field=str(extra),
     )
 
 
@@ -150,6 +155,8 @@ def _column(f: Field, values: Sequence[Any], label: str, stream: str | None) -> 
     target = _arrow_type(f)
     kinds = set(map(type, values))
     array: pa.Array | None = None
+    if f.nullable:
+        kinds.discard(type(None))
     if kinds <= _FAST_TYPES[f.type]:
         try:
             array = _fast_array(f.type, values, target, kinds)
@@ -187,9 +194,9 @@ def _check_size(f: Field, array: pa.Array, label: str, stream: str | None) -> No
     line = pc.index(too_long, True).as_py()
     if line >= 0:
         raise TupleError(
-            f"{label}, line {line}, field '{f.name}': string is longer than {f.size} characters",
+            f"{label}, tuple {line}, field '{f.name}': string is longer than {f.size} characters",
             stream=stream,
-            line=line,
+            tuple=line,
             field=f.name,
         )
 
@@ -197,17 +204,20 @@ def _check_size(f: Field, array: pa.Array, label: str, stream: str | None) -> No
 def _normalized(f: Field, values: Sequence[Any], label: str, stream: str | None) -> list[Any]:
     """The slow path: check each value, naming the first bad one; return canonical values."""
     check = _CHECKS[f.type]
-    out = []
+    out: list[Any] = []
     for line, value in enumerate(values):
         try:
             if value is None:
-                raise _BadValue("null is not allowed")
+                if not f.nullable:
+                    raise _BadValue("is nil, but the field is not nullable")
+                out.append(None)
+                continue
             out.append(check(f.type, value))
         except _BadValue as bad:
             raise TupleError(
-                f"{label}, line {line}, field '{f.name}': {bad.reason}",
+                f"{label}, tuple {line}, field '{f.name}': {bad.reason}",
                 stream=stream,
-                line=line,
+                tuple=line,
                 field=f.name,
             ) from None
     return out
@@ -327,7 +337,7 @@ def _from_arrow(
 
 def _arrow_column(f: Field, column: pa.ChunkedArray, label: str, stream: str | None) -> pa.Array:
     target = _arrow_type(f)
-    if column.null_count == 0 and _ARROW_SOURCES[f.type](column.type):
+    if (column.null_count == 0 or f.nullable) and _ARROW_SOURCES[f.type](column.type):
         try:
             array = column.combine_chunks()
             if f.type == "timestamp" and pa.types.is_int64(array.type):

@@ -3,9 +3,10 @@
 Aggregate windows come in two kinds (``window-size-by``): VALUES windows are ranges of an
 order field (``order-on-field``: int, long, double or timestamp; lengths on a timestamp field
 are seconds), TUPLES windows are runs of ``window-size`` tuples per group, counted in the order
-of ``order-on-field`` when one is given and in arrival order otherwise. ``advance`` defaults to
-``window-size`` (tumbling windows) and may not exceed it. ``slack`` (Aurora's ``timeout`` is
-read as a synonym) bounds how late a tuple may arrive and still count.
+of ``order-on-field`` when one is given and in arrival order otherwise (Borealis' ``order-by``
+FIELD and TUPLENUM). ``advance`` defaults to ``window-size`` (tumbling windows) and may not
+exceed it. ``slack`` bounds how late a tuple may arrive and still count. Borealis' other
+aggregate parameters are read by :mod:`peer.model.borealis`.
 
 A join buffers each side on its order field; only VALUES buffers exist (a TUPLES buffer's
 contents would depend on arrival order across peers, which no batch engine can reproduce).
@@ -17,6 +18,7 @@ import re
 from dataclasses import dataclass
 
 from peer.errors import ExpressionError, QueryError
+from peer.model.borealis import aggregate_order_by, check_timeout
 from peer.model.expr import Expr, parse_expression
 from peer.model.params import ORDER_TYPES, BoxParams
 from peer.model.schema import NUMERIC_TYPES, Field, Schema, check_field_name
@@ -33,6 +35,7 @@ class AggregateCall:
     argument: str | None
     output_name: str
     output_type: str
+    nullable: bool = False  # NULL for a window whose argument values are all NULL
 
 
 @dataclass(frozen=True)
@@ -61,10 +64,8 @@ def check_aggregate(p: BoxParams, schema: Schema) -> tuple[AggregateSpec, Output
     window_by = (p.get("window-size-by") or "VALUES").strip().upper()
     if window_by not in ("VALUES", "TUPLES"):
         raise p.error(f"must be VALUES or TUPLES, got {window_by!r}", "window-size-by")
-    if p.get("slack") is not None and p.get("timeout") is not None:
-        raise p.error("give slack or timeout, not both", "timeout")
-    slack_param = "timeout" if p.get("timeout") is not None else "slack"
-    slack_text = p.get(slack_param) or "0"
+    order_by = aggregate_order_by(p)
+    slack_text = p.get("slack") or "0"
     order_field: Field | None = None
     if window_by == "VALUES":
         order_field = p.field(
@@ -75,9 +76,10 @@ def check_aggregate(p: BoxParams, schema: Schema) -> tuple[AggregateSpec, Output
         )
         order_type = order_field.type
     else:
-        if p.get("order-on-field") is not None:
+        if order_by == "FIELD" or (order_by is None and p.get("order-on-field") is not None):
+            why = " for order-by FIELD" if order_by else ""
             order_field = p.field(
-                "order-on-field", p.require("order-on-field"), schema, ORDER_TYPES
+                "order-on-field", p.require("order-on-field", why), schema, ORDER_TYPES
             )
         order_type = "long"
     # Windows over int fields (and tuple counts) are cut at whole numbers.
@@ -91,7 +93,7 @@ def check_aggregate(p: BoxParams, schema: Schema) -> tuple[AggregateSpec, Output
     )
     if advance > size:
         raise p.error(f"must not exceed window-size ({advance:g} > {size:g})", "advance")
-    slack = p.duration(slack_param, slack_text, order_type, integral=integral, zero_ok=True)
+    slack = p.duration("slack", slack_text, order_type, integral=integral, zero_ok=True)
     group_by = p.field_list("group-by", schema)
 
     for name in group_by:
@@ -102,7 +104,7 @@ def check_aggregate(p: BoxParams, schema: Schema) -> tuple[AggregateSpec, Output
     taken = {"window_start": "window", "window_end": "window"}
     taken.update((name.lower(), "group-by") for name in group_by)
     calls = _calls(p, schema, taken)
-    fields += [Field(c.output_name, c.output_type) for c in calls]
+    fields += [Field(c.output_name, c.output_type, nullable=c.nullable) for c in calls]
     spec = AggregateSpec(
         calls=tuple(calls),
         window_by=window_by,
@@ -149,7 +151,11 @@ def _calls(p: BoxParams, schema: Schema, taken: dict[str, str]) -> list[Aggregat
         taken[name.lower()] = "previous aggregate"
         calls.append(
             AggregateCall(
-                function, field.name if field else None, name, _result_type(function, field)
+                function,
+                field.name if field else None,
+                name,
+                _result_type(function, field),
+                nullable=field is not None and field.nullable and not function.startswith("count"),
             )
         )
     return calls
@@ -189,6 +195,7 @@ def check_join(p: BoxParams, left: Schema, right: Schema) -> tuple[JoinSpec, Out
             "right-order-on-field",
         )
     order_type = left_order.type
+    check_timeout(p)
     left_buffer = p.duration("left-buffer-size", p.require("left-buffer-size"), order_type)
     right_buffer = p.duration("right-buffer-size", p.require("right-buffer-size"), order_type)
 
@@ -245,4 +252,6 @@ def _join_outputs(
             raise p.error(f"output field '{name}' is produced twice", name_param)
         seen.add(name.lower())
     out_fields = [(f"{side}.{field.name}", name) for side, field, name in picked]
-    return out_fields, [Field(name, field.type) for _, field, name in picked]
+    return out_fields, [
+        Field(name, field.type, nullable=field.nullable) for _, field, name in picked
+    ]

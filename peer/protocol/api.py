@@ -311,9 +311,22 @@ class Credit:
     @classmethod
     def from_wire(cls, frame: Frame) -> Credit:
         subscription = _arg(frame, "subscription", int)
-        batches = _arg(frame, "batches", int)
+        # The error names the subscription in its message and details only: an error frame's
+        # own "subscription" field would say that the subscription has ended.
+        try:
+            batches = _arg(frame, "batches", int)
+        except InvalidInput as exc:
+            raise InvalidInput(
+                f"credit for subscription {subscription}: {exc.message}",
+                **exc.details,
+                subscription=subscription,
+            ) from None
         if batches < 1:
-            raise InvalidInput("credit: 'batches' must be at least 1", argument="batches")
+            raise InvalidInput(
+                f"credit for subscription {subscription}: 'batches' must be at least 1",
+                argument="batches",
+                subscription=subscription,
+            )
         return cls(subscription, batches)
 
 

@@ -8,6 +8,7 @@ subscribe as JSONL, lookup and status.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from peer.client import Client
 from peer.testing import PeerProcess
 
 SCHEMA_XML = """<schema name="medusa://nms.lcs.mit.edu/locator/person">
@@ -225,3 +227,64 @@ def test_keygen_writes_private_key_0600(tmp_path: Path) -> None:
     assert (tmp_path / "acme.pub").read_text().startswith("-----BEGIN PUBLIC KEY-----")
     again = cli(None, "keygen", "acme", "--dir", str(tmp_path))
     assert again.returncode == 1 and "refusing to overwrite" in again.stderr
+
+
+def test_time_units_round_trip_and_subscribe_prints_any_stored_timestamp(
+    peer: PeerProcess, tmp_path: Path
+) -> None:
+    schema = tmp_path / "ticks.json"
+    schema.write_text(
+        json.dumps(
+            {
+                "name": "ticks",
+                "fields": [
+                    {"name": "n", "type": "int"},
+                    {"name": "at", "type": "timestamp"},
+                    {"name": "note", "type": "string", "nullable": True},
+                ],
+            }
+        )
+    )
+    assert cli(peer, "schema", "create", str(schema)).returncode == 0
+    assert cli(peer, "stream", "create", "ticks", "--schema", "ticks").returncode == 0
+    ms = 1_700_000_000_123
+    lines = {
+        "ms": f'{{"n": 1, "at": {ms}, "note": null}}\n',
+        "us": f'{{"n": 2, "at": {ms * 1000 + 4}, "note": "x"}}\n',
+        "s": '{"n": 3, "at": "2023-11-14T22:13:20.5Z", "note": null}\n',
+    }
+    for unit, line in lines.items():
+        pushed = cli(peer, "push", "ticks", "-", "--time-unit", unit, stdin=line)
+        assert pushed.returncode == 0, pushed.stderr
+    csv = cli(
+        peer, "push", "ticks", "--format", "csv", "--time-unit", "ms", stdin=f"n,at,note\n4,{ms},\n"
+    )
+    assert csv.returncode == 0, csv.stderr
+    # A millisecond count read as seconds lies past the year 9999: refused, naming line and field.
+    wrong = cli(
+        peer,
+        "push",
+        "ticks",
+        stdin=f'{{"n": 9, "at": 0, "note": null}}\n{{"n": 5, "at": {ms}, "note": null}}\n',
+    )
+    assert wrong.returncode != 0
+    assert "line 2, field 'at'" in wrong.stderr and "--time-unit" in wrong.stderr
+
+    # A value no ISO-8601 string can write (stored through the wire, which takes any int64).
+    async def push_far() -> None:
+        async with Client("127.0.0.1", peer.port) as c:
+            await c.push("ticks", {"rows": [{"n": 6, "at": 2**62, "note": None}]})
+
+    asyncio.run(push_far())
+    got = cli(
+        peer, "subscribe", "ticks", "--start", "earliest", "--limit", "5", "--idle-timeout", "10"
+    )
+    assert got.returncode == 0, got.stderr
+    rows = [json.loads(line) for line in got.stdout.splitlines()]
+    assert [(r["n"], r["at"], r["note"]) for r in rows] == [
+        (1, "2023-11-14T22:13:20.123000+00:00", None),
+        (2, "2023-11-14T22:13:20.123004+00:00", "x"),
+        (3, "2023-11-14T22:13:20.500000+00:00", None),
+        (4, "2023-11-14T22:13:20.123000+00:00", None),
+        (6, 2**62, None),
+    ]

@@ -170,7 +170,8 @@ def test_frames_answered_by_nobody() -> None:
     assert no_id.error.message == "status: a request needs an integer 'id'"
     bad_credit = server.receive({"type": "credit", "subscription": 1, "batches": 0})
     assert isinstance(bad_credit, BadCredit)
-    assert bad_credit.error.message == "credit: 'batches' must be at least 1"
+    assert bad_credit.error.message == "credit for subscription 1: 'batches' must be at least 1"
+    assert bad_credit.error.details == {"argument": "batches", "subscription": 1}
     assert server.receive(Credit(9, 1).to_wire()) == Ignored(
         "credit for subscription 9, which is gone"
     )

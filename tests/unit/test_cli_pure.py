@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
 
 from peer.cli import UsageError, build_parser, parse_addr
@@ -82,3 +86,31 @@ def test_synopsis_commands_parse() -> None:
         ["doctor"],
     ):
         parser.parse_args(argv)
+
+
+def _parsers(parser: argparse.ArgumentParser, path: str = "peer") -> Iterator[tuple[str, Any]]:
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from _parsers(child, f"{path} {name}")
+
+
+def test_every_flag_has_help_and_shows_its_default() -> None:
+    missing, hidden_default = [], []
+    for path, parser in _parsers(build_parser()):
+        text = parser.format_help()
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction | argparse._HelpAction):
+                continue
+            if action.help == argparse.SUPPRESS:
+                continue
+            name = action.option_strings[-1] if action.option_strings else action.dest
+            if not (action.help or "").strip():
+                missing.append(f"{path} {name}")
+            shown = action.option_strings and action.default not in (None, False, [])
+            said = "default" in (action.help or "")
+            if shown and not said and f"(default: {action.default})" not in " ".join(text.split()):
+                hidden_default.append(f"{path} {name}")
+    assert not missing, f"flags without help: {missing}"
+    assert not hidden_default, f"defaults not shown: {hidden_default}"

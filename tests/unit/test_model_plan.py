@@ -308,7 +308,8 @@ def test_aggregate_tumbling_over_a_long_field_and_by_tuples() -> None:
         "window-size": "5",
         "advance": "2",
         "window-size-by": "tuples",
-        "timeout": "1",
+        "slack": "1",
+        "timeout": "-1",
     }
     checked = check({"type": "aggregate", "params": params})
     spec = checked.boxes[0].spec
@@ -334,7 +335,7 @@ AGG = {"aggregate-function.0": "count()", "window-size": "60", "order-on-field":
         ({**AGG, "window-size": "nan"}, "finite", "window-size"),
         ({**AGG, "advance": "2 minutes"}, "must not exceed window-size (120 > 60)", "advance"),
         ({**AGG, "slack": "-1"}, "must be non-negative", "slack"),
-        ({**AGG, "slack": "1", "timeout": "1"}, "not both", "timeout"),
+        ({**AGG, "timeout": "1"}, "1 is not supported: a timeout closes windows", "timeout"),
         (
             {**AGG, "order-on-field": "speedo"},
             "unknown field 'speedo' (fields: car_id",

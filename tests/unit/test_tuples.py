@@ -142,10 +142,10 @@ def bad(column: str, line: int, value: Any) -> dict[str, list[Any]]:
         ("t", 1, True, "expected timestamp"),
         ("t", 2, 2**63, "out of range"),
         ("t", 1, 1.5, "expected timestamp"),
-        ("i", 2, None, "null is not allowed"),
-        ("s", 0, None, "null is not allowed"),
-        ("t", 1, None, "null is not allowed"),
-        ("d", 2, None, "null is not allowed"),
+        ("i", 2, None, "the field is not nullable"),
+        ("s", 0, None, "the field is not nullable"),
+        ("t", 1, None, "the field is not nullable"),
+        ("d", 2, None, "the field is not nullable"),
         ("b", 0, [True], "expected bool, got list"),
     ],
 )
@@ -156,13 +156,13 @@ def test_bad_values_name_line_and_field(field: str, line: int, value: Any, fragm
     ):
         with pytest.raises(TupleError) as info:
             batch_from_wire(ALL, payload, stream="cars")
-        assert info.value.message.startswith(f"stream cars, line {line}, field '{field}': ")
+        assert info.value.message.startswith(f"stream cars, tuple {line}, field '{field}': ")
         assert fragment in info.value.message
-        assert info.value.details == {"stream": "cars", "line": line, "field": field}
+        assert info.value.details == {"stream": "cars", "tuple": line, "field": field}
 
 
 def test_without_a_stream_the_schema_is_named() -> None:
-    with pytest.raises(TupleError, match=r"^schema all, line 0, field 'i'"):
+    with pytest.raises(TupleError, match=r"^schema all, tuple 0, field 'i'"):
         batch_from_wire(ALL, {"columns": bad("i", 0, "x")})
 
 
@@ -174,9 +174,9 @@ def test_without_a_stream_the_schema_is_named() -> None:
         ({"columns": {**COLUMNS, "s": ["a"]}}, "field 's' has 1 values but field 'i' has 3"),
         ({"columns": {**COLUMNS, "s": "abc"}}, "field 's' must be a list"),
         ({"columns": [1]}, "'columns' must map"),
-        ({"rows": [{**rows_of(COLUMNS)[0], "zz": 1}]}, "line 0: unknown field 'zz'"),
-        ({"rows": [rows_of(COLUMNS)[0], {"i": 1}]}, "line 1: field 'l' is missing"),
-        ({"rows": [rows_of(COLUMNS)[0], 5]}, "line 1: a tuple must be an object"),
+        ({"rows": [{**rows_of(COLUMNS)[0], "zz": 1}]}, "tuple 0: unknown field 'zz'"),
+        ({"rows": [rows_of(COLUMNS)[0], {"i": 1}]}, "tuple 1: field 'l' is missing"),
+        ({"rows": [rows_of(COLUMNS)[0], 5]}, "tuple 1: a tuple must be an object"),
         ({"rows": {}}, "'rows' must be a list"),
         ({"tuples": []}, "unknown batch encoding 'tuples'"),
         ({}, "a batch is one of"),
@@ -194,13 +194,13 @@ def test_malformed_batches_are_refused(payload: dict[str, Any], fragment: str) -
 def test_arrow_payload_errors_name_the_field() -> None:
     table = batch_from_wire(ALL, {"columns": COLUMNS})
     with_null = table.set_column(0, pa.field("i", pa.int32()), pa.array([1, None, 3], pa.int32()))
-    with pytest.raises(TupleError, match="line 1, field 'i': null is not allowed"):
+    with pytest.raises(TupleError, match="tuple 1, field 'i': is nil, but the field is not"):
         batch_from_wire(ALL, {"arrow": arrow_bytes(with_null)})
     too_big = table.set_column(0, "i", pa.array([1, 2**40, 3], pa.int64()))
-    with pytest.raises(TupleError, match=r"line 1, field 'i': .* out of range for int"):
+    with pytest.raises(TupleError, match=r"tuple 1, field 'i': .* out of range for int"):
         batch_from_wire(ALL, {"arrow": arrow_bytes(too_big)})
     wrong = table.set_column(3, "b", pa.array(["x", "y", "z"]))
-    with pytest.raises(TupleError, match="line 0, field 'b': expected bool"):
+    with pytest.raises(TupleError, match="tuple 0, field 'b': expected bool"):
         batch_from_wire(ALL, {"arrow": arrow_bytes(wrong)})
     missing = table.remove_column(1)
     with pytest.raises(TupleError, match="field 'l' is missing"):
@@ -284,7 +284,7 @@ def test_corrupted_batches_name_line_and_field(
         with pytest.raises(TupleError) as info:
             batch_from_wire(schema, payload, stream="gen")
         # The first bad value is the corrupted one: every other value is valid.
-        assert info.value.details == {"stream": "gen", "line": line, "field": field.name}
+        assert info.value.details == {"stream": "gen", "tuple": line, "field": field.name}
 
 
 def test_rows_may_be_any_mapping() -> None:
