@@ -96,6 +96,17 @@ class Placement:
     # set by a host handing the stream over to another peer (a fragment moved, issue 5): the
     # new host, which publishes its own lease once this short one has run out
     moved_to: bytes | None = None
+    # a replicated stream's epoch in which the control plane named this node its primary
+    # (the record mirrors that decision for readers; it decides nothing)
+    epoch: int | None = None
+
+
+def _epoch(value: Any) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError("epoch must be a positive int")
+    return value
 
 
 def _moved_to(value: Any) -> bytes | None:
@@ -247,9 +258,11 @@ class Catalog:
         lease_s: float,
         mirrors: list[bytes] | None = None,
         moved_to: bytes | None = None,
+        epoch: int | None = None,
     ) -> Placement:
         """Write our lease on ``stream``; ``mirrors`` are the peers its tuples are mirrored to
-        (a successor taking the stream over carries on mirroring to them)."""
+        (a successor taking the stream over carries on mirroring to them); ``epoch``: the
+        control plane's epoch of a replicated stream whose primary we are."""
         until = time.time() + lease_s
         await self.write(
             f"place:{stream}",
@@ -261,11 +274,12 @@ class Catalog:
                 "until": until,
                 "mirrors": list(mirrors or []),
                 **({"moved_to": moved_to} if moved_to is not None else {}),
+                **({"epoch": epoch} if epoch is not None else {}),
             },
             as_node=True,
             expiry_s=lease_s,
         )
-        return Placement(stream, node_id, overlay, api, until, moved_to)
+        return Placement(stream, node_id, overlay, api, until, moved_to, epoch)
 
     async def placement(self, stream: str, *, fresh: bool = False) -> Placement | None:
         value = await self.read(f"place:{stream}", fresh=fresh)
@@ -279,6 +293,7 @@ class Catalog:
                 (str(value["api"][0]), int(value["api"][1])),
                 float(value["until"]),
                 _moved_to(value.get("moved_to")),
+                _epoch(value.get("epoch")),
             )
         except (KeyError, IndexError, TypeError, ValueError):
             raise CatalogError(f"placement record of {stream} is malformed") from None

@@ -67,6 +67,7 @@ class Hosting:
         # Replicated streams: the control plane names their primary (peer.federation.replicated)
         self.primary_of: PrimaryOf | None = None
         self.replicated: Callable[[str], bool] = lambda _stream: False
+        self.epoch_of: Callable[[str], int | None] = lambda _stream: None
 
     @property
     def node_id(self) -> bytes:
@@ -126,6 +127,7 @@ class Hosting:
             self.api,
             self.lease_s,
             self.mirrors.targets(stream),
+            epoch=self.epoch_of(stream) if self.replicated(stream) else None,
         )
 
     async def resume(self) -> None:

@@ -127,6 +127,12 @@ class Replicas:
 
         return refuse
 
+    def epoch_of(self, name: str) -> int | None:
+        """The epoch in which this peer leads ``name`` (None: it does not)."""
+        replica = self.streams.get(name)
+        primary = None if replica is None else replica.primary
+        return None if primary is None else primary.epoch
+
     def is_replicated(self, name: str) -> bool:
         return name in self.streams or name in self.site.appenders
 

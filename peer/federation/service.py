@@ -68,6 +68,7 @@ class Federation:
         ]
         self.hosting.primary_of = self._primary_of
         self.hosting.replicated = self.plane.replicas.is_replicated
+        self.hosting.epoch_of = self.plane.replicas.epoch_of
         self.requests.on_host_stream = self._host_replica
         self.fragments = ReplicatedFragments(
             site, self.plane, self.records, self.router, min_insync=self.replication.min_insync

@@ -223,6 +223,20 @@ def test_the_primary_stops_and_another_replica_takes_over_without_loss(
     assert sorted(s["role"] for s in states) == ["follower", "primary"]
     got = run_async(lambda: read_all(survivors[0].port, "ticks", 200), timeout_s=60)
     assert sorted(got) == sorted(expected(range(40)))
+    # the DHT's place: record follows the control plane's decision, with its epoch
+    leader = next(p for p, s in zip(survivors, states, strict=True) if s["role"] == "primary")
+    fed = survivors[0].peer.fed
+    assert fed is not None and leader.peer.overlay is not None
+
+    async def record() -> tuple[bytes, int | None] | None:
+        found = await fed.records.placement("ticks", fresh=True)
+        return None if found is None else (found.node_id, found.epoch)
+
+    wait_for(
+        lambda: survivors[0].call(record()) == (leader.peer.overlay.node_id, 2),
+        30,
+        "the place: record to name the new primary in epoch 2",
+    )
 
 
 @pytest.fixture
