@@ -141,8 +141,14 @@ class _Outbox:
                         EXCHANGE_TIMEOUT_S,
                     )
                     answers = messages_from_wire(replica.name, reply.get("messages"))
-                except (FedstreamError, TimeoutError, OSError, ValueError) as exc:
-                    log.debug("replica exchange %s -> %s: %s", replica.name, self.node[:12], exc)
+                except Exception as exc:  # this follower's pump must outlive any one batch
+                    level = (
+                        logging.DEBUG
+                        if isinstance(exc, FedstreamError | TimeoutError | OSError)
+                        else logging.WARNING  # (e.g. an entry trimmed meanwhile: seeded next)
+                    )
+                    to = self.node[:12]
+                    log.log(level, "replica exchange %s -> %s: %r", replica.name, to, exc)
                     self.queue.clear()  # the tick resends what the follower still lacks
                     self.queued.clear()
                     await asyncio.sleep(RESEND_S)

@@ -154,3 +154,57 @@ def test_a_seed_goes_over_the_wire_whole() -> None:
 def test_a_malformed_seed_is_refused(frame: dict[str, object]) -> None:
     with pytest.raises(InvalidInput):
         message_from_wire("s", frame)
+
+
+# --------------------------------------------------------------------------- the pump
+
+
+def test_a_followers_pump_outlives_a_batch_that_cannot_be_read() -> None:
+    """An entry trimmed between queueing and sending (LookupError) used to end the pump for
+    good, leaving the follower out of sync with nothing logged; now the next batch goes."""
+    import asyncio
+    from types import SimpleNamespace
+    from typing import Any
+
+    from peer.federation.replicas import _Outbox
+    from peer.replication import Probe
+
+    sent: list[Any] = []
+    answered: list[Any] = []
+    calls = {"n": 0}
+
+    async def materialize(items: list[Any]) -> tuple[Any, ...]:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise LookupError("offset 3 was trimmed")
+        return (Probe("s", 2),)
+
+    async def call(_node: bytes, exchange: Any) -> dict[str, Any]:
+        sent.append(exchange)
+        return {"messages": []}
+
+    replica = SimpleNamespace(
+        name="s",
+        me=NODES[0],
+        materialize=materialize,
+        router=SimpleNamespace(call=call),
+        on_answers=lambda node, answers: answered.append((node, answers)),
+    )
+
+    async def go() -> None:
+        outbox = _Outbox(replica, NODES[1])  # type: ignore[arg-type]
+        try:
+            outbox.put(3)
+            async with asyncio.timeout(5):
+                while calls["n"] < 1:
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0.3)  # the pump waits a little after a failed batch
+                outbox.put(4)
+                while not sent:
+                    await asyncio.sleep(0.01)
+        finally:
+            outbox.close()
+
+    asyncio.run(go())
+    assert len(sent) == 1 and sent[0].messages == (Probe("s", 2),)
+    assert answered == [(NODES[1], ())]
