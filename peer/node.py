@@ -21,7 +21,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -413,35 +413,39 @@ class ClientService:
         self.target: PeerService | None = None
         self.observer: Observer | None = None  # told of pushes and refusals
 
+    async def _counted(self, call: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+        """``call``'s reply; a refusal is counted by its code (the metrics) and raised."""
+        try:
+            return await call
+        except FedstreamError as exc:
+            if self.observer is not None:
+                self.observer.refused(exc.code)
+            raise
+
     def _to(self) -> PeerService:
         if self.target is None:
             raise Unavailable("the peer is starting; retry")
         return self.target
 
     async def create_schema(self, schema: str | dict[str, Any]) -> dict[str, Any]:
-        return await self._to().create_schema(schema)
+        return await self._counted(self._to().create_schema(schema))
 
     async def create_stream(
         self, name: str, schema: str, replicas: int | None = None
     ) -> dict[str, Any]:
-        return await self._to().create_stream(name, schema, replicas)
+        return await self._counted(self._to().create_stream(name, schema, replicas))
 
     async def create_query(self, query: str | dict[str, Any]) -> dict[str, Any]:
-        return await self._to().create_query(query)
+        return await self._counted(self._to().create_query(query))
 
     async def set_query_status(self, name: str, status: str) -> dict[str, Any]:
-        return await self._to().set_query_status(name, status)
+        return await self._counted(self._to().set_query_status(name, status))
 
     async def push(
         self, stream: str, payload: dict[str, Any], producer: str | None, seq: int | None
     ) -> dict[str, Any]:
         started = time.monotonic()
-        try:
-            reply = await self._to().push(stream, payload, producer, seq)
-        except FedstreamError as exc:
-            if self.observer is not None:
-                self.observer.refused(exc.code)
-            raise
+        reply = await self._counted(self._to().push(stream, payload, producer, seq))
         if self.observer is not None:
             count = reply.get("count")
             rows = count if isinstance(count, int) else 0
@@ -452,7 +456,7 @@ class ClientService:
         return AnnouncedBatches(self._to().subscribe(stream, start))
 
     async def lookup(self, name: str) -> dict[str, Any]:
-        return await self._to().lookup(name)
+        return await self._counted(self._to().lookup(name))
 
     async def status(self) -> dict[str, Any]:
         return await self._to().status()

@@ -1,5 +1,5 @@
 """Observability on real peers (issue 13): two peers of two participants in this process, with
-the shared Spark session, an overlay, a windowed query and pushes through both.
+the shared Spark session, an overlay, a query and pushes through both.
 
 ``/metrics`` is read by ``prometheus_client``'s own parser and holds every family of the table
 with its type and real figures; ``/status`` is what the client API's ``status`` returns; any
@@ -24,7 +24,6 @@ from peer.node import PeerConfig
 from peer.observe.families import FAMILIES
 from peer.testing import (
     PeerThread,
-    keyed_window_query,
     make_participants,
     run_async,
     stream_name_on,
@@ -40,7 +39,7 @@ SCHEMA = {
         {"name": "t", "type": "long"},
     ],
 }
-WAIT_S = 120
+WAIT_S = 200
 
 
 @pytest.fixture
@@ -103,12 +102,24 @@ def test_metrics_status_and_the_federation_view(peers: list[PeerThread]) -> None
     ids = [p.peer.overlay.node_id for p in peers if p.peer.overlay is not None]
     assert alpha.peer.overlay is not None
     source = stream_name_on(alpha.peer.overlay.node_id, ids, "oin")
-    query = keyed_window_query("watched", source, "watched_out", site="alpha", kept="wkept")
+    query = {  # a filter (per tuple): results follow each pushed batch, no watermark to wait for
+        "name": "watched",
+        "boxes": [
+            {
+                "name": "keep",
+                "type": "filter",
+                "inputs": [source],
+                "outputs": ["watched_out"],
+                "params": {"expression.0": "v >= 0"},
+            }
+        ],
+    }
 
     async def body() -> None:
-        async with Client("127.0.0.1", alpha.port, timeout_s=120) as a, Client(
-            "127.0.0.1", beta.port, timeout_s=120
-        ) as b:
+        async with (
+            Client("127.0.0.1", alpha.port, timeout_s=120) as a,
+            Client("127.0.0.1", beta.port, timeout_s=120) as b,
+        ):
             async with asyncio.timeout(60):
                 while len((await a.status())["overlay"]["members"]) < 2:
                     await asyncio.sleep(0.2)
@@ -148,7 +159,7 @@ def test_metrics_status_and_the_federation_view(peers: list[PeerThread]) -> None
                 by_node = {p["node_id"]: p for p in view["peers"]}
                 assert set(by_node) == {i.hex() for i in ids}
                 assert view["self"] == beta.peer.overlay.node_id.hex()  # type: ignore[union-attr]
-                alpha_view = by_node[alpha.peer.overlay.node_id.hex()]
+                alpha_view = by_node[ids[0].hex()]
                 assert [q["name"] for q in alpha_view["status"]["queries"]] == ["watched"]
                 assert alpha_view["dashboard"] == url(alpha, "/")
                 assert alpha_view["samples"], "alpha keeps samples for the charts"
