@@ -154,6 +154,8 @@ class Catalog:
         self._cache: dict[str, tuple[float, dict[str, Any] | None, Record | None]] = {}
         self.hits = 0
         self.misses = 0
+        # Told how long each lookup that went to the DHT took (seconds; the peer's metrics).
+        self.on_lookup: Callable[[float], None] | None = None
 
     # reading
     async def read(self, key: str, *, fresh: bool = False) -> dict[str, Any] | None:
@@ -174,7 +176,10 @@ class Catalog:
             if self._alone():  # nobody to ask: our own copy is the catalog
                 record = self.dht.storage.local(key)
             else:
+                started = time.monotonic()
                 record = await self.dht.get(key, pinned_owner=pinned)
+                if self.on_lookup is not None:
+                    self.on_lookup(time.monotonic() - started)
         except Exception as exc:
             if cached is not None:
                 return cached[1]  # the network is unreachable: the last value we saw

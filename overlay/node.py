@@ -565,6 +565,19 @@ class Overlay:
             "gossip_refused": dict(membership.refused),
         }
 
+    def link_stats(self) -> dict[str, int]:
+        """Peer links open now (outgoing: opened by this peer; incoming: accepted) and the
+        bytes all links have carried since the overlay started."""
+        pool, server = self.pool, self.links
+        out_sent, out_received = pool.traffic() if pool is not None else (0, 0)
+        in_sent, in_received = server.traffic() if server is not None else (0, 0)
+        return {
+            "outgoing": 0 if pool is None else sum(not ln.closed for ln in pool.links.values()),
+            "incoming": 0 if server is None else len(server.links),
+            "sent_bytes": out_sent + in_sent,
+            "received_bytes": out_received + in_received,
+        }
+
     def _dht(self) -> CatalogServer:
         if self.dht is None:
             raise OverlayError("overlay is not started")

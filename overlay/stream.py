@@ -71,6 +71,9 @@ class FrameStream:
         self._read_chunk_bytes = read_chunk_bytes
         self._send_lock = asyncio.Lock()
         self._closed = False
+        # bytes through this stream, as written and as read (what a link's traffic counts)
+        self.sent_bytes = 0
+        self.received_bytes = 0
         peername = writer.get_extra_info("peername")
         if isinstance(peername, tuple) and len(peername) >= 2:
             self.peer = f"{peername[0]}:{peername[1]}"
@@ -99,7 +102,9 @@ class FrameStream:
                 return frame
             if self._decoder.at_eof:
                 return None
-            self._decoder.receive_data(await self._reader.read(self._read_chunk_bytes))
+            data = await self._reader.read(self._read_chunk_bytes)
+            self.received_bytes += len(data)
+            self._decoder.receive_data(data)
 
     async def send(self, frame: Mapping[str, Any]) -> None:
         """Encode and send one frame; returns once the transport has room again.
@@ -115,6 +120,7 @@ class FrameStream:
             if self._closed:
                 raise ConnectionResetError("frame stream is closed")
             self._writer.write(data)
+            self.sent_bytes += len(data)
             await self._writer.drain()
 
     async def aclose(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:

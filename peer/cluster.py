@@ -55,6 +55,7 @@ class PeerProcess:
         self.port = 0
         self.overlay_port = 0
         self.node_id = ""
+        self.http = ""  # the dashboard's URL (peer join --http), once ready
 
     def start(self, timeout_s: float = 180) -> PeerProcess:
         return self.launch().wait_ready(timeout_s)
@@ -104,6 +105,7 @@ class PeerProcess:
                 self.port = int(info["port"])
                 self.overlay_port = int(info.get("overlay_port", 0))
                 self.node_id = str(info.get("node_id", ""))
+                self.http = str(info.get("http", ""))
                 return self
             time.sleep(0.1)
         self.kill()

@@ -9,7 +9,10 @@ the ones below it (docs/architecture.md):
 * :class:`peer.move.Mover` and :class:`peer.brain.Brain` (with contracts): moving fragments
   to partners under the bounded-price mechanism;
 * the client API server (:mod:`peer.server`), serving the site (a lone peer) or the
-  federation.
+  federation;
+* with ``http``, the observer and its HTTP server (:mod:`peer.observe`): ``/metrics``,
+  ``/status`` and the dashboard, fed at the seams this module already holds (the client
+  service, the brain's port, the engine's result seam, the catalog's lookups).
 """
 
 from __future__ import annotations
@@ -18,13 +21,13 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from peer.errors import Conflict, Unavailable
+from peer.errors import Conflict, FedstreamError, Unavailable
 from peer.federation import Federation
 from peer.federation.plane import ReplicationSettings
 from peer.protocol.link import Raw
@@ -39,6 +42,7 @@ if TYPE_CHECKING:
     from peer.brain import Brain
     from peer.engine.runner import Engine
     from peer.move import Mover
+    from peer.observe import HttpServer, Observer
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +98,9 @@ class PeerConfig:
     min_insync: int = 2
     failover_after_s: float = 1.5
     repair_after_s: float = 30.0  # a replica silent this long is replaced by a live peer
+    # Observability (issue 13): /metrics, /status and the dashboard on this address; None: off
+    # (``peer join`` serves them by default on the API host, API port + 2).
+    http: tuple[str, int] | None = None
 
 
 class Peer:
@@ -112,6 +119,8 @@ class Peer:
         self.fed: Federation | None = None
         self.mover: Mover | None = None
         self.brain: Brain | None = None
+        self.observer: Observer | None = None
+        self.http: HttpServer | None = None
         self._service = ClientService()
         self._stopping = asyncio.Event()
         self._cpu_mark = (time.monotonic(), time.process_time())
@@ -138,7 +147,8 @@ class Peer:
 
             # a fragment whose move did not finish runs where its move's outcome says
             await site.resume_queries(skip=Journal(site.data_dir).fragments_in_doubt())
-        if config.overlay or not is_loopback(config.host):
+        http_off_loopback = config.http is not None and not is_loopback(config.http[0])
+        if config.overlay or not is_loopback(config.host) or http_off_loopback:
             await self._load_identity()
         tls: dict[str, Any] = {}
         if not is_loopback(config.host):
@@ -156,6 +166,8 @@ class Peer:
         site.address = f"{config.host}:{self.api.port}"
         if config.overlay:
             await self._start_federation(site)
+        if config.http is not None:
+            await self._start_http(*config.http)
         log.info("peer listening on %s:%d (data %s)", config.host, self.api.port, self.data_dir)
 
     async def _start_engine(self, site: LocalSite, spark: Any) -> Engine:
@@ -230,9 +242,7 @@ class Peer:
         overlay.on_member = fed.on_member
         if self.book is not None and config.brain:
             self.brain = self._make_brain(fed, self.book)
-        self.mover = Mover(
-            site, fed, self.book, None if self.brain is None else self.brain.note_arrival
-        )
+        self.mover = Mover(site, fed, self.book, self._arrived)
         self.mover.register()
         if self.brain is not None:
             fed.router.register("offer", self._on_offer)
@@ -244,6 +254,27 @@ class Peer:
         await fed.start()
         self._service.target = fed
         await self.mover.recover()
+
+    async def _start_http(self, host: str, port: int) -> None:
+        from peer.observe import HttpServer, Observer, PeerPort, current_context
+        from peer.protocol.link import ObservePeer
+
+        ssl_context = None
+        if not is_loopback(host):  # like the client API: TLS with participant certificates
+            assert self.identity is not None and self.trust is not None
+            ssl_context = current_context(api_server_tls(self.identity, self.trust))
+        assert self.site is not None
+        observer = self.observer = Observer(PeerPort(self._service.status, self.site, self.fed))
+        self._service.observer = observer
+        if self.engine is not None:
+            self.engine.on_result = observer.result
+        if self.overlay is not None and self.overlay.catalog is not None:
+            self.overlay.catalog.on_lookup = observer.dht_lookup
+        if self.fed is not None:
+            self.fed.router.register(ObservePeer.OP, observer.handle_observe)
+        self.http = HttpServer(observer, self._service.status, host, port, ssl_context=ssl_context)
+        await self.http.start()
+        observer.dashboard = self.http.url
 
     def _make_brain(self, fed: Federation, book: ContractBook) -> Brain:
         from contracts.bpm import BpmConfig
@@ -261,7 +292,28 @@ class Peer:
 
     async def _on_offer(self, message: Raw, sender: str) -> dict[str, Any]:
         assert self.brain is not None
-        return dict(await self.brain.handle_offer(message.frame, sender=sender))
+        reply = dict(await self.brain.handle_offer(message.frame, sender=sender))
+        if self.observer is not None:
+            self.observer.offered("received", "accepted" if reply.get("accepted") else "refused")
+        return reply
+
+    async def _arrived(
+        self,
+        fragment: str,
+        from_participant: str,
+        contract: str,
+        load: float,
+        price: float,
+        *,
+        from_node: bytes | None = None,
+    ) -> None:
+        """A fragment moved in: counted, then the brain's ledger (peer.move.ArrivalHook)."""
+        if self.observer is not None:
+            self.observer.moved("in", True)
+        if self.brain is not None:
+            await self.brain.note_arrival(
+                fragment, from_participant, contract, load, price, from_node=from_node
+            )
 
     @property
     def api_addr(self) -> tuple[str, int]:
@@ -282,6 +334,8 @@ class Peer:
                     tg.create_task(self.fed.run())
                     if self.brain is not None:
                         tg.create_task(self.brain.run())
+                if self.observer is not None:
+                    tg.create_task(self.observer.run())
                 await self._stopping.wait()
                 raise _Stop
         except* _Stop:
@@ -293,6 +347,9 @@ class Peer:
         self._stopping.set()
 
     async def close(self) -> None:
+        if self.http is not None:
+            await self.http.close()
+            self.http = None
         if self.mover is not None:
             await self.mover.close()
         if self.overlay is not None:
@@ -338,7 +395,18 @@ class Peer:
         """Move fragment ``name``, with its state, to peer ``target`` (peer.move)."""
         if self.mover is None:
             raise Conflict("this peer is not in an overlay: fragments cannot move")
-        return await self.mover.move_out(name, target, contract=contract, load=load, price=price)
+        try:
+            reply = await self.mover.move_out(
+                name, target, contract=contract, load=load, price=price
+            )
+        except BaseException:
+            if self.observer is not None:
+                self.observer.moved("out", False)
+            raise
+        if self.observer is not None:
+            pause = reply.get("pause_s")
+            self.observer.moved("out", True, pause if isinstance(pause, float | int) else None)
+        return reply
 
 
 class ClientService:
@@ -347,6 +415,16 @@ class ClientService:
 
     def __init__(self) -> None:
         self.target: PeerService | None = None
+        self.observer: Observer | None = None  # told of pushes and refusals
+
+    async def _counted(self, call: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+        """``call``'s reply; a refusal is counted by its code (the metrics) and raised."""
+        try:
+            return await call
+        except FedstreamError as exc:
+            if self.observer is not None:
+                self.observer.refused(exc.code)
+            raise
 
     def _to(self) -> PeerService:
         if self.target is None:
@@ -354,29 +432,35 @@ class ClientService:
         return self.target
 
     async def create_schema(self, schema: str | dict[str, Any]) -> dict[str, Any]:
-        return await self._to().create_schema(schema)
+        return await self._counted(self._to().create_schema(schema))
 
     async def create_stream(
         self, name: str, schema: str, replicas: int | None = None
     ) -> dict[str, Any]:
-        return await self._to().create_stream(name, schema, replicas)
+        return await self._counted(self._to().create_stream(name, schema, replicas))
 
     async def create_query(self, query: str | dict[str, Any]) -> dict[str, Any]:
-        return await self._to().create_query(query)
+        return await self._counted(self._to().create_query(query))
 
     async def set_query_status(self, name: str, status: str) -> dict[str, Any]:
-        return await self._to().set_query_status(name, status)
+        return await self._counted(self._to().set_query_status(name, status))
 
     async def push(
         self, stream: str, payload: dict[str, Any], producer: str | None, seq: int | None
     ) -> dict[str, Any]:
-        return await self._to().push(stream, payload, producer, seq)
+        started = time.monotonic()
+        reply = await self._counted(self._to().push(stream, payload, producer, seq))
+        if self.observer is not None:
+            count = reply.get("count")
+            rows = count if isinstance(count, int) else 0
+            self.observer.pushed(stream, rows, time.monotonic() - started)
+        return reply
 
     def subscribe(self, stream: str, start: str) -> AsyncIterator[dict[str, Any]]:
         return AnnouncedBatches(self._to().subscribe(stream, start))
 
     async def lookup(self, name: str) -> dict[str, Any]:
-        return await self._to().lookup(name)
+        return await self._counted(self._to().lookup(name))
 
     async def status(self) -> dict[str, Any]:
         return await self._to().status()
@@ -401,7 +485,16 @@ class BrainPort:
         return self._fed.overlay.live_members()
 
     async def send_offer(self, node_id: bytes, frame: dict[str, object]) -> object:
-        return await self._fed.router.call(node_id, Raw("offer", dict(frame)))
+        observer = self._peer.observer
+        try:
+            reply = await self._fed.router.call(node_id, Raw("offer", dict(frame)))
+        except FedstreamError:
+            if observer is not None:
+                observer.offered("sent", "failed")
+            raise
+        if observer is not None:
+            observer.offered("sent", "accepted" if reply.get("accepted") else "refused")
+        return reply
 
     def movable_fragments(self) -> Sequence[tuple[str, tuple[str, ...]]]:
         return [] if self._peer.mover is None else self._peer.mover.movable()

@@ -27,6 +27,21 @@ if ! command -v node >/dev/null 2>&1; then
   fi
 fi
 
+# The dashboard's browser test (tests/integration/test_spike.py) drives headless Chromium
+# through chromedriver; scripts/test calls this. Without them that part of the test is skipped.
+ensure_chromium() {
+  if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then
+    return 0
+  fi
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] no Chromium found: installing chromium and chromium-driver (the dashboard's browser test)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver \
+      || echo "[setup] Chromium could not be installed: the browser test will be skipped" >&2
+  else
+    echo "[setup] no Chromium: the browser test will be skipped (apt-get install chromium chromium-driver)" >&2
+  fi
+}
+
 stamp="$VENV/.fedstream-installed"
 if [ ! -x "$VENV/bin/python" ]; then
   echo "[setup] creating virtual environment $VENV"

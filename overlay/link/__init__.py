@@ -25,7 +25,7 @@ docs/protocol.md ("Peer links") describes the wire form for other implementation
 
 from __future__ import annotations
 
-from overlay.link.connection import Link, LinkHandler, LinkStream
+from overlay.link.connection import Link, LinkHandler, LinkStream, Traffic
 from overlay.link.pool import LinkPool
 from overlay.link.protocol import (
     LINK_VERSION,
@@ -51,4 +51,5 @@ __all__ = [
     "LinkStream",
     "LinkTimeout",
     "LinkUnavailable",
+    "Traffic",
 ]

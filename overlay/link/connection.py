@@ -30,7 +30,7 @@ import asyncio
 import itertools
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -68,7 +68,7 @@ from overlay.tls import PeerIdentity
 from overlay.transport import CreditError, CreditWindow, FrameStream, ReceiveWindow
 from overlay.wire import encode_frame
 
-__all__ = ["Link", "LinkHandler", "LinkStream"]
+__all__ = ["Link", "LinkHandler", "LinkStream", "Traffic"]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,27 @@ class LinkHandler(Protocol):
 
 
 # -- one link ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Traffic:
+    """Bytes over a set of links: those still open are counted from their streams, the closed
+    ones here (:meth:`close` as a link ends), so the totals only grow."""
+
+    sent_bytes: int = 0
+    received_bytes: int = 0
+
+    def close(self, link: Link) -> None:
+        sent, received = link.traffic
+        self.sent_bytes += sent
+        self.received_bytes += received
+
+    def totals(self, live: Iterable[Link]) -> tuple[int, int]:
+        sent, received = self.sent_bytes, self.received_bytes
+        for link in live:
+            s, r = link.traffic
+            sent, received = sent + s, received + r
+        return sent, received
 
 
 @dataclass(eq=False)
@@ -148,6 +169,11 @@ class Link:
     @property
     def closed(self) -> bool:
         return self._reason is not None
+
+    @property
+    def traffic(self) -> tuple[int, int]:
+        """Bytes (sent, received) over this link's connection so far, handshake included."""
+        return self._stream.sent_bytes, self._stream.received_bytes
 
     def idle_s(self) -> float:
         """Seconds since anything was in flight on this link (0 while something is)."""

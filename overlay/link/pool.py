@@ -26,7 +26,7 @@ from typing import Any
 
 from overlay.errors import RemoteProtocolError
 from overlay.identity import IdentityError, NodeIdentity, TrustStore
-from overlay.link.connection import Link, LinkHandler
+from overlay.link.connection import Link, LinkHandler, Traffic
 from overlay.link.events import Body
 from overlay.link.protocol import (
     CLOSE_WAIT_S,
@@ -166,11 +166,16 @@ class LinkPool:
         self._links: dict[tuple[str, int], Link] = {}
         self._opening: dict[tuple[str, int], _Opening] = {}
         self._changed = asyncio.Event()
+        self._closed_traffic = Traffic()
 
     @property
     def links(self) -> dict[tuple[str, int], Link]:
         """The links currently open, by remote address (a copy)."""
         return dict(self._links)
+
+    def traffic(self) -> tuple[int, int]:
+        """Bytes (sent, received) over every link this pool has opened."""
+        return self._closed_traffic.totals(self._links.values())
 
     async def start(self) -> None:
         await self._group.start()
@@ -284,6 +289,7 @@ class LinkPool:
         finally:
             if self._links.get(key) is link:
                 del self._links[key]
+            self._closed_traffic.close(link)
             self._changed.set()
 
     async def _reap_idle(self) -> None:

@@ -19,7 +19,7 @@ import logging
 
 from overlay.errors import RemoteProtocolError
 from overlay.identity import IdentityError, NodeIdentity, TrustStore
-from overlay.link.connection import Link, LinkHandler
+from overlay.link.connection import Link, LinkHandler, Traffic
 from overlay.link.protocol import CLOSE_WAIT_S, LinkRefused, LinkSettings, check_hello, hello
 from overlay.stream import FrameStream
 from overlay.tls import TlsContexts, peer_identity
@@ -83,6 +83,7 @@ class LinkServer:
             close_timeout_s=close_timeout_s,
         )
         self._links: set[Link] = set()
+        self._closed_traffic = Traffic()
 
     @property
     def port(self) -> int:
@@ -92,6 +93,10 @@ class LinkServer:
     def links(self) -> frozenset[Link]:
         """The links currently running."""
         return frozenset(self._links)
+
+    def traffic(self) -> tuple[int, int]:
+        """Bytes (sent, received) over every link this server has accepted."""
+        return self._closed_traffic.totals(self._links)
 
     async def start(self) -> None:
         await self._listener.start()  # builds the TLS context: a broken trust store fails here
@@ -119,6 +124,7 @@ class LinkServer:
             await link.run()
         finally:
             self._links.discard(link)
+            self._closed_traffic.close(link)
 
     async def _accept(self, stream: FrameStream) -> Link | None:
         """The link, once the client's hello matches its certificate; None (reason logged)

@@ -36,6 +36,7 @@ async def cmd_join(args: argparse.Namespace) -> int:
     if args.overlay:
         overlay_host, overlay_port = parse_addr(args.overlay, what="--overlay")
     bootstrap = [parse_addr(b, what="--bootstrap") for b in args.bootstrap]
+    http = http_address(args.http, host, port)
     if (args.key is None) != (args.participant is None):
         raise UsageError("--participant and --key go together (the key is that participant's)")
     if not args.no_engine:
@@ -69,6 +70,7 @@ async def cmd_join(args: argparse.Namespace) -> int:
         voter=args.voter,
         replicas=args.replicas,
         min_insync=args.min_insync,
+        http=http,
     )
     node = Peer(config)
     loop = asyncio.get_running_loop()
@@ -97,10 +99,14 @@ async def cmd_join(args: argparse.Namespace) -> int:
         address["overlay_port"] = node.overlay.port
         address["node_id"] = node.overlay.node_id.hex()
         address["participant"] = node.overlay.identity.participant
+    if node.http is not None:
+        address["http"] = node.http.url
     marker = config.data_dir / "peer.json"
     marker.with_suffix(".tmp").write_text(json.dumps(address))
     marker.with_suffix(".tmp").replace(marker)  # readers never see half a file
     print(f"peer ready on {host}:{node.port} (data {config.data_dir}); Ctrl-C to leave", flush=True)
+    if node.http is not None:
+        print(f"dashboard {node.http.url}  metrics {node.http.url}metrics", flush=True)
     await node.run()
     with contextlib.suppress(OSError):
         (config.data_dir / "peer.json").unlink()
@@ -117,6 +123,16 @@ def refused_message(exc: NotAdmitted, data_dir: str) -> str:
         "directory of the peers you join (their `peer join --trust DIR`, or their "
         "DATA_DIR/trust/), restart them, then start this peer again"
     )
+
+
+def http_address(value: str | None, api_host: str, api_port: int) -> tuple[str, int] | None:
+    """``--http``: HOST:PORT, ``off``, or by default the API host on the API port + 2 (an
+    ephemeral port when the API's is)."""
+    if value is None:
+        return api_host, api_port + 2 if api_port else 0
+    if value.strip().lower() == "off":
+        return None
+    return parse_addr(value, what="--http")
 
 
 def add_join_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -160,7 +176,8 @@ def add_join_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.add_argument(
         "--http",
         metavar="HOST:PORT",
-        help="address of the HTTP /status, /metrics and dashboard (default: none)",
+        help="serve /metrics (Prometheus), /status and the dashboard here (default: the "
+        "--listen host, its port + 2; 'off': none); off loopback it takes TLS like the API",
     )
     p.add_argument(
         "--contracts",

@@ -11,12 +11,35 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import deque
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from peer.cluster import PeerProcess
 from peer.demo.examples import Example
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
 LATEST = 4  # latest output tuples shown per stream
+
+
+def print_dashboards(console: Console, procs: Mapping[str, PeerProcess]) -> None:
+    """Each peer's dashboard URL (its ``/metrics`` is beside it)."""
+    for name, proc in procs.items():
+        if proc.http:
+            console.print(f"  dashboard of {name:<9} {proc.http}", soft_wrap=True, markup=False)
+
+
+def hold(console: Console, procs: Mapping[str, PeerProcess]) -> None:
+    """``--hold``: keep the peers up (their dashboards live) until Ctrl-C (or SIGTERM, where
+    the caller maps it to KeyboardInterrupt)."""
+    console.print("[bold]--hold[/]: the federation stays up; Ctrl-C stops it. Dashboards:")
+    print_dashboards(console, procs)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        console.print("Ctrl-C: stopping the federation")
 
 
 class DemoFailed(Exception):

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from peer.cluster import LocalFederation, PeerProcess, make_participants, participant_args
-from peer.demo.board import Board, DemoFailed, OutputState, PushState
+from peer.demo.board import Board, DemoFailed, OutputState, PushState, hold
 from peer.demo.check import check_outputs
 from peer.demo.examples import EXAMPLES, MAX_PEERS, Example, participant_names, placement
 from peer.demo.feed import batches, push_stream, schedule
@@ -92,6 +92,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--summary", metavar="FILE", help="with --spike: write what happened as JSON to FILE"
     )
+    p.add_argument(
+        "--hold",
+        action="store_true",
+        help="after the check, keep the federation (and its dashboards) up until Ctrl-C",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -106,6 +111,7 @@ def main(args: argparse.Namespace) -> int:
         spike=args.spike,
         keep=args.keep,
         summary=args.summary,
+        hold=args.hold,
     )
 
 
@@ -121,6 +127,7 @@ def run_demo(
     spike: bool = False,
     keep: bool = False,
     summary: str | None = None,
+    hold: bool = False,
 ) -> int:
     from rich.console import Console
 
@@ -152,6 +159,7 @@ def run_demo(
             keep=keep,
             summary=Path(summary) if summary else None,
             live=console.is_terminal,
+            hold=hold,
         ).run()
     find_java()  # the same actionable message as `peer join`, before any process starts
     demo = Demo(
@@ -163,6 +171,7 @@ def run_demo(
         minutes=minutes,
         seed=seed,
         keep=keep,
+        hold=hold,
     )
     return demo.run()
 
@@ -182,9 +191,11 @@ class Demo:
         minutes: int,
         seed: int,
         keep: bool = False,
+        hold: bool = False,
     ) -> None:
         self.console = console
         self.keep = keep
+        self.hold = hold
         self.ex = example
         self.n = peers
         self.duration_s = duration_s
@@ -209,6 +220,8 @@ class Demo:
         try:
             self._start_peers()
             code = asyncio.run(self._main())
+            if self.hold and self.fed is not None:
+                hold(self.console, self.fed.procs)
         except KeyboardInterrupt:
             self.console.print("[yellow]interrupted[/]")
             code = 130
@@ -260,6 +273,8 @@ class Demo:
             f"  {name:<9} node {proc.node_id[:8]}  API 127.0.0.1:{proc.port}  "
             f"overlay {proc.overlay_addr}  ({self.board.elapsed():.0f} s)"
         )
+        if proc.http:
+            self.console.print(f"            dashboard {proc.http}", soft_wrap=True, markup=False)
 
     def _stop_peers(self) -> None:
         if self.fed is None or not self.fed.procs:

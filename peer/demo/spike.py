@@ -39,6 +39,7 @@ from peer.cluster import (
     stream_name_on,
     trust_all,
 )
+from peer.demo.board import hold, print_dashboards
 from peer.examples.keyed_window import keyed_window_query, keyed_window_sums
 
 NAMES = ("alpha", "beta", "gamma")
@@ -78,6 +79,7 @@ class Spike:
         summary: Path | None = None,
         live: bool = True,
         seed: int = 7,
+        hold: bool = False,
     ) -> None:
         self.console = console
         self.duration_s = duration_s
@@ -86,6 +88,7 @@ class Spike:
         self.work = workdir or Path(tempfile.mkdtemp(prefix="fedstream-spike-"))
         self.summary_path = summary
         self.live = live
+        self.hold = hold
         self.rng = random.Random(seed)
         self.fed: LocalFederation | None = None
         self.procs: dict[str, PeerProcess] = {}
@@ -124,6 +127,7 @@ class Spike:
         self.fed = LocalFederation(self.work, self._prepare())  # alpha first: the others join it
         self.procs = self.fed.procs
         self.fed.start(timeout_s=240)
+        print_dashboards(self.console, self.procs)
 
     def _stop(self) -> None:
         if self.fed is not None:
@@ -134,7 +138,13 @@ class Spike:
         try:
             self.console.print(f"starting 3 peers (work directory {self.work}) ...")
             self._start()
-            return asyncio.run(self._main())
+            code = asyncio.run(self._main())
+            if self.hold:
+                hold(self.console, self.procs)
+            return code
+        except KeyboardInterrupt:
+            self.console.print("[yellow]interrupted[/]")
+            return 130
         finally:
             self._stop()
             if not self.keep:

@@ -17,6 +17,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import hashlib
+import json
 import logging
 import shutil
 import time
@@ -36,6 +37,7 @@ from peer.engine.lane_source import register_lane_source
 from peer.errors import EngineError
 from peer.model.plan import CheckedQuery
 from peer.model.schema import Schema, spark_ddl
+from peer.storage import spool_format as fmt
 from peer.storage.spool import SpoolSet
 
 if TYPE_CHECKING:
@@ -113,6 +115,11 @@ class Engine:
         # the local spool's append).
         self.on_batch: Callable[[str, int, Path], Callable[[int], None] | None] | None = None
         self.emit: Callable[[str, pa.Table, str, int], None] | None = None
+        # The metrics' seam, also on Spark's callback thread: ``on_result(query, seconds)``
+        # after a micro-batch of a query with its own streaming query put result rows in its
+        # output spools, with the seconds since the newest input batch it had taken was
+        # appended here (push to result).
+        self.on_result: Callable[[str, float], None] | None = None
 
     async def _call(self, fn: Callable[[], T]) -> T:
         loop = asyncio.get_running_loop()
@@ -241,6 +248,10 @@ class Engine:
                     running.batches += 1
                     running.rows_out += table.num_rows
                     running.last_batch_s = time.monotonic() - started
+                if self.on_result is not None and table.num_rows:
+                    age = self._input_age_s(readers)
+                    if age is not None:
+                        self.on_result(name, age)
 
             writer = (
                 compiled.frame.writeStream.queryName(key)
@@ -363,6 +374,63 @@ class Engine:
                     newest, total = (stamp, batch), total + ms / 1000.0
                 busy[name] = (newest, total)
                 out[name] = total
+            return out
+
+        return await self._call(ask)
+
+    def _input_age_s(self, readers: list[tuple[str, str]]) -> float | None:
+        """Seconds since the newest input batch a query has taken (planned into a micro-batch)
+        was appended to its spool here; None before it has taken any."""
+        newest: int | None = None
+        for stream, reader in readers:
+            try:
+                spool = self.spools.get(stream)
+                taken = fmt.taken_offset(fmt.reader_path(spool.directory, reader))
+                if taken < 0:
+                    continue
+                stamp = spool.append_time_ns(taken)
+            except (KeyError, ValueError, fmt.TrimmedError):
+                continue  # dropped or trimmed meanwhile: nothing to measure from
+            newest = stamp if newest is None else max(newest, stamp)
+        return None if newest is None else max(0.0, (time.time_ns() - newest) / 1e9)
+
+    def counters(self) -> dict[str, dict[str, float]]:
+        """Each query's micro-batches and result rows so far, and its last batch's seconds:
+        counters kept on this side of py4j, so reading them asks nothing of the JVM."""
+        out: dict[str, dict[str, float]] = {}
+        for name, query in list(self.running.items()):
+            out[name] = {
+                "batches": query.batches,
+                "rows_out": query.rows_out,
+                "last_batch_s": query.last_batch_s,
+            }
+        for name in self.lane.member_names():
+            info = self.lane.describe(name)
+            if info is not None:
+                out[name] = {k: float(info[k]) for k in ("batches", "rows_out", "last_batch_s")}
+        return out
+
+    async def progress(self, newest: dict[str, tuple[str, int]]) -> dict[str, list[dict[str, Any]]]:
+        """Spark's progress reports (as JSON maps) of each query with its own streaming
+        query, those newer than ``newest[query]`` (trigger start, batch id) only: the caller
+        keeps that mark, as :meth:`busy_seconds` keeps its own."""
+        running = dict(self.running)  # snapshot on the loop, which owns the dict
+
+        def ask() -> dict[str, list[dict[str, Any]]]:
+            out: dict[str, list[dict[str, Any]]] = {}
+            for name, query in running.items():
+                mark = newest.get(name, ("", -1))
+                try:
+                    progress = query.handle.recentProgress
+                except Exception as exc:  # a query that died reports nothing new
+                    log.debug("query %s: no progress: %s", name, error_line(exc))
+                    continue
+                fresh = []
+                for report in progress:
+                    stamp, batch = report.get("timestamp"), report.get("batchId")
+                    if isinstance(stamp, str) and isinstance(batch, int) and (stamp, batch) > mark:
+                        fresh.append(json.loads(report.json))
+                out[name] = fresh
             return out
 
         return await self._call(ask)

@@ -71,6 +71,7 @@ class Mirrors:
         self._tg: asyncio.TaskGroup | None = None
         self._acked = asyncio.Condition()  # notified after each acknowledgement is recorded
         self.sent_batches = 0
+        self.sent_bytes: dict[str, int] = {}  # mirrored bytes by stream (the metrics)
 
     def origin(self, stream: str) -> str:
         """The event-id origin of ``stream``'s mirrored batches: this peer's, or that of the
@@ -240,6 +241,9 @@ class Mirrors:
                 backoff = 0.1
                 last = batches[-1][0]
                 self.sent_batches += len(batches)
+                self.sent_bytes[stream] = self.sent_bytes.get(stream, 0) + sum(
+                    len(body) for _offset, body in batches
+                )
                 await self._record(spool, reader, last, stream, target)
                 async with self._acked:
                     self._acked.notify_all()

@@ -267,6 +267,25 @@ class MirrorAppend:
 
 
 @dataclass(frozen=True)
+class ObservePeer:
+    """What the receiver shows on a dashboard (:mod:`peer.observe`): its status and its
+    newest samples; with ``history``, every sample it keeps (minutes of them)."""
+
+    OP: ClassVar[str] = "observe"
+    history: bool = False
+
+    def to_wire(self) -> Frame:
+        return {"op": self.OP, "history": self.history}
+
+    @classmethod
+    def from_wire(cls, frame: Frame) -> ObservePeer:
+        history = frame.get("history", False)
+        if not isinstance(history, bool):
+            raise InvalidInput("observe: history must be true or false")
+        return cls(history)
+
+
+@dataclass(frozen=True)
 class Subscribe:
     """A relayed subscription (a link stream, not a request)."""
 
@@ -304,6 +323,7 @@ Request: TypeAlias = (
     | StartMirror
     | StopMirror
     | MirrorAppend
+    | ObservePeer
     | ReplicaExchange
     | ControlHeartbeat
     | ControlSubmit
@@ -324,6 +344,7 @@ TYPED: dict[str, Any] = {
         StartMirror,
         StopMirror,
         MirrorAppend,
+        ObservePeer,
         *REPLICA_TYPES,
     )
 }
