@@ -566,8 +566,7 @@ class Overlay:
         }
 
     def link_stats(self) -> dict[str, int]:
-        """Peer links open now (outgoing: opened by this peer; incoming: accepted) and the
-        bytes all links have carried since the overlay started."""
+        """Peer links open now (outgoing: opened here; incoming: accepted), and their bytes."""
         pool, server = self.pool, self.links
         out_sent, out_received = pool.traffic() if pool is not None else (0, 0)
         in_sent, in_received = server.traffic() if server is not None else (0, 0)
