@@ -155,7 +155,13 @@ def test_metrics_status_and_the_federation_view(peers: list[PeerThread]) -> None
                 assert status["overlay"]["node_id"] == direct["overlay"]["node_id"]
                 assert {q["name"] for q in status["queries"]} == {"watched"}
 
-                view = json.loads(await get_text(http, url(beta, "/api/federation?history=1")))
+                async def sampled() -> dict[str, Any] | None:
+                    # the sampler runs every 2 s: wait for alpha's first sample
+                    got = json.loads(await get_text(http, url(beta, "/api/federation?history=1")))
+                    peers = {p["node_id"]: p for p in got["peers"]}
+                    return got if peers.get(ids[0].hex(), {}).get("samples") else None
+
+                view = await until(sampled, "alpha keeps samples for the charts")
                 by_node = {p["node_id"]: p for p in view["peers"]}
                 assert set(by_node) == {i.hex() for i in ids}
                 assert view["self"] == beta.peer.overlay.node_id.hex()  # type: ignore[union-attr]
