@@ -48,6 +48,7 @@ import os
 import random
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,12 +110,14 @@ def election_time(peers: Peers, stream: str, since: float) -> float | None:
 class Peers:
     """The five peers; a killed one is restarted on its data directory through a live one."""
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, engines: tuple[str, ...] = ()) -> None:
+        """``engines``: the peers that run Spark (the others start with ``--no-engine``)."""
+        self.work = work
         keys = make_participants(work, NAMES)
         self.args = {
             name: [
                 *participant_args(name, keys[name], work / "trust"),
-                "--no-engine",
+                *([] if name in engines else ["--no-engine"]),
                 *FAST,
                 *(["--voter"] if name in VOTERS else []),
             ]
@@ -479,19 +482,37 @@ def throughput_report(windows: list[dict[str, Any]], a: dict[str, Any]) -> list[
 # --------------------------------------------------------------------------- main
 
 
+async def run_on_peers(
+    results: dict[str, Any], peers: Peers, body: Callable[[], Awaitable[None]]
+) -> dict[str, Any]:
+    """The run frame of the HA benchmarks: start ``peers``, run ``body`` once they are
+    ready, stop them; an error is recorded in ``results``, not raised."""
+    print(f"load average {results['load_before']}; busiest: {bc.busy_processes()}", flush=True)
+    began = time.monotonic()
+    try:
+        await asyncio.to_thread(peers.start)
+        await federation_ready(peers)
+        print(f"five peers ready after {time.monotonic() - began:.1f} s", flush=True)
+        await body()
+    except Exception as exc:
+        results["errors"].append(f"{type(exc).__name__}: {exc}")
+        print(f"FAILED: {type(exc).__name__}: {exc}; logs in {peers.work}", flush=True)
+    finally:
+        await asyncio.to_thread(peers.stop)
+    results["load_after"] = bc.load_average()
+    results["elapsed_s"] = time.monotonic() - began
+    return results
+
+
 async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     results = bc.new_results("bench_ha.py") | {
         "args": {k: v for k, v in vars(args).items() if k != "json"},
         "throughput": [],
         "failover": [],
     }
-    print(f"load average {results['load_before']}; busiest: {bc.busy_processes()}", flush=True)
-    began = time.monotonic()
     peers = Peers(work)
-    try:
-        await asyncio.to_thread(peers.start)
-        await federation_ready(peers)
-        print(f"five peers ready after {time.monotonic() - began:.1f} s", flush=True)
+
+    async def body() -> None:
         await ask(peers.procs[NAMES[0]].port, "create_schema", SCHEMA)
         if args.rounds:
             print("(b) throughput, r = 1 and r = 3", flush=True)
@@ -500,14 +521,8 @@ async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         if args.kills:
             print("(a) failover", flush=True)
             results["failover"] = await run_failover(peers, args)
-    except Exception as exc:
-        results["errors"].append(f"{type(exc).__name__}: {exc}")
-        print(f"FAILED: {type(exc).__name__}: {exc}; logs in {work}", flush=True)
-    finally:
-        await asyncio.to_thread(peers.stop)
-    results["load_after"] = bc.load_average()
-    results["elapsed_s"] = time.monotonic() - began
-    return results
+
+    return await run_on_peers(results, peers, body)
 
 
 def main(argv: list[str] | None = None) -> int:

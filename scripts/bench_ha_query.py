@@ -54,11 +54,8 @@ import bench_ha as ha
 from peer.client import Client
 from peer.errors import FedstreamError
 from peer.testing import (
-    LocalFederation,
     keyed_window_query,
     keyed_window_sums,
-    make_participants,
-    participant_args,
     wait_until,
 )
 
@@ -88,16 +85,7 @@ class EnginePeers(ha.Peers):
     """bench_ha's five peers, the three voters with Spark."""
 
     def __init__(self, work: Path) -> None:
-        keys = make_participants(work, ha.NAMES)
-        self.args = {
-            name: [
-                *participant_args(name, keys[name], work / "trust"),
-                *ha.FAST,
-                *(["--voter"] if name in ha.VOTERS else ["--no-engine"]),
-            ]
-            for name in ha.NAMES
-        }
-        self.fed = LocalFederation(work, self.args)
+        super().__init__(work, engines=ha.VOTERS)
 
     def start(self) -> None:
         self.fed.start(timeout_s=300)
@@ -298,22 +286,12 @@ def report(results: dict[str, Any]) -> str:
 
 async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     results = bc.new_results("bench_ha_query.py")
-    print(f"load average {results['load_before']}; busiest: {bc.busy_processes()}", flush=True)
-    began = time.monotonic()
     peers = EnginePeers(work)
-    try:
-        await asyncio.to_thread(peers.start)
-        await ha.federation_ready(peers)
-        print(f"five peers ready after {time.monotonic() - began:.1f} s", flush=True)
+
+    async def body() -> None:
         results["run"] = await run_kills(peers, args)
-    except Exception as exc:
-        results["errors"].append(f"{type(exc).__name__}: {exc}")
-        print(f"FAILED: {type(exc).__name__}: {exc}; logs in {work}", flush=True)
-    finally:
-        await asyncio.to_thread(peers.stop)
-    results["load_after"] = bc.load_average()
-    results["elapsed_s"] = time.monotonic() - began
-    return results
+
+    return await ha.run_on_peers(results, peers, body)
 
 
 def main(argv: list[str] | None = None) -> int:

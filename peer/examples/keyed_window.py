@@ -11,10 +11,37 @@ Its input tuples have three integer fields: ``k`` (the key), ``v`` (the value) a
 
 from __future__ import annotations
 
+import random
 from collections import Counter, defaultdict
 from typing import Any
 
-__all__ = ["keyed_window_box", "keyed_window_query", "keyed_window_sums"]
+__all__ = [
+    "keyed_window_batches",
+    "keyed_window_box",
+    "keyed_window_query",
+    "keyed_window_schema",
+    "keyed_window_sums",
+]
+
+
+def keyed_window_schema(name: str = "tick") -> dict[str, Any]:
+    """The input schema: ``k`` int, ``v`` long, ``t`` long (event time, seconds)."""
+    fields = [("k", "int"), ("v", "long"), ("t", "long")]
+    return {"name": name, "fields": [{"name": f, "type": t} for f, t in fields]}
+
+
+def keyed_window_batches(
+    seed: int, count: int, per_batch: int, *, keys: int, values: tuple[int, int]
+) -> list[dict[str, list[int]]]:
+    """``count`` column batches of ``per_batch`` tuples: keys below ``keys``, values in
+    ``range(*values)``, event time rising by one second every 40 tuples (seeded)."""
+    rng = random.Random(seed)
+    out = []
+    for b in range(count):
+        ts = [(b * per_batch + i) // 40 for i in range(per_batch)]
+        k = [rng.randrange(keys) for _ in ts]
+        out.append({"k": k, "v": [rng.randrange(*values) for _ in ts], "t": ts})
+    return out
 
 
 def keyed_window_box(

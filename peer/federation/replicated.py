@@ -78,7 +78,7 @@ class Replicas:
         self.responsible: Responsible | None = None
         self.repair_after_s = repair_after_s
         self._silent_since: dict[str, float] = {}
-        self._repairs: set[tuple[str, int]] = set()  # (stream, version) proposed
+        self._repairs: dict[str, int] = {}  # stream -> the version a repair was proposed at
         control.listen(self.on_state)
         router.register(ReplicaExchange.OP, self.on_exchange)
         site.trim_limit = self.trim_limit
@@ -162,11 +162,9 @@ class Replicas:
         members = {
             n for replica in self.streams.values() if replica.known for n in replica.known.replicas
         }
-        for node in members - {self.me}:
-            if is_live(node):
-                self._silent_since.pop(node, None)
-            else:
-                self._silent_since.setdefault(node, now)
+        self._silent_since = {  # members only: a node no stream names is forgotten
+            n: self._silent_since.get(n, now) for n in members - {self.me} if not is_live(n)
+        }
         dead = {n for n, since in self._silent_since.items() if now - since >= self.repair_after_s}
         for name, replica in list(self.streams.items()):
             state = replica.known
@@ -175,15 +173,13 @@ class Replicas:
             anchor = None if state.anchor is None else self.control.states.get(state.anchor)
             if state.anchor is not None and anchor is None:
                 continue
-            candidates = (
-                []
-                if anchor is not None or not dead & set(state.replicas)
-                else (responsible(name, len(state.replicas) + len(dead)))
-            )
+            candidates: list[str] = []
+            if anchor is None and dead & set(state.replicas):
+                candidates = responsible(name, len(state.replicas) + len(dead))
             wanted = repaired_replicas(state, dead, candidates, anchor)
-            if wanted is None or (name, state.version) in self._repairs:
+            if wanted is None or self._repairs.get(name) == state.version:
                 continue
-            self._repairs.add((name, state.version))
+            self._repairs[name] = state.version
             log.warning("stream %s: replicas %s replace %s", name, wanted, state.replicas)
             self.propose(SetReplicas(name, state.version, wanted))
 

@@ -69,7 +69,7 @@ from peer.site import LocalSite
 
 __all__ = ["ArrivalHook", "Mover"]
 
-MOVE_OPS = ("move_begin", "move_chunk", "move_install", "move_abort", "move_resolve")
+MOVE_OPS = ("move_begin", "move_chunk", "move_install", "move_resolve")
 
 
 class Mover:

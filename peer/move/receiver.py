@@ -81,13 +81,6 @@ class MoveReceiver:
         op = frame.get("op")
         if op == "move_begin":
             return await self._begin(frame.get("manifest"), sender)
-        if op == "move_abort":
-            for key, pending in list(self._incoming.items()):
-                if pending.sender == sender and pending.manifest.get("fragment") == frame.get(
-                    "fragment"
-                ):
-                    self._drop_incoming(key)
-            return {"aborted": True}
         if op == "move_resolve":
             return await self._resolve(frame, sender)
         move_id = frame.get("move")
@@ -287,7 +280,7 @@ class MoveReceiver:
                 Outcome(move_id, name, manifest["epoch"], "installed", incoming.sender),
             )
         except BaseException:
-            await self._roll_back(arrival, "aborted")
+            await self._roll_back(arrival)
             raise
         await asyncio.to_thread(self.journal.drop_arrival, move_id)
         resume_s = time.monotonic() - started
@@ -313,9 +306,17 @@ class MoveReceiver:
             self.fed.hosting.adopt(stream)
             self.fed.mirrors.resume_stream(stream)
 
-    async def _roll_back(self, arrival: dict[str, Any], decision: str | None) -> None:
-        """Undo what landing an arrival did (nothing of it runs or serves yet), and record
-        the move as aborted (``decision``) unless that is done."""
+    def _forget_readers(self, offsets: dict[str, dict[str, int]]) -> None:
+        """Unregister the reader offsets landing wrote on streams held here already."""
+        for stream, readers in offsets.items():
+            with contextlib.suppress(KeyError):
+                spool = self.site.spools.get(stream)
+                for reader in readers:
+                    spool.unregister_reader(reader)
+
+    async def _roll_back(self, arrival: dict[str, Any]) -> None:
+        """Undo what landing an arrival did (nothing of it serves yet), and record the move
+        as aborted unless its outcome is written already."""
         manifest = arrival["manifest"]
         site, name = self.site, manifest["fragment"]
         log.warning("fragment %s did not arrive; rolling back what landed of it", name)
@@ -325,19 +326,12 @@ class MoveReceiver:
                 if site.engine is not None:  # stop it, drop its readers and checkpoint
                     await site.engine.drop_query(name, manifest["incarnation"])
                 await asyncio.to_thread(site.catalog.remove_query, name)
-            for stream, offsets in arrival.get("offsets", {}).items():
-                with contextlib.suppress(KeyError):
-                    spool = site.spools.get(stream)
-                    for reader in offsets:
-                        spool.unregister_reader(reader)
+            await asyncio.to_thread(self._forget_readers, arrival.get("offsets", {}))
             landed = [s for s, i in manifest["inputs"].items() if i["mode"] == "copy"]
-            for stream in landed + list(manifest["outputs"]):
-                await asyncio.to_thread(site.catalog.remove_stream, stream)
-                with contextlib.suppress(KeyError):
-                    site.spools.drop(stream)
+            await site.drop_streams(landed + list(manifest["outputs"]))
         except (OSError, FedstreamError) as exc:
             log.error("rolling back fragment %s: %s", name, exc)
-        if decision is not None and self.journal.outcome(manifest["id"]) is None:
+        if await asyncio.to_thread(self.journal.outcome, manifest["id"]) is None:
             await asyncio.to_thread(
                 self.journal.decide,
                 Outcome(manifest["id"], name, manifest["epoch"], "aborted", arrival["sender"]),
@@ -357,4 +351,4 @@ class MoveReceiver:
                 self._serve_arrived(manifest)
                 await asyncio.to_thread(self.journal.drop_arrival, manifest["id"])
             else:
-                await self._roll_back(arrival, "aborted")
+                await self._roll_back(arrival)

@@ -30,6 +30,12 @@ RESOLVE_TIMEOUT_S = 10.0
 RESOLVE_RETRY_S = 2.0
 
 
+def resolve_request(intent: Intent) -> Raw:
+    """``move_resolve``: the target's final word on the move (peer.move.journal)."""
+    frame = {"move": intent.id, "fragment": intent.fragment, "epoch": intent.epoch}
+    return Raw("move_resolve", frame)
+
+
 class MoveSender:
     def __init__(
         self, site: LocalSite, fed: Federation, lock: asyncio.Lock, journal: Journal
@@ -136,8 +142,7 @@ class MoveSender:
             await self._mirrors_caught_up({s: spools.get(s).latest - 16 for s in mirrored}, target)
             await asyncio.to_thread(self.journal.write_intent, intent)  # from here, undoable
         except BaseException:
-            with contextlib.suppress(Exception):
-                await fed.router.call(target, Raw("move_abort", {"fragment": name}))
+            await self._tell_target(intent)
             raise
         started = time.monotonic()
         try:
@@ -222,13 +227,12 @@ class MoveSender:
         """The target's final word on the move (installed or aborted); None when it did not
         answer ``attempts`` times (None: ask until it does)."""
         target = bytes.fromhex(intent.target)
-        frame = {"move": intent.id, "fragment": intent.fragment, "epoch": intent.epoch}
         tried = 0
         while attempts is None or tried < attempts:
             tried += 1
             try:
                 async with asyncio.timeout(RESOLVE_TIMEOUT_S):
-                    reply = await self.fed.router.call(target, Raw("move_resolve", frame))
+                    reply = await self.fed.router.call(target, resolve_request(intent))
                 decision = reply.get("decision")
                 if decision in ("installed", "aborted"):
                     return str(decision)
@@ -236,6 +240,13 @@ class MoveSender:
                 log.info("move %s of %s not resolved yet: %s", intent.id[:8], intent.fragment, exc)
             await asyncio.sleep(RESOLVE_RETRY_S)
         return None
+
+    async def _tell_target(self, intent: Intent) -> None:
+        """Ask the target to resolve a move it cannot have installed: it forgets what it
+        received and frees its move lock (best effort; it drops an idle move anyway)."""
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(RESOLVE_TIMEOUT_S):
+                await self.fed.router.call(bytes.fromhex(intent.target), resolve_request(intent))
 
     def _watch(self, intent: Intent) -> None:
         """Resolve an in-doubt move in the background, then commit or undo it."""
@@ -307,15 +318,7 @@ class MoveSender:
         site, fed = self.site, self.fed
         name, target = intent.fragment, bytes.fromhex(intent.target)
         log.warning("moving %s to %s failed; resuming it here", name, intent.target[:12])
-        with contextlib.suppress(Exception):  # the target forgets what it received
-            async with asyncio.timeout(RESOLVE_TIMEOUT_S):
-                await fed.router.call(
-                    target,
-                    Raw(
-                        "move_resolve",
-                        {"move": intent.id, "fragment": name, "epoch": intent.epoch},
-                    ),
-                )
+        await self._tell_target(intent)
         for stream in intent.replica_inputs:
             # the host mirrors to us again from what we hold (idempotent if it never stopped)
             try:

@@ -26,7 +26,13 @@ from peer.cluster import (
     trust_all,
     wait_until,
 )
-from peer.examples.keyed_window import keyed_window_box, keyed_window_query, keyed_window_sums
+from peer.examples.keyed_window import (
+    keyed_window_batches,
+    keyed_window_box,
+    keyed_window_query,
+    keyed_window_schema,
+    keyed_window_sums,
+)
 from peer.testing.clock import ManualClock
 from peer.testing.peer_thread import PeerThread
 from peer.testing.runner import LOOPS, run_async
@@ -38,8 +44,10 @@ __all__ = [
     "PeerProcess",
     "PeerThread",
     "collect",
+    "keyed_window_batches",
     "keyed_window_box",
     "keyed_window_query",
+    "keyed_window_schema",
     "keyed_window_sums",
     "make_participants",
     "participant_args",

@@ -21,33 +21,27 @@ import pytest
 
 from peer.client import Client
 from peer.move.plan import why_not
-from peer.testing import PeerThread, collect, keyed_window_query, keyed_window_sums, wait_until
+from peer.testing import (
+    PeerThread,
+    collect,
+    keyed_window_batches,
+    keyed_window_query,
+    keyed_window_schema,
+    keyed_window_sums,
+    wait_until,
+)
 from tests.integration.test_replication import start_peers
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 
 NAMES = ("fa", "fb", "fc")
-SCHEMA = {
-    "name": "tick",
-    "fields": [
-        {"name": "k", "type": "int"},
-        {"name": "v", "type": "long"},
-        {"name": "t", "type": "long"},
-    ],
-}
+SCHEMA = keyed_window_schema()
 QUERY = keyed_window_query("fo", "fo_ticks", "fo_out", kept="fo_kept")
 BATCHES, PER_BATCH = 40, 100
 
 
-def make_batches() -> list[dict[str, list[Any]]]:
-    rng = random.Random(7)
-    out = []
-    for b in range(BATCHES):
-        ts = [(b * PER_BATCH + i) // 40 for i in range(PER_BATCH)]
-        out.append(
-            {"k": [rng.randrange(4) for _ in ts], "v": [rng.randrange(50) for _ in ts], "t": ts}
-        )
-    return out
+def make_batches() -> list[dict[str, list[int]]]:
+    return keyed_window_batches(7, BATCHES, PER_BATCH, keys=4, values=(0, 50))
 
 
 async def push(ports: list[int], batches: list[dict[str, list[Any]]], seqs: range) -> None:

@@ -27,7 +27,9 @@ from peer.errors import FedstreamError
 from peer.testing import (
     LocalFederation,
     collect,
+    keyed_window_batches,
     keyed_window_query,
+    keyed_window_schema,
     keyed_window_sums,
     make_participants,
     participant_args,
@@ -39,28 +41,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.timeout(900)]
 NAMES = ("hf1", "hf2", "hf3", "hf4", "hf5")
 ENGINES = NAMES[:3]
 FAST = ("--gossip-interval", "0.3", "--suspect-after", "2", "--dead-after", "5")
-SCHEMA = {
-    "name": "tick",
-    "fields": [
-        {"name": "k", "type": "int"},
-        {"name": "v", "type": "long"},
-        {"name": "t", "type": "long"},
-    ],
-}
+SCHEMA = keyed_window_schema()
 STREAM, OUT = "hf_ticks", "hf_out"
 QUERY = keyed_window_query("hf", STREAM, OUT, kept="hf_kept")
 BATCHES, PER_BATCH = 60, 100
 
 
 def make_batches() -> list[dict[str, list[int]]]:
-    rng = random.Random(23)
-    out = []
-    for b in range(BATCHES):
-        ts = [(b * PER_BATCH + i) // 40 for i in range(PER_BATCH)]
-        out.append(
-            {"k": [rng.randrange(5) for _ in ts], "v": [rng.randrange(60) for _ in ts], "t": ts}
-        )
-    return out
+    return keyed_window_batches(23, BATCHES, PER_BATCH, keys=5, values=(0, 60))
 
 
 @pytest.fixture

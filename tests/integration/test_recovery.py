@@ -18,18 +18,18 @@ import pytest
 
 from peer.client import Client
 from peer.errors import Unavailable
-from peer.testing import PeerProcess, collect, keyed_window_query, keyed_window_sums
+from peer.testing import (
+    PeerProcess,
+    collect,
+    keyed_window_batches,
+    keyed_window_query,
+    keyed_window_schema,
+    keyed_window_sums,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-SCHEMA = {
-    "name": "tick",
-    "fields": [
-        {"name": "k", "type": "int"},
-        {"name": "v", "type": "long"},
-        {"name": "t", "type": "long"},
-    ],
-}
+SCHEMA = keyed_window_schema()
 QUERY = keyed_window_query("rec", "ticks", "rec_out", kept="pos_ticks")
 # Per-tuple queries: the first runs as its own streaming query, the second in the peer's
 # stateless lane; the aggregate runs on its own. The kill must leave all three exact.
@@ -60,19 +60,8 @@ LANE_QUERY = {
 BATCHES, PER_BATCH = 60, 200
 
 
-def make_batches() -> list[dict[str, list[Any]]]:
-    rng = random.Random(99)
-    batches = []
-    for b in range(BATCHES):
-        ts = [(b * PER_BATCH + i) // 40 for i in range(PER_BATCH)]
-        batches.append(
-            {
-                "k": [rng.randrange(5) for _ in ts],
-                "v": [rng.randrange(-10, 50) for _ in ts],
-                "t": ts,
-            }
-        )
-    return batches
+def make_batches() -> list[dict[str, list[int]]]:
+    return keyed_window_batches(99, BATCHES, PER_BATCH, keys=5, values=(-10, 50))
 
 
 async def push_from(

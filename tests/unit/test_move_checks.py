@@ -6,6 +6,7 @@ No JVM: a fake peer with a real contract book, real spools and a real local cata
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import io
 import tarfile
@@ -27,6 +28,7 @@ from peer.move import Mover
 from peer.move.journal import Outcome
 from peer.move.package import check_manifest as _check_manifest
 from peer.move.package import extract as _extract
+from peer.site import LocalSite
 from peer.storage.catalog import LocalCatalog
 from peer.storage.spool import SpoolSet
 
@@ -174,6 +176,7 @@ def receiver(tmp_path: Path) -> tuple[Mover, str]:
         catalog=LocalCatalog(tmp_path / "catalog.sqlite"),
         spools=SpoolSet(tmp_path / "spool"),
     )
+    site.drop_streams = functools.partial(LocalSite.drop_streams, site)  # type: ignore[arg-type]
     fed = SimpleNamespace(hosting=SimpleNamespace(hosted=set()))
     return Mover(site, fed, book), made.id  # type: ignore[arg-type]
 
