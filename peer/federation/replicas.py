@@ -14,8 +14,9 @@ fsynced before the message that came with it is sent (docs/replication.md).
   offset is acknowledged *and* it is on this disk. Readers of the spool (Spark, subscribers,
   mirrors) see nothing above that point (``Spool.hold``), so an unacknowledged tail that a
   failover cuts was never read.
-* Followers are fed by one outbox per follower: one :class:`ReplicaExchange` in flight, which
-  carries everything queued meanwhile, in order; the follower's answers go back to the core.
+* Followers are fed by one outbox per follower: up to two :class:`ReplicaExchange` in
+  flight, each carrying everything queued meanwhile, in order; the follower's answers go back
+  to the core (which takes them in any order).
   A tick resends what a follower lacks and proposes ISR changes to the control plane.
 * A follower's exchanges are served under the stream's lock, effects performed in order.
 * The control plane's states arrive through :meth:`Replicas.on_state` (a heartbeat answer):
@@ -76,6 +77,7 @@ SEED = -1  # in an outbox: the seed of a follower lacking entries trimmed here (
 ACK_TIMEOUT_S = 10.0
 EXCHANGE_TIMEOUT_S = 5.0
 MAX_EXCHANGE = 256
+IN_FLIGHT = 2  # exchanges in flight per follower
 REPLICA_LAG_S = 1.0
 RESEND_S = 0.2
 PROPOSE_RETRY_S = 0.5
@@ -100,9 +102,10 @@ def _consume(future: asyncio.Future[None]) -> None:
 
 
 class _Outbox:
-    """The messages for one follower of one stream, sent one exchange at a time. Entries to
-    catch up on are queued by offset and read from the spool (off the event loop) when they
-    are sent."""
+    """The messages for one follower of one stream, up to ``IN_FLIGHT`` exchanges at a time
+    (each carries everything queued meanwhile, in order; the follower serves them in arrival
+    order under the stream's lock). Entries to catch up on are queued by offset and read from
+    the spool (off the event loop) when they are sent."""
 
     def __init__(self, replica: StreamReplica, node: str) -> None:
         self.replica = replica
@@ -110,6 +113,8 @@ class _Outbox:
         self.queue: list[ReplicationMessage | int] = []  # int: the log's entry at that offset
         self.queued: set[int] = set()  # offsets of the entries in the queue
         self.ready = asyncio.Event()
+        self.slots = asyncio.Semaphore(IN_FLIGHT)
+        self.sending: set[asyncio.Task[None]] = set()
         self.task = asyncio.create_task(self.run())
 
     def put(self, item: ReplicationMessage | int) -> None:
@@ -122,11 +127,14 @@ class _Outbox:
         self.ready.set()
 
     async def run(self) -> None:
-        replica = self.replica
         while True:
             await self.ready.wait()
             self.ready.clear()
             while self.queue:
+                await self.slots.acquire()
+                if not self.queue:  # a failed exchange cleared it meanwhile
+                    self.slots.release()
+                    break
                 batch, self.queue = self.queue[:MAX_EXCHANGE], self.queue[MAX_EXCHANGE:]
                 self.queued.difference_update(
                     m.offset if isinstance(m, ReplicaAppend) else m
@@ -134,29 +142,48 @@ class _Outbox:
                     if isinstance(m, ReplicaAppend | int)
                 )
                 try:
-                    messages = await replica.materialize(batch)
-                    exchange = ReplicaExchange(replica.name, replica.me, messages)
-                    reply = await asyncio.wait_for(
-                        replica.router.call(bytes.fromhex(self.node), exchange),
-                        EXCHANGE_TIMEOUT_S,
-                    )
-                    answers = messages_from_wire(replica.name, reply.get("messages"))
-                except Exception as exc:  # this follower's pump must outlive any one batch
-                    level = (
-                        logging.DEBUG
-                        if isinstance(exc, FedstreamError | TimeoutError | OSError)
-                        else logging.WARNING  # (e.g. an entry trimmed meanwhile: seeded next)
-                    )
-                    to = self.node[:12]
-                    log.log(level, "replica exchange %s -> %s: %r", replica.name, to, exc)
-                    self.queue.clear()  # the tick resends what the follower still lacks
-                    self.queued.clear()
-                    await asyncio.sleep(RESEND_S)
+                    messages = await self.replica.materialize(batch)
+                except Exception as exc:  # e.g. an entry trimmed meanwhile: seeded next
+                    await self._failed(exc)
                     break
-                replica.on_answers(self.node, answers)
+                task = asyncio.create_task(self._send(messages))
+                self.sending.add(task)
+                task.add_done_callback(self.sending.discard)
+
+    async def _send(self, messages: tuple[ReplicationMessage, ...]) -> None:
+        replica = self.replica
+        try:
+            exchange = ReplicaExchange(replica.name, replica.me, messages)
+            reply = await asyncio.wait_for(
+                replica.router.call(bytes.fromhex(self.node), exchange), EXCHANGE_TIMEOUT_S
+            )
+            answers = messages_from_wire(replica.name, reply.get("messages"))
+        except Exception as exc:  # this follower's pump must outlive any one batch
+            await self._failed(exc)
+            return
+        self.slots.release()
+        replica.on_answers(self.node, answers)
+
+    async def _failed(self, exc: Exception) -> None:
+        """An exchange failed: drop the queue (the tick resends what the follower still
+        lacks) and hold this slot a moment before the next one."""
+        level = (
+            logging.DEBUG
+            if isinstance(exc, FedstreamError | TimeoutError | OSError)
+            else logging.WARNING
+        )
+        log.log(level, "replica exchange %s -> %s: %r", self.replica.name, self.node[:12], exc)
+        self.queue.clear()
+        self.queued.clear()
+        try:
+            await asyncio.sleep(RESEND_S)
+        finally:
+            self.slots.release()
 
     def close(self) -> None:
         self.task.cancel()
+        for task in list(self.sending):
+            task.cancel()
 
 
 class StreamReplica:
