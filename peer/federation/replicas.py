@@ -469,7 +469,11 @@ class StreamReplica:
         """The messages of an outbox's batch: queued entries read from the spool in a
         thread, then made appends of this primary's epoch (ValueError once it is not)."""
         offsets = [item for item in items if isinstance(item, int) and item != SEED]
-        entries = await asyncio.to_thread(lambda: {o: self.spool.read_entry(o) for o in offsets})
+        entries = {}
+        if offsets:  # (new entries travel as appends already: no thread hop for them)
+            entries = await asyncio.to_thread(
+                lambda: {o: self.spool.read_entry(o) for o in offsets}
+            )
         primary = self.primary
         if any(isinstance(item, int) for item in items) and primary is None:
             raise ValueError(f"stream {self.name}: no longer primary")
