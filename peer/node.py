@@ -101,6 +101,9 @@ class PeerConfig:
     # Observability (issue 13): /metrics, /status and the dashboard on this address; None: off
     # (``peer join`` serves them by default on the API host, API port + 2).
     http: tuple[str, int] | None = None
+    # Run a small windowed query once after this peer's own Spark session starts, so that the
+    # first fragment it runs (a take-over, an arrival) starts warm (peer.engine.warm).
+    warm_up: bool = True
 
 
 class Peer:
@@ -336,6 +339,11 @@ class Peer:
                         tg.create_task(self.brain.run())
                 if self.observer is not None:
                     tg.create_task(self.observer.run())
+                engine = self.site.engine if self.site is not None else None
+                if engine is not None and engine.owns_session and self.config.warm_up:
+                    from peer.engine.warm import warm_up
+
+                    tg.create_task(warm_up(engine))
                 await self._stopping.wait()
                 raise _Stop
         except* _Stop:

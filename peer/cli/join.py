@@ -49,6 +49,7 @@ async def cmd_join(args: argparse.Namespace) -> int:
         port=port,
         engine=not args.no_engine,
         fuse_stateless=not args.no_lane,
+        warm_up=not args.no_warm_up,
         spark_master=args.spark_master,
         overlay_host=overlay_host,
         overlay_port=overlay_port,
@@ -277,5 +278,11 @@ def add_join_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--no-lane",
         action="store_true",
         help="run every query as its own Spark streaming query (no shared stateless lane)",
+    )
+    p.add_argument(
+        "--no-warm-up",
+        action="store_true",
+        help="skip running a small windowed query once after Spark starts (by default the "
+        "peer warms its engine up so that the first fragment it takes over starts fast)",
     )
     p.set_defaults(run=cmd_join)

@@ -125,6 +125,15 @@ class Engine:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, fn)
 
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the engine's Spark thread (the one every Spark call here uses)."""
+        return await self._call(fn)
+
+    @property
+    def owns_session(self) -> bool:
+        """Whether this engine started its Spark session (rather than adopting one)."""
+        return self._owns_session
+
     async def start(self, spark: SparkSession | None = None) -> None:
         """Start the session (6-16 s on a small machine), or adopt one already started."""
         if spark is not None:
