@@ -39,6 +39,10 @@ async def cmd_join(args: argparse.Namespace) -> int:
     http = http_address(args.http, host, port)
     if (args.key is None) != (args.participant is None):
         raise UsageError("--participant and --key go together (the key is that participant's)")
+    if not args.repair_after > 0:
+        raise UsageError(
+            f"--repair-after must be a number of seconds above 0, not {args.repair_after}"
+        )
     if not args.no_engine:
         from peer.engine.java import find_java
 
@@ -71,6 +75,7 @@ async def cmd_join(args: argparse.Namespace) -> int:
         voter=args.voter,
         replicas=args.replicas,
         min_insync=args.min_insync,
+        repair_after_s=args.repair_after,
         http=http,
     )
     node = Peer(config)
@@ -265,6 +270,14 @@ def add_join_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         default=2,
         metavar="N",
         help="a push is acknowledged once N replicas hold it (default 2)",
+    )
+    p.add_argument(
+        "--repair-after",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="a replica silent this long is replaced by a live peer in its streams' replica "
+        "sets (default 30)",
     )
     p.add_argument(
         "--spark-master",
