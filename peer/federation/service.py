@@ -26,7 +26,6 @@ from peer.federation.plane import ControlPlane, ReplicationSettings
 from peer.federation.records import CatalogRecords
 from peer.federation.requests import SiteRequests
 from peer.federation.router import Router
-from peer.model.query import parse_query
 from peer.model.schema import check_name, parse_schema
 from peer.model.tuples import batch_from_wire
 from peer.protocol.api import START_POSITIONS
@@ -190,7 +189,8 @@ class Federation:
         return {"stream": name, "schema": found.name, "host": host.hex()}
 
     async def create_query(self, query: str | dict[str, Any]) -> dict[str, Any]:
-        return await self.coordinator.create(parse_query(query))
+        parsed = await asyncio.to_thread(self.site.parse_query, query)
+        return await self.coordinator.create(parsed)
 
     async def set_query_status(self, name: str, status: str) -> dict[str, Any]:
         status = checked_status(status)
@@ -207,7 +207,9 @@ class Federation:
         if (producer is None) != (seq is None):
             raise InvalidInput("push: give both producer and seq, or neither", stream=stream)
         schema = await self.records.stream_schema(stream)
-        table = await asyncio.to_thread(batch_from_wire, schema, payload, stream=stream)
+        table = await asyncio.to_thread(
+            batch_from_wire, schema, payload, stream=stream, max_bytes=self.site.max_push_bytes
+        )
         reply = await self.forwarder.push(stream, table, producer, seq)
         return {**reply, "forwarded": True}
 
