@@ -527,16 +527,15 @@ class BrainPort:
 
 
 def load_contracts(directory: Path, identity: NodeIdentity, trust: TrustStore) -> ContractBook:
-    """The valid contracts of ``directory`` that involve our participant; each partner's key
-    becomes trusted (its peers may link to us). A refused file is logged with its reason and
-    never used."""
+    """The valid contracts of ``directory`` that involve our participant, each party's key
+    checked against the trust store (our own key, ``--trust``, ``DATA_DIR/trust``); each
+    partner's key becomes trusted (its peers may link to us). A refused file is logged with
+    its reason and never used."""
     from contracts.book import ContractBook
     from overlay.identity import IdentityError
 
     me = identity.participant
-    book = ContractBook.load_dir(
-        directory, me, datetime.now(UTC), known_keys={me: identity.participant_pub}
-    )
+    book = ContractBook.load_dir(directory, me, datetime.now(UTC), known_keys=trust.participants())
     for refusal in book.refused:
         if refusal.reason == "not-a-party":  # another pair's contract: not ours to use
             log.debug("contract %s: %s", refusal.path.name, refusal.error)

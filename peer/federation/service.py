@@ -139,9 +139,9 @@ class Federation:
                 f"schema {parsed.name} already exists in the federation with other fields",
                 schema=parsed.name,
             )
-        await self.site.add_schema(parsed)
-        if existing is None:
+        if existing is None:  # published first: a record the DHT refuses leaves nothing here
             await self.records.publish(f"schema:{parsed.name}", {"schema": parsed.to_dict()})
+        await self.site.add_schema(parsed)
         return {"schema": parsed.name, "fields": [f.name for f in parsed.fields]}
 
     async def create_stream(
