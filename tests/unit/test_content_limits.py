@@ -94,7 +94,7 @@ def test_rows_are_bounded_before_decoding() -> None:
 def test_a_truncated_or_damaged_body_is_refused_as_undecodable(cut: int) -> None:
     body = bomb(1000)
     damaged = body[:cut] if cut else body[:-24] + b"\xff" * 24
-    with pytest.raises(TupleError, match="does not decode|tuples|push limit"):
+    with pytest.raises(TupleError, match=r"does not decode|tuples|push limit"):
         batch_from_wire(TEXT, {"arrow": damaged})
 
 
@@ -192,7 +192,7 @@ def test_a_cycle_is_still_refused_by_both_sorts() -> None:
         {"name": "a", "type": "union", "inputs": ["i", "y"], "outputs": ["x"]},
         {"name": "b", "type": "map", "inputs": ["x"], "outputs": ["y"], "params": {}},
     ]
-    with pytest.raises(QueryError, match="cycle: a -> b -> a|cycle: b -> a -> b"):
+    with pytest.raises(QueryError, match=r"cycle: (a -> b -> a|b -> a -> b)"):
         parse_query({"name": "q", "boxes": boxes})
 
 
