@@ -138,13 +138,8 @@ def offline_attacks(work: Path) -> list[list[str]]:
     (work / "k2" / "acme.key").symlink_to(work / "k2" / "elsewhere.key")
     code, said = cli("keygen", "acme", "--dir", str(work / "k2"))
     written = (work / "k2" / "elsewhere.key").exists()
-    rows.append(
-        [
-            "peer keygen through a dangling symlink",
-            f"exit {code}: {said}; target written: {written}",
-        ]
-        + ["", "", ""]
-    )
+    said = f"exit {code}: {said}; target written: {written}"
+    rows.append(["peer keygen through a dangling symlink", said, "", "", ""])
     keys = {n: generate(n, work / "k3")[0] for n in ("acme", "globex", "mallory")}
     priv = {n: load_private(p) for n, p in keys.items()}
     made = ct.create(
