@@ -62,9 +62,10 @@ ANY = "any"
 MAX_FILE_BYTES = 64 * 1024
 MAX_PRICE = 1e12
 
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_HEX_KEY = re.compile(r"^[0-9a-f]{64}$")
-_HEX_SIG = re.compile(r"^[0-9a-f]{128}$")
+# Each matched whole (fullmatch): ``$`` would let a trailing newline through.
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_HEX_KEY = re.compile(r"[0-9a-f]{64}")
+_HEX_SIG = re.compile(r"[0-9a-f]{128}")
 _NAME_RULE = "1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
 _TOP_FIELDS = {"version", "id", "not_before", "not_after", "price", "min_price", "max_price"}
 _PARTY_FIELDS = {"name", "public_key", "accepts", "signature"}
@@ -218,12 +219,12 @@ def _price_or_none(value: object, name: str) -> float | None:
 
 def _check(c: Contract) -> None:
     """Structural checks shared by create, loads and verify (no signatures, no clock)."""
-    shown = c.id if isinstance(c.id, str) and _ID.match(c.id) else repr(c.id)[:64]
+    shown = c.id if isinstance(c.id, str) and _ID.fullmatch(c.id) else repr(c.id)[:64]
     where = f"contract {shown}" + (f" ({c.source})" if c.source else "")
-    if not isinstance(c.id, str) or not _ID.match(c.id):
+    if not isinstance(c.id, str) or not _ID.fullmatch(c.id):
         raise _fail(where, f"id must be {_NAME_RULE}")
     for p in c.parties:
-        if not isinstance(p.name, str) or not NAME.match(p.name):
+        if not isinstance(p.name, str) or not NAME.fullmatch(p.name):
             raise _fail(where, f"participant name {repr(p.name)[:80]} is not valid ({_NAME_RULE})")
         if not isinstance(p.public_key, bytes) or len(p.public_key) != 32:
             raise _fail(where, f"participant {p.name}: public key must be 32 raw bytes")
@@ -353,13 +354,21 @@ def verify(
         raise ValueError("now must be an aware datetime (UTC)")
     _check(contract)
     label = contract.label
+    keys = known_keys or {}
     for p in contract.parties:
-        known = (known_keys or {}).get(p.name)
+        known = keys.get(p.name)
         if known is not None and known != p.public_key:
             raise ContractError(
                 "wrong-key",
                 f"{label}: wrong key: participant {p.name}'s key in the contract "
                 f"({p.public_key.hex()[:16]}...) is not its known key ({known.hex()[:16]}...)",
+            )
+        owner = next((n for n, k in keys.items() if k == p.public_key and n != p.name), None)
+        if owner is not None:
+            raise ContractError(
+                "wrong-key",
+                f"{label}: wrong key: participant {p.name}'s key in the contract "
+                f"({p.public_key.hex()[:16]}...) is participant {owner}'s known key",
             )
     if now < contract.not_before:
         raise ContractError(
@@ -479,7 +488,7 @@ def loads(data: bytes, *, source: str = "<contract>") -> Contract:
 def _from_doc(doc: dict[str, Any], source: str) -> Contract:
     contract_id = doc.get("id")
     # Only a well-formed id or name goes into a message: no escapes from hostile files.
-    valid_id = isinstance(contract_id, str) and _ID.match(contract_id)
+    valid_id = isinstance(contract_id, str) and _ID.fullmatch(contract_id)
     where = f"contract {contract_id} ({source})" if valid_id else source
     keys = set(doc)
     if missing := _REQUIRED_TOP - keys:
@@ -515,18 +524,22 @@ def _party(raw: object, where: str) -> Party:
     if not isinstance(raw, dict):
         raise _fail(where, "each [[participant]] must be a table")
     name = raw.get("name")
-    who = f"{where}: participant {name}" if isinstance(name, str) and NAME.match(name) else where
+    who = (
+        f"{where}: participant {name}" if isinstance(name, str) and NAME.fullmatch(name) else where
+    )
     if missing := _REQUIRED_PARTY - set(raw):
         raise _fail(who, f"missing fields {sorted(missing)}")
     if extra := set(raw) - _PARTY_FIELDS:
         raise _fail(who, f"unknown fields {_shown(extra)}")
-    if not isinstance(name, str) or not NAME.match(name):
+    if not isinstance(name, str) or not NAME.fullmatch(name):
         raise _fail(where, f"participant name {repr(name)[:80]} is not valid ({_NAME_RULE})")
     key = raw["public_key"]
-    if not isinstance(key, str) or not _HEX_KEY.match(key):
+    if not isinstance(key, str) or not _HEX_KEY.fullmatch(key):
         raise _fail(who, "public_key must be 64 lowercase hex digits (raw Ed25519 key)")
     signature = raw.get("signature")
-    if signature is not None and (not isinstance(signature, str) or not _HEX_SIG.match(signature)):
+    if signature is not None and (
+        not isinstance(signature, str) or not _HEX_SIG.fullmatch(signature)
+    ):
         raise _fail(who, "signature must be 128 lowercase hex digits (raw Ed25519 signature)")
     accepts = raw["accepts"]
     if not isinstance(accepts, list) or len(accepts) > len(BOX_TYPES) + 1:

@@ -9,7 +9,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# Matched whole (fullmatch): ``$`` would let a trailing newline through.
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 class KeyError_(ValueError):
@@ -17,7 +18,7 @@ class KeyError_(ValueError):
 
 
 def check_name(name: str) -> str:
-    if not NAME.match(name):
+    if not isinstance(name, str) or not NAME.fullmatch(name):
         raise KeyError_(
             f"participant name {name!r} must be 1-128 characters of letters, digits, "
             "'.', '_' or '-', starting with a letter or digit"
@@ -30,6 +31,9 @@ def generate(name: str, directory: Path, *, overwrite: bool = False) -> tuple[Pa
     check_name(name)
     directory.mkdir(parents=True, exist_ok=True)
     key_path, pub_path = directory / f"{name}.key", directory / f"{name}.pub"
+    for path in (key_path, pub_path):
+        if path.is_symlink():  # a dangling one too: the key would land where it points
+            raise KeyError_(f"{path} is a symbolic link; refusing to write a key through it")
     if not overwrite and (key_path.exists() or pub_path.exists()):
         raise KeyError_(f"{key_path} or {pub_path} already exists; refusing to overwrite a key")
     key = Ed25519PrivateKey.generate()
@@ -39,13 +43,21 @@ def generate(name: str, directory: Path, *, overwrite: bool = False) -> tuple[Pa
     public = key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-    fd = os.open(key_path, flags, 0o600)
-    with os.fdopen(fd, "wb") as out:
-        out.write(private)
+    _write(key_path, private, 0o600, overwrite=overwrite)
     os.chmod(key_path, 0o600)
-    pub_path.write_bytes(public)
+    _write(pub_path, public, 0o644, overwrite=overwrite)
     return key_path, pub_path
+
+
+def _write(path: Path, data: bytes, mode: int, *, overwrite: bool) -> None:
+    # O_NOFOLLOW: a link put there after the check above is refused, not followed.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if overwrite else os.O_EXCL)
+    try:
+        fd = os.open(path, flags, mode)
+    except OSError as exc:
+        raise KeyError_(f"cannot write {path}: {exc.strerror}") from exc
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
 
 
 def load_private(path: Path) -> Ed25519PrivateKey:

@@ -41,7 +41,7 @@ from typing import Any, Protocol
 import msgpack
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from overlay.records import Record
+from overlay.records import Record, RecordError
 
 __all__ = ["CACHE_TTL_S", "Catalog", "CatalogError", "Placement"]
 
@@ -214,6 +214,8 @@ class Catalog:
         signer = self._node_key if as_node else self._participant_key
         try:
             acks = await self.dht.put(key, pack(value), signer, expiry_s=expiry_s)
+        except RecordError as exc:  # the record itself is refused (key, size, owner)
+            raise CatalogError(f"cannot write {key} to the DHT: {exc}") from exc
         except Exception as exc:
             raise CatalogError(f"cannot write {key} to the DHT: {exc}", retriable=True) from exc
         self._remember(key, value, None)

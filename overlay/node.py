@@ -31,11 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from overlay.catalog import Catalog, unpack
+from overlay.catalog import Catalog
 from overlay.dht import CatalogServer, DhtUnavailable
 from overlay.identity import IdentityError, NodeIdentity, TrustStore, verify_node_cert
 from overlay.link import Link, LinkError, LinkPool, LinkServer
 from overlay.membership import Event, MemberInfo, Membership, MemberState, rank, stream_target
+from overlay.record_policy import record_refusal
 from overlay.records import Record
 from overlay.tls import TlsContexts
 
@@ -44,8 +45,6 @@ __all__ = ["NotAdmitted", "Overlay", "OverlayConfig", "OverlayError", "PeerHandl
 log = logging.getLogger(__name__)
 
 STATE_FILE = "overlay-state.json"
-CATALOG_PREFIXES = ("participant:", "schema:", "stream:", "query:")
-NODE_PREFIXES = ("peer:", "place:")
 
 
 class OverlayError(Exception):
@@ -319,29 +318,8 @@ class Overlay:
         return None
 
     def policy(self, record: Record) -> str | None:
-        """Who may sign what (applied by storing nodes and readers)."""
-        if record.key.startswith(CATALOG_PREFIXES):
-            if not self.trust.is_trusted(record.owner):
-                return "record owner is not a participant this peer trusts"
-            if record.key.startswith("participant:"):
-                value = _safe_unpack(record.value)
-                if value is None or value.get("pk") != record.owner:
-                    return "participant record must be signed by the key it names"
-            return None
-        if record.key.startswith(NODE_PREFIXES):
-            value = _safe_unpack(record.value)
-            if value is None or not isinstance(value.get("cert"), bytes):
-                return "node record lacks its certificate"
-            try:
-                cert = verify_node_cert(value["cert"], self.trust, time.time())
-            except IdentityError as exc:
-                return str(exc)
-            if cert.node_pub != record.owner:
-                return "node record not signed by the node its certificate names"
-            if record.key.startswith("peer:") and record.key[5:] != cert.node_id.hex():
-                return "peer record under another node's id"
-            return None
-        return "unknown catalog namespace"
+        """Who may sign what (applied by storing nodes and readers): overlay.record_policy."""
+        return record_refusal(self.trust, record)
 
     # membership and routing
     def live_members(self) -> list[MemberInfo]:
@@ -591,10 +569,3 @@ class Overlay:
         if self.membership is None:
             raise OverlayError("overlay is not started")
         return self.membership
-
-
-def _safe_unpack(raw: bytes) -> dict[str, Any] | None:
-    try:
-        return unpack(raw)
-    except Exception:
-        return None

@@ -41,6 +41,7 @@ import ssl
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol, TypeAlias
 
+from overlay.refusals import RefusalLog
 from overlay.stream import FrameStream, memory_stream_pair
 from overlay.wire import DEFAULT_MAX_FRAME_BYTES
 
@@ -193,6 +194,8 @@ class Listener:
         self._requested_port = port
         self._tls = tls
         self._log = logger
+        # refused handshakes: a few warnings a minute, the rest counted (no log flooding)
+        self.refusals = RefusalLog(logger)
         self._network = network
         self._nursery = Nursery(name, close_timeout_s)
         self._socket: socket.socket | None = None
@@ -323,7 +326,7 @@ class Listener:
             conn.close()  # the loop closed its transport, if it had made one
             if isinstance(exc, ssl.SSLError):
                 reason = tls_reason(exc)
-                self._log.warning(
+                self.refusals.warning(
                     "%s: refused %s at the TLS handshake: %s", self.name, where, reason
                 )
             elif isinstance(exc, TimeoutError):

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from peer.errors import Conflict, FedstreamError, Unavailable
 from peer.federation import Federation
 from peer.federation.plane import ReplicationSettings
+from peer.model.limits import ContentLimits
 from peer.protocol.link import Raw
 from peer.server import AnnouncedBatches, ApiServer, PeerService, api_server_tls, is_loopback
 from peer.site import LocalSite, SiteConfig
@@ -104,6 +105,9 @@ class PeerConfig:
     # Run a small windowed query once after this peer's own Spark session starts, so that the
     # first fragment it runs (a take-over, an arrival) starts warm (peer.engine.warm).
     warm_up: bool = True
+    # Content budgets of requests (issue 12): pushed Arrow bytes once decompressed, query size
+    # in any form, boxes, arrows per box, parameter text (peer.model.limits).
+    limits: ContentLimits = field(default_factory=ContentLimits)
 
 
 class Peer:
@@ -141,6 +145,7 @@ class Peer:
                 max_backlog_batches=config.max_backlog_batches,
                 backlog_wait_s=config.backlog_wait_s,
                 retention_s=config.retention_s,
+                limits=config.limits,
             )
         )
         self._service.target = site
@@ -522,16 +527,15 @@ class BrainPort:
 
 
 def load_contracts(directory: Path, identity: NodeIdentity, trust: TrustStore) -> ContractBook:
-    """The valid contracts of ``directory`` that involve our participant; each partner's key
-    becomes trusted (its peers may link to us). A refused file is logged with its reason and
-    never used."""
+    """The valid contracts of ``directory`` that involve our participant, each party's key
+    checked against the trust store (our own key, ``--trust``, ``DATA_DIR/trust``); each
+    partner's key becomes trusted (its peers may link to us). A refused file is logged with
+    its reason and never used."""
     from contracts.book import ContractBook
     from overlay.identity import IdentityError
 
     me = identity.participant
-    book = ContractBook.load_dir(
-        directory, me, datetime.now(UTC), known_keys={me: identity.participant_pub}
-    )
+    book = ContractBook.load_dir(directory, me, datetime.now(UTC), known_keys=trust.participants())
     for refusal in book.refused:
         if refusal.reason == "not-a-party":  # another pair's contract: not ours to use
             log.debug("contract %s: %s", refusal.path.name, refusal.error)

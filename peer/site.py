@@ -21,11 +21,12 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from peer.errors import Conflict, EngineError, InvalidInput, NotFound, Unavailable
+from peer.model.limits import ContentLimits
 from peer.model.plan import CheckedQuery, check_query
 from peer.model.query import Query, parse_query, query_to_dict
 from peer.model.schema import Schema, check_name, parse_schema, to_arrow_schema
@@ -58,6 +59,8 @@ class SiteConfig:
     backlog_wait_s: float = 30.0
     # How long a stream no query reads (a result stream) keeps its tuples for late subscribers.
     retention_s: float = 600.0
+    # What one request may ask (pushed bytes, query size; peer.model.limits).
+    limits: ContentLimits = field(default_factory=ContentLimits)
 
 
 def checked_status(status: str) -> str:
@@ -152,7 +155,7 @@ class LocalSite:
         places it on its first start, and remember that place."""
         assert self.engine is not None
         placement = await self.engine.run_query(
-            self.checked(entry.query),
+            await asyncio.to_thread(self.checked, entry.query),
             entry.incarnation,
             resume=resume,
             placement=entry.placement,
@@ -301,7 +304,9 @@ class LocalSite:
             raise InvalidInput("push: give both producer and seq, or neither", stream=stream)
 
         def land() -> tuple[int, int | None]:
-            table = batch_from_wire(entry.schema, payload, stream=stream)
+            table = batch_from_wire(
+                entry.schema, payload, stream=stream, max_bytes=self.max_push_bytes
+            )
             return table.num_rows, spool.append(table, origin=producer, seq=seq)
 
         await self.room(stream, spool)
@@ -309,7 +314,9 @@ class LocalSite:
         if appender is not None:  # a replicated stream: its replicas must hold it first
 
             def encode() -> tuple[int, bytes | None]:
-                table = batch_from_wire(entry.schema, payload, stream=stream)
+                table = batch_from_wire(
+                    entry.schema, payload, stream=stream, max_bytes=self.max_push_bytes
+                )
                 rows = table.num_rows
                 return rows, spool.encode(table, origin=producer, seq=seq) if rows else None
 
@@ -337,7 +344,9 @@ class LocalSite:
         def land() -> int:
             kept = 0
             for seq, body in batches:
-                table = batch_from_wire(entry.schema, {"arrow": body}, stream=stream)
+                table = batch_from_wire(
+                    entry.schema, {"arrow": body}, stream=stream, max_bytes=self.max_push_bytes
+                )
                 if spool.append(table, origin=origin, seq=seq) is not None:
                     kept += 1
             return kept
@@ -525,10 +534,18 @@ class LocalSite:
         return {"stream": name, "schema": found.name}
 
     async def create_query(self, query: str | dict[str, Any]) -> dict[str, Any]:
-        checked = self.check_new(parse_query(query))
+        checked = await asyncio.to_thread(lambda: self.check_new(self.parse_query(query)))
         for stream in checked.outputs:
             await self.add_stream(stream, checked.stream_schemas[stream], checked.query.name)
         return await self.add_query(checked)
+
+    def parse_query(self, query: str | dict[str, Any]) -> Query:
+        """A query from a client, within this peer's limits (CPU work: not on the loop)."""
+        return parse_query(query, limits=self.config.limits)
+
+    @property
+    def max_push_bytes(self) -> int:
+        return self.config.limits.max_push_bytes
 
     async def set_query_status(self, name: str, status: str) -> dict[str, Any]:
         return await self.set_query_status_here(name, status)

@@ -82,6 +82,7 @@ class LinkServer:
             handshake_timeout_s=handshake_timeout_s,
             close_timeout_s=close_timeout_s,
         )
+        self.refusals = self._listener.refusals  # TLS and hello refusals, counted together
         self._links: set[Link] = set()
         self._closed_traffic = Traffic()
 
@@ -139,13 +140,13 @@ class LinkServer:
                 try:
                     limits = check_hello(await stream.recv(), remote, where)
                 except LinkRefused as exc:
-                    log.warning("peer links: refused %s: %s", where, exc)
+                    self.refusals.warning("peer links: refused %s: %s", where, exc)
                     await stream.send({"type": "refused", "reason": str(exc), "retriable": False})
                     await stream.aclose(CLOSE_WAIT_S)
                     return None
                 await stream.send(hello(self.identity, settings))
         except IdentityError as exc:
-            log.warning("peer links: refused %s: %s", where, exc.reason)
+            self.refusals.warning("peer links: refused %s: %s", where, exc.reason)
         except TimeoutError:
             log.info("peer links: %s did not send its hello in time", where)
         except (OSError, RemoteProtocolError) as exc:

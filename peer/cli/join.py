@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from peer.cli.options import UsageError, parse_addr
 from peer.errors import Unavailable
+from peer.model.limits import DEFAULT_LIMITS, ContentLimits
 
 if TYPE_CHECKING:
     from overlay.node import NotAdmitted
@@ -47,6 +48,12 @@ async def cmd_join(args: argparse.Namespace) -> int:
         from peer.engine.java import find_java
 
         find_java()
+    try:
+        limits = ContentLimits(
+            max_push_bytes=args.max_push_bytes, max_query_bytes=args.max_query_bytes
+        )
+    except ValueError as exc:
+        raise UsageError(f"--max-push-bytes/--max-query-bytes: {exc}") from exc
     config = PeerConfig(
         data_dir=Path(args.data_dir),
         host=host,
@@ -77,6 +84,7 @@ async def cmd_join(args: argparse.Namespace) -> int:
         min_insync=args.min_insync,
         repair_after_s=args.repair_after,
         http=http,
+        limits=limits,
     )
     node = Peer(config)
     loop = asyncio.get_running_loop()
@@ -250,6 +258,20 @@ def add_join_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         default=30.0,
         metavar="S",
         help="how long a push waits for room before a retriable refusal",
+    )
+    p.add_argument(
+        "--max-push-bytes",
+        type=int,
+        default=DEFAULT_LIMITS.max_push_bytes,
+        metavar="BYTES",
+        help="refuse a pushed Arrow batch larger than this once decompressed",
+    )
+    p.add_argument(
+        "--max-query-bytes",
+        type=int,
+        default=DEFAULT_LIMITS.max_query_bytes,
+        metavar="BYTES",
+        help="refuse a query definition larger than this (XML or JSON text, or a map)",
     )
     p.add_argument(
         "--voter",

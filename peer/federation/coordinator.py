@@ -32,6 +32,7 @@ forgets where the fragment went.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -110,7 +111,7 @@ class Coordinator:
         produced = {s for box in query.boxes for s in box.outputs}
         inputs = [s for box in query.boxes for s in box.inputs if s not in produced]
         schemas = {s: await self.records.stream_schema(s) for s in dict.fromkeys(inputs)}
-        checked = check_query(query, schemas)
+        checked = await asyncio.to_thread(check_query, query, schemas)  # CPU: not on the loop
         for stream in checked.outputs:
             if await self.records.stream_or_none(stream) is not None:
                 raise AlreadyExists(

@@ -14,7 +14,8 @@ from typing import Any
 
 from overlay.catalog import CATALOG_EXPIRY_S, Catalog, CatalogError, Placement
 from overlay.node import Overlay
-from peer.errors import Conflict, FedstreamError, NotFound, Unavailable
+from overlay.records import MAX_KEY_BYTES, MAX_RECORD_BYTES
+from peer.errors import Conflict, FedstreamError, InvalidInput, NotFound, Unavailable
 from peer.model.schema import Schema, parse_schema
 
 
@@ -76,6 +77,12 @@ class CatalogRecords:
                 key, {**value, "owner": catalog.participant}, expiry_s=CATALOG_EXPIRY_S
             )
         except CatalogError as exc:
+            if not exc.retriable:  # a key or record the DHT never takes (too long, too big)
+                raise InvalidInput(
+                    f"{key.replace(':', ' ', 1)} cannot be published: {exc} (a DHT key holds "
+                    f"at most {MAX_KEY_BYTES} bytes, a record at most {MAX_RECORD_BYTES})",
+                    name=key,
+                ) from exc
             raise Unavailable(str(exc)) from exc
 
     async def publish_stream(self, stream: str, schema: Schema, derived_from: str | None) -> None:

@@ -136,7 +136,8 @@ class SiteRequests:
             if stream in self.hosting.hosted or info.host == self.me.hex():
                 continue  # hosted here, or made by another fragment here
             await self.site.add_replica(stream, info.schema, info.host)
-        return await self.create_here(self.site.check_new(message.definition))
+        checked = await asyncio.to_thread(self.site.check_new, message.definition)
+        return await self.create_here(checked)
 
     async def create_here(self, checked: CheckedQuery) -> dict[str, Any]:
         """A query (a whole one, or one fragment) that runs here, its result streams hosted

@@ -26,7 +26,6 @@ from peer.federation.plane import ControlPlane, ReplicationSettings
 from peer.federation.records import CatalogRecords
 from peer.federation.requests import SiteRequests
 from peer.federation.router import Router
-from peer.model.query import parse_query
 from peer.model.schema import check_name, parse_schema
 from peer.model.tuples import batch_from_wire
 from peer.protocol.api import START_POSITIONS
@@ -140,9 +139,9 @@ class Federation:
                 f"schema {parsed.name} already exists in the federation with other fields",
                 schema=parsed.name,
             )
-        await self.site.add_schema(parsed)
-        if existing is None:
+        if existing is None:  # published first: a record the DHT refuses leaves nothing here
             await self.records.publish(f"schema:{parsed.name}", {"schema": parsed.to_dict()})
+        await self.site.add_schema(parsed)
         return {"schema": parsed.name, "fields": [f.name for f in parsed.fields]}
 
     async def create_stream(
@@ -190,7 +189,8 @@ class Federation:
         return {"stream": name, "schema": found.name, "host": host.hex()}
 
     async def create_query(self, query: str | dict[str, Any]) -> dict[str, Any]:
-        return await self.coordinator.create(parse_query(query))
+        parsed = await asyncio.to_thread(self.site.parse_query, query)
+        return await self.coordinator.create(parsed)
 
     async def set_query_status(self, name: str, status: str) -> dict[str, Any]:
         status = checked_status(status)
@@ -207,7 +207,9 @@ class Federation:
         if (producer is None) != (seq is None):
             raise InvalidInput("push: give both producer and seq, or neither", stream=stream)
         schema = await self.records.stream_schema(stream)
-        table = await asyncio.to_thread(batch_from_wire, schema, payload, stream=stream)
+        table = await asyncio.to_thread(
+            batch_from_wire, schema, payload, stream=stream, max_bytes=self.site.max_push_bytes
+        )
         reply = await self.forwarder.push(stream, table, producer, seq)
         return {**reply, "forwarded": True}
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from peer.errors import QueryError
+from peer.model.limits import DEFAULT_LIMITS, ContentLimits, definition_size
 from peer.model.schema import check_name, parse_json, parse_xml, source_text
 
 # random_drop and window_drop are Borealis' load-shedding boxes (pass-through at rate 0).
@@ -68,14 +69,74 @@ class Query:
     boxes: tuple[Box, ...]
 
 
-def parse_query(source: str | bytes | Mapping[str, Any]) -> Query:
-    """Parse a query from Medusa or Borealis XML, JSON text or a mapping."""
+def parse_query(
+    source: str | bytes | Mapping[str, Any], *, limits: ContentLimits = DEFAULT_LIMITS
+) -> Query:
+    """Parse a query from Medusa or Borealis XML, JSON text or a mapping, within ``limits``
+    (its size in any form, boxes, arrows per box, parameter text)."""
     if isinstance(source, Mapping):
-        return _query_from_mapping(source)
-    text = source_text(source, QueryError, "query")
-    if text.lstrip().startswith("<"):
-        return _query_from_xml(parse_xml(text, QueryError, "query"))
-    return _query_from_mapping(parse_json(text, QueryError, "query"))
+        size = definition_size(source, limits.max_query_bytes)
+        if size > limits.max_query_bytes:
+            raise _over(
+                f"query definition is larger than {limits.max_query_bytes} bytes (as JSON text)",
+                "max_query_bytes",
+                limits.max_query_bytes,
+            )
+        query = _query_from_mapping(source, limits.max_boxes)
+    else:
+        text = source_text(source, QueryError, "query")
+        if len(text) > limits.max_query_bytes or (
+            len(text.encode("utf-8", "surrogatepass")) > limits.max_query_bytes
+        ):
+            raise _over(
+                f"query definition is larger than {limits.max_query_bytes} bytes",
+                "max_query_bytes",
+                limits.max_query_bytes,
+            )
+        if text.lstrip().startswith("<"):
+            query = _query_from_xml(parse_xml(text, QueryError, "query"), limits.max_boxes)
+        else:
+            query = _query_from_mapping(parse_json(text, QueryError, "query"), limits.max_boxes)
+    check_budget(query, limits)
+    return query
+
+
+def check_budget(query: Query, limits: ContentLimits) -> None:
+    """Refuse a query over ``limits`` (boxes, arrows per box, parameter text), naming it."""
+    where = f"query {query.name}"
+    if len(query.boxes) > limits.max_boxes:
+        raise _over(
+            f"{where}: has more than {limits.max_boxes} boxes",
+            "max_boxes",
+            limits.max_boxes,
+            query=query.name,
+        )
+    text = 0
+    for box in query.boxes:
+        for what, arrows in (("inputs", box.inputs), ("outputs", box.outputs)):
+            if len(arrows) > limits.max_arrows_per_box:
+                raise _over(
+                    f"{where}, box {box.name}: has {len(arrows)} {what}, more than "
+                    f"{limits.max_arrows_per_box}",
+                    "max_arrows_per_box",
+                    limits.max_arrows_per_box,
+                    query=query.name,
+                    box=box.name,
+                )
+        text += sum(len(value.encode("utf-8", "surrogatepass")) for _, value in box.params)
+        if text > limits.max_expression_bytes:
+            raise _over(
+                f"{where}: its box parameters (expressions, predicates, ...) hold more than "
+                f"{limits.max_expression_bytes} bytes of text (up to box {box.name})",
+                "max_expression_bytes",
+                limits.max_expression_bytes,
+                query=query.name,
+                box=box.name,
+            )
+
+
+def _over(message: str, limit: str, value: int, **details: Any) -> QueryError:
+    return QueryError(message, limit=limit, **{limit: value}, **details)
 
 
 def query_to_dict(query: Query) -> dict[str, Any]:
@@ -147,25 +208,37 @@ def _check_arity(where: str, box: Box) -> None:
 
 
 def topological_order(query: Query) -> tuple[Box, ...]:
-    """The boxes, each after the boxes feeding it (declaration order among equals)."""
+    """The boxes, each after the boxes feeding it (declaration order among equals): round by
+    round, every box whose feeders were all placed in earlier rounds (Kahn's algorithm, no
+    recursion, linear in boxes and arrows)."""
     producer = {stream: box.name for box in query.boxes for stream in box.outputs}
     feeds = {
         box.name: sorted({producer[s] for s in box.inputs if s in producer}) for box in query.boxes
     }
+    fed: dict[str, list[str]] = {box.name: [] for box in query.boxes}
+    for name, feeders in feeds.items():
+        for feeder in feeders:
+            fed[feeder].append(name)
+    index = {box.name: i for i, box in enumerate(query.boxes)}
+    waiting = {name: len(feeders) for name, feeders in feeds.items()}
     done: list[Box] = []
-    placed: set[str] = set()
-    pending = list(query.boxes)
-    while pending:
-        ready = [b for b in pending if all(f in placed for f in feeds[b.name])]
-        if not ready:
-            raise QueryError(
-                f"query {query.name}: boxes form a cycle: {_cycle(feeds, pending)}",
-                query=query.name,
-            )
+    ready = [box for box in query.boxes if not waiting[box.name]]
+    while ready:
+        done.extend(ready)
+        unblocked = []
         for box in ready:
-            done.append(box)
-            placed.add(box.name)
-        pending = [b for b in pending if b.name not in placed]
+            for name in fed[box.name]:
+                waiting[name] -= 1
+                if not waiting[name]:
+                    unblocked.append(name)
+        ready = [query.boxes[i] for i in sorted(index[name] for name in unblocked)]
+    if len(done) < len(query.boxes):
+        placed = {box.name for box in done}
+        pending = [box for box in query.boxes if box.name not in placed]
+        raise QueryError(
+            f"query {query.name}: boxes form a cycle: {_cycle(feeds, pending)}",
+            query=query.name,
+        )
     return tuple(done)
 
 
@@ -248,7 +321,7 @@ def _natural(name: str) -> tuple[str, int]:
 # -- JSON ---------------------------------------------------------------------------------------
 
 
-def _query_from_mapping(data: Mapping[str, Any]) -> Query:
+def _query_from_mapping(data: Mapping[str, Any], max_boxes: int = MAX_BOXES) -> Query:
     unknown = set(data) - {"name", "boxes"}
     if unknown:
         raise QueryError(f"query: unknown keys {sorted(map(str, unknown))} (known: name, boxes)")
@@ -256,8 +329,12 @@ def _query_from_mapping(data: Mapping[str, Any]) -> Query:
     raw_boxes = data.get("boxes")
     if not isinstance(raw_boxes, list | tuple):
         raise QueryError(f"query {qname}: 'boxes' must be a list", query=qname)
+    if len(raw_boxes) > max_boxes:
+        raise _over(
+            f"query {qname}: has more than {max_boxes} boxes", "max_boxes", max_boxes, query=qname
+        )
     boxes = []
-    for i, raw in enumerate(raw_boxes[: MAX_BOXES + 1]):
+    for i, raw in enumerate(raw_boxes):
         if not isinstance(raw, Mapping):
             raise QueryError(f"query {qname}: box #{i} must be an object", query=qname)
         extra = set(raw) - {"name", "type", "inputs", "outputs", "params", "node"}
@@ -288,7 +365,7 @@ def _query_from_mapping(data: Mapping[str, Any]) -> Query:
 # -- XML ----------------------------------------------------------------------------------------
 
 
-def _query_from_xml(root: ET.Element) -> Query:
+def _query_from_xml(root: ET.Element, max_boxes: int = MAX_BOXES) -> Query:
     if root.tag in ("borealis", "network"):
         queries = [child for child in root if child.tag == "query"]
         if len(queries) != 1:
@@ -301,13 +378,18 @@ def _query_from_xml(root: ET.Element) -> Query:
     if root.tag != "query":
         raise QueryError(f"query XML must have a <query> root element, got <{root.tag}>")
     qname = check_name(root.get("name"), "query", QueryError)
-    boxes = []
+    boxes: list[Box] = []
     for child in root:
         if child.tag != "box":
             raise QueryError(f"query {qname}: unexpected element <{child.tag}>", query=qname)
+        if len(boxes) == max_boxes:
+            raise _over(
+                f"query {qname}: has more than {max_boxes} boxes",
+                "max_boxes",
+                max_boxes,
+                query=qname,
+            )
         boxes.append(_box_from_xml(qname, child))
-        if len(boxes) > MAX_BOXES:
-            break
     return make_query(qname, boxes)
 
 

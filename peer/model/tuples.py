@@ -28,9 +28,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from peer.errors import TupleError
+from peer.model.ipc import declared_size
 from peer.model.schema import Field, Schema, arrow_type, to_arrow_schema
 
 MAX_ROWS = 1_000_000
+# What one pushed Arrow body may hold once decompressed (``max_push_bytes``; docs/protocol.md,
+# "Content limits"); the frame limit bounds only the compressed bytes.
+MAX_PUSH_BYTES = 64 * 1024 * 1024
 
 _INT_RANGES = {"int": (-(2**31), 2**31 - 1), "long": (-(2**63), 2**63 - 1)}
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -57,9 +61,14 @@ def batch_from_wire(
     payload: Mapping[str, Any],
     *,
     max_rows: int = MAX_ROWS,
+    max_bytes: int = MAX_PUSH_BYTES,
     stream: str | None = None,
 ) -> pa.Table:
-    """Validate a pushed batch and return it as a table of the schema's Arrow types."""
+    """Validate a pushed batch and return it as a table of the schema's Arrow types.
+
+    An Arrow body is bounded before it is decoded: at most ``max_rows`` tuples and
+    ``max_bytes`` once decompressed (:mod:`peer.model.ipc`). It is CPU work: callers on the
+    event loop run this in a worker thread."""
     label = f"stream {stream}" if stream else f"schema {schema.name}"
     if not isinstance(payload, Mapping) or len(payload) != 1:
         raise TupleError(
@@ -68,7 +77,7 @@ def batch_from_wire(
         )
     ((kind, body),) = payload.items()
     if kind == "arrow":
-        return _from_arrow(schema, body, label, stream, max_rows)
+        return _from_arrow(schema, body, label, stream, max_rows, max_bytes)
     if kind == "rows":
         columns = _columns_from_rows(schema, body, label, stream, max_rows)
     elif kind == "columns":
@@ -307,20 +316,37 @@ _ARROW_SOURCES: dict[str, Callable[[pa.DataType], bool]] = {
 
 
 def _from_arrow(
-    schema: Schema, body: object, label: str, stream: str | None, max_rows: int
+    schema: Schema, body: object, label: str, stream: str | None, max_rows: int, max_bytes: int
 ) -> pa.Table:
     if not isinstance(body, bytes | bytearray | memoryview):
         raise TupleError(f"{label}: 'arrow' must be Arrow IPC stream bytes", stream=stream)
+    data = pa.py_buffer(body)
     try:
-        table = pa.ipc.open_stream(pa.py_buffer(bytes(body))).read_all()
+        declared = declared_size(data, max_bytes=max_bytes, max_rows=max_rows)
+    except (pa.ArrowException, ValueError, OSError) as exc:
+        raise TupleError(
+            f"{label}: Arrow IPC payload does not decode: {exc}", stream=stream
+        ) from exc
+    if declared.rows > max_rows:
+        raise TupleError(f"{label}: batch has more than {max_rows} tuples", stream=stream)
+    if declared.bytes > max_bytes:
+        raise _too_large(label, stream, declared.bytes, max_bytes, declared.compressed)
+    try:
+        reader = pa.ipc.open_stream(data)
+        batches = []
+        size = 0
+        for batch in reader:  # decoded one at a time, each within what was declared
+            size += batch.nbytes
+            if size > max_bytes:
+                raise _too_large(label, stream, size, max_bytes, declared.compressed)
+            batches.append(batch)
+        table = pa.Table.from_batches(batches, schema=reader.schema)
         # A hostile stream can declare buffers that do not hold what they claim.
         table.validate(full=True)
     except (pa.ArrowException, ValueError, OSError) as exc:
         raise TupleError(
             f"{label}: Arrow IPC payload does not decode: {exc}", stream=stream
         ) from exc
-    if table.num_rows > max_rows:
-        raise TupleError(f"{label}: batch has more than {max_rows} tuples", stream=stream)
     names = table.column_names
     for name in names:
         if name not in schema.names:
@@ -333,6 +359,19 @@ def _from_arrow(
             raise TupleError(f"{label}: field '{f.name}' is missing", stream=stream, field=f.name)
         columns.append(_arrow_column(f, table.column(f.name), label, stream))
     return pa.Table.from_arrays(columns, schema=to_arrow_schema(schema))
+
+
+def _too_large(
+    label: str, stream: str | None, size: int, limit: int, compressed: bool
+) -> TupleError:
+    return TupleError(
+        f"{label}: Arrow IPC payload holds at least {size} bytes"
+        f"{' once decompressed' if compressed else ''}, over the push limit of {limit} bytes "
+        "(max_push_bytes)",
+        stream=stream,
+        limit="max_push_bytes",
+        max_push_bytes=limit,
+    )
 
 
 def _arrow_column(f: Field, column: pa.ChunkedArray, label: str, stream: str | None) -> pa.Array:

@@ -29,6 +29,7 @@ from peer.storage.spool_format import write_reader_offset
 _READER = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
 CHUNK_BYTES = 4 * 1024 * 1024
 MAX_MOVE_BYTES = 8 * 1024**3
+MAX_MOVE_FILES = 100_000
 
 
 @dataclass
@@ -99,8 +100,34 @@ def append_chunk(path: Path, data: bytes) -> None:
 
 
 def extract(tar_path: Path, where: Path) -> None:
-    with tarfile.open(tar_path, "r") as tar:
-        tar.extractall(where, filter="data")  # no absolute paths, links out, devices
+    """Unpack a move's tar, counted as it is read: a plain tar (the sender never compresses
+    it, so a gzip bomb is not even opened) whose members declare no more bytes in all than
+    the tar holds (sparse members cannot inflate either) and no more than MAX_MOVE_FILES
+    members; each header is checked before its data is written. InvalidInput names the
+    bound."""
+    limit = tar_path.stat().st_size
+    with tar_path.open("rb") as f:
+        head = f.read(6)
+    if head.startswith((b"\x1f\x8b", b"BZh", b"\xfd7zXZ", b"\x28\xb5\x2f\xfd")):
+        raise InvalidInput("move tar is compressed; a move carries a plain tar only")
+    total = count = 0
+    try:
+        with tarfile.open(tar_path, "r:") as tar:
+            for member in tar:
+                count += 1
+                total += max(0, member.size)
+                if count > MAX_MOVE_FILES:
+                    raise InvalidInput(f"move tar holds more than {MAX_MOVE_FILES} members")
+                if total > limit:
+                    raise InvalidInput(
+                        f"move tar unpacks to more than its own {limit} bytes (a move's tar is "
+                        "uncompressed: its contents are bounded by its size)"
+                    )
+                tar.extract(member, where, filter="data")  # no absolute paths, links out
+    except tarfile.FilterError as exc:  # a path out of the directory, a link out, a device
+        raise InvalidInput(f"move tar member refused: {exc}") from None
+    except (tarfile.TarError, EOFError) as exc:
+        raise InvalidInput(f"move tar is not a plain (uncompressed) tar archive: {exc}") from None
 
 
 def check_manifest(manifest: Any) -> dict[str, Any]:

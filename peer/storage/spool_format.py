@@ -49,8 +49,8 @@ META_SEQ = b"fedstream.seq"
 META_ROWS = b"fedstream.rows"
 META_APPEND_NS = b"fedstream.append_ns"
 
-_OFFSET_NAME = re.compile(r"^(\d{20})\.arrow$")
-_READER_ID = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
+_OFFSET_NAME = re.compile(r"(\d{20})\.arrow")  # matched whole (fullmatch), as _READER_ID
+_READER_ID = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
 
 Listener = Callable[[int], None]
 
@@ -95,7 +95,7 @@ def list_offsets(directory: Path) -> list[int]:
     found = []
     with os.scandir(directory) as entries:
         for entry in entries:
-            m = _OFFSET_NAME.match(entry.name)
+            m = _OFFSET_NAME.fullmatch(entry.name)
             if m:
                 found.append(int(m.group(1)))
     found.sort()
@@ -217,7 +217,7 @@ def write_taken(directory: Path, reader_id: str, offset: int) -> None:
 
 
 def reader_path(directory: Path, reader_id: str) -> Path:
-    if not _READER_ID.match(reader_id):
+    if not _READER_ID.fullmatch(reader_id):
         raise ValueError(f"invalid spool reader id {reader_id!r} (letters, digits, _ . - only)")
     return directory / READERS_DIR / f"{reader_id}.offset"
 

@@ -163,9 +163,9 @@ def test_a_lone_site_parses_and_checks_a_query_once(
         checks.append(query.name)
         return real_check(query, streams)
 
-    def counting_parse(source: Any) -> Query:
+    def counting_parse(source: Any, **options: Any) -> Query:
         parses.append(source)
-        return real_parse(source)
+        return real_parse(source, **options)
 
     monkeypatch.setattr("peer.site.check_query", counting_check)
     monkeypatch.setattr("peer.site.parse_query", counting_parse)

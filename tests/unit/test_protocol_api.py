@@ -35,6 +35,8 @@ from peer.protocol.api import (
 )
 
 names = st.text(min_size=1, max_size=12)
+# producer ids: any text but control characters (Push.from_wire refuses those)
+producers = st.text(st.characters(blacklist_categories=("Cc", "Zl", "Zp")), min_size=1, max_size=12)
 requests: st.SearchStrategy[Request] = st.one_of(
     st.builds(Hello, names, st.sampled_from([None, 1])),
     st.builds(CreateSchema, st.one_of(names, st.fixed_dictionaries({"name": names}))),
@@ -49,7 +51,7 @@ requests: st.SearchStrategy[Request] = st.one_of(
             st.fixed_dictionaries({"rows": st.lists(st.dictionaries(names, st.integers()))}),
             st.fixed_dictionaries({"arrow": st.binary(min_size=1)}),
         ),
-        st.one_of(st.none(), names),
+        st.one_of(st.none(), producers),
         st.one_of(st.none(), st.integers(min_value=0)),
     ),
     st.builds(
