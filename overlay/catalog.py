@@ -310,14 +310,18 @@ class Catalog:
         key: str,
         fetch: Callable[[bytes, bytes], Awaitable[bytes | None]],
     ) -> tuple[dict[str, Any], bytes] | None:
-        """A ``query:`` record and its body, fetched from one of its providers with
-        ``fetch(provider_node_id, sha256)`` and checked against its hash."""
+        """A ``query:`` record and its body: the record's own ``body`` when it carries one,
+        else fetched from one of its providers with ``fetch(provider_node_id, sha256)``;
+        checked against its hash either way."""
         pointer = await self.read(key)
         if pointer is None:
             return None
         digest = pointer.get("sha256")
         if not isinstance(digest, bytes):
             raise CatalogError(f"{key} has no body hash")
+        inline = pointer.get("body")  # a small body travels in the record itself
+        if isinstance(inline, bytes) and hashlib.sha256(inline).digest() == digest:
+            return pointer, inline
         for provider in pointer.get("providers", []):
             try:
                 body = await fetch(bytes(provider), digest)

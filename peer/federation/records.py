@@ -2,8 +2,8 @@
 
 Records are owned by a participant (``owner``): a peer writes a record only if no other
 participant owns it. A query's definition is stored by content hash and served over links;
-its ``query:`` record points at the hash. Every DHT failure becomes a retriable
-:class:`~peer.errors.Unavailable`.
+its ``query:`` record points at the hash, and carries a small definition itself. Every DHT
+failure becomes a retriable :class:`~peer.errors.Unavailable`.
 """
 
 from __future__ import annotations
@@ -12,11 +12,18 @@ import hashlib
 import json
 from typing import Any
 
+import msgpack
+
 from overlay.catalog import CATALOG_EXPIRY_S, Catalog, CatalogError, Placement
 from overlay.node import Overlay
 from overlay.records import MAX_KEY_BYTES, MAX_RECORD_BYTES
 from peer.errors import Conflict, FedstreamError, InvalidInput, NotFound, Unavailable
 from peer.model.schema import Schema, parse_schema
+
+# A query definition up to this size travels in its ``query:`` record (records hold at most
+# MAX_RECORD_BYTES, signature and the pointer's other fields included).
+INLINE_QUERY_BYTES = 4096
+RECORD_OVERHEAD = 1024  # key, labels, signatures and framing around a record's value
 
 
 class CatalogRecords:
@@ -93,7 +100,10 @@ class CatalogRecords:
     async def publish_query(
         self, name: str, definition: dict[str, Any], info: dict[str, Any]
     ) -> None:
-        """``query:NAME`` points at the definition's hash; the body is served over links."""
+        """``query:NAME`` points at the definition's hash; the body is served over links
+        by this peer, and travels in the record itself when it is small (up to
+        ``INLINE_QUERY_BYTES``): the DHT keeps a record on several nodes, so the definition
+        outlives this peer."""
         body = json.dumps(definition, sort_keys=True).encode()
         dht = self.overlay.dht
         assert dht is not None
@@ -101,10 +111,17 @@ class CatalogRecords:
         if hashlib.sha256(body).digest() != digest:
             raise FedstreamError("blob store returned a wrong hash")
         node_id = self.overlay.node_id
-        await self.publish(
-            f"query:{name}",
-            {"sha256": digest, "size": len(body), "providers": [node_id], "host": node_id, **info},
-        )
+        record = {
+            "sha256": digest,
+            "size": len(body),
+            "providers": [node_id],
+            "host": node_id,
+            **info,
+        }
+        room = MAX_RECORD_BYTES - RECORD_OVERHEAD - len(msgpack.packb(record, use_bin_type=True))
+        if len(body) <= min(INLINE_QUERY_BYTES, room):
+            record["body"] = body
+        await self.publish(f"query:{name}", record)
 
     async def query_definition(self, name: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
         try:

@@ -111,6 +111,9 @@ def test_kill_9_of_an_aggregates_peer_keeps_its_output_exact(
         async with Client("127.0.0.1", first.port, timeout_s=60) as c:
             await c.create_schema(SCHEMA)
             created = await c.create_stream(STREAM, "tick", replicas=3)
+        # The query is created through the peer that will be killed: its definition must
+        # outlive its publisher (the query: record carries it).
+        async with Client("127.0.0.1", by_node[created["primary"]].port, timeout_s=60) as c:
             await c.create_query(QUERY)
             await c.start_query("hf")
             placed = await c.lookup_object(OUT)
@@ -135,13 +138,15 @@ def test_kill_9_of_an_aggregates_peer_keeps_its_output_exact(
 
     asyncio.run(through_the_kill())
 
-    async def read_back() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    async def read_back() -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
         async with Client("127.0.0.1", survivors[-1].port, timeout_s=60) as c:
             found = await c.lookup_object(OUT)
+            query = await c.lookup_object("hf")
             rows = await collect(c, OUT, sum(want.values()), timeout_s=240, settle_s=5)
-            return found, rows
+            return found, query, rows
 
-    found, rows = asyncio.run(read_back())
+    found, query, rows = asyncio.run(read_back())
     assert found["epoch"] >= 2 and found["primary"]["node"] != victim.node_id
+    assert query["kind"] == "query" and query["name"] == "hf", query
     got = Counter((r["window_start"], r["window_end"], r["k"], r["s"], r["n"]) for r in rows)
     assert got == want
