@@ -170,7 +170,7 @@ def test_length_exactly_at_the_limit_is_accepted() -> None:
         (msgpack.packb({"type": "x", "m": {b"k": 1}}, use_bin_type=True), "not one valid"),
         (b"\x82\xa4type\xa1x\xa4type\xa1y", "not one valid msgpack value"),  # repeated key
         (b"\x81\xa4type\xa2\xff\xfe", "not one valid msgpack value"),  # invalid UTF-8
-        (b"\x91" * 5000 + b"\x00", "not one valid msgpack value"),  # too deep
+        (b"\x91" * 5000 + b"\x00", "max_depth"),  # deeper than msgpack's stack
         (b"\xdd\xff\xff\xff\xff", "not one valid msgpack value"),  # array claims 4G items
     ],
 )
