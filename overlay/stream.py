@@ -13,21 +13,75 @@ one buffer. Reads are bounded too: at most one chunk beyond one frame is ever bu
 
 Connection loss surfaces as ``OSError`` (usually ``ConnectionError``) from ``recv``/``send``;
 an invalid byte stream as :class:`~overlay.errors.RemoteProtocolError` from ``recv``.
+
+Budgets and time (issue 12): each frame is decoded under the stream's
+:class:`~overlay.wire.DecodeBudget`; a frame over ``decode_inline_bytes`` is decoded in the
+bounded worker pool of :func:`decode_pool`, off the event loop, so that one large frame does
+not hold up every other connection. A frame whose first byte has arrived must be complete
+within ``frame_timeout_s`` (a frame half-sent for too long is refused, naming
+``frame_timeout_s``), and ``recv(idle_timeout_s=...)`` gives up with :class:`IdleTimeout`
+when no frame starts in that time (the stream is intact: the caller decides whether the
+connection is idle). :attr:`FrameStream.last_active` is when a frame last went either way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl
+import threading
+import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
-from overlay.wire import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
+from overlay.errors import RemoteProtocolError
+from overlay.wire import (
+    DEFAULT_MAX_FRAME_BYTES,
+    DecodeBudget,
+    FrameDecoder,
+    FrameOverBudget,
+    decode_body,
+    encode_frame,
+)
 
-__all__ = ["ByteReader", "ByteWriter", "FrameStream", "memory_stream_pair"]
+__all__ = [
+    "ByteReader",
+    "ByteWriter",
+    "FrameStream",
+    "IdleTimeout",
+    "decode_pool",
+    "memory_stream_pair",
+]
 
 READ_CHUNK_BYTES = 64 * 1024
 CLOSE_TIMEOUT_S = 5.0
+# Frames up to this size are decoded on the event loop (at most some 64 K small objects,
+# a few milliseconds); larger ones in the decode pool.
+DECODE_INLINE_BYTES = 64 * 1024
+DECODE_WORKERS = 1
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def decode_pool(workers: int | None = None) -> ThreadPoolExecutor:
+    """The process's bounded pool that decodes large frames (made on first use with
+    ``workers`` threads, default :data:`DECODE_WORKERS`; later calls return the same pool).
+    msgpack holds the GIL while it builds a container, so more threads than cores would only
+    queue: one or two is the right size."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            count = workers or DECODE_WORKERS
+            if count < 1:
+                raise ValueError("the decode pool needs at least one worker")
+            _pool = ThreadPoolExecutor(max_workers=count, thread_name_prefix="frame-decode")
+        return _pool
+
+
+class IdleTimeout(TimeoutError):
+    """No frame started within the ``idle_timeout_s`` given to :meth:`FrameStream.recv`;
+    the stream is unchanged and may be read again."""
 
 
 class ByteReader(Protocol):
@@ -64,11 +118,18 @@ class FrameStream:
         *,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         read_chunk_bytes: int = READ_CHUNK_BYTES,
+        budget: DecodeBudget | None = None,
+        frame_timeout_s: float | None = None,
+        decode_inline_bytes: int = DECODE_INLINE_BYTES,
     ) -> None:
         self._reader = reader
         self._writer = writer
-        self._decoder = FrameDecoder(max_frame_bytes)
+        self._decoder = FrameDecoder(max_frame_bytes, budget)
         self._read_chunk_bytes = read_chunk_bytes
+        self.frame_timeout_s = frame_timeout_s
+        self._decode_inline_bytes = decode_inline_bytes
+        self._frame_started: float | None = None  # when the frame now arriving began
+        self.last_active = time.monotonic()  # when a frame last went either way
         self._send_lock = asyncio.Lock()
         self._closed = False
         # bytes through this stream, as written and as read (what a link's traffic counts)
@@ -94,17 +155,82 @@ class FrameStream:
         tls = self._writer.get_extra_info("ssl_object")
         return tls if isinstance(tls, ssl.SSLObject) else None
 
-    async def recv(self) -> dict[str, Any] | None:
-        """The next frame, or ``None`` once the other side has closed cleanly."""
+    @property
+    def budget(self) -> DecodeBudget | None:
+        return self._decoder.budget
+
+    def set_limits(self, budget: DecodeBudget | None, frame_timeout_s: float | None) -> None:
+        """Decode later frames under ``budget``, each due within ``frame_timeout_s``."""
+        self._decoder.budget = budget
+        self.frame_timeout_s = frame_timeout_s
+
+    async def recv(self, *, idle_timeout_s: float | None = None) -> dict[str, Any] | None:
+        """The next frame, or ``None`` once the other side has closed cleanly.
+
+        Raises :class:`IdleTimeout` if no frame starts within ``idle_timeout_s`` (None: wait
+        for ever), :class:`~overlay.errors.RemoteProtocolError` for an invalid frame, one over
+        budget or one not complete within ``frame_timeout_s``.
+        """
+        decoder = self._decoder
         while True:
-            frame = self._decoder.next_frame()
-            if frame is not None:
+            body = decoder.next_body()
+            if body is not None:
+                frame = await self._decode(body)
+                self.last_active = now = time.monotonic()
+                self._frame_started = now if decoder.in_frame else None
                 return frame
-            if self._decoder.at_eof:
+            if decoder.at_eof:
                 return None
-            data = await self._reader.read(self._read_chunk_bytes)
+            data = await self._read(idle_timeout_s)
             self.received_bytes += len(data)
-            self._decoder.receive_data(data)
+            decoder.receive_data(data)
+
+    async def _read(self, idle_timeout_s: float | None) -> bytes:
+        decoder = self._decoder
+        if not decoder.in_frame:  # between frames: the caller's idle timeout applies
+            idle = asyncio.timeout(idle_timeout_s)
+            try:
+                async with idle:
+                    data = await self._reader.read(self._read_chunk_bytes)
+            except TimeoutError:
+                if not idle.expired():  # ETIMEDOUT from the socket: a lost connection
+                    raise
+                raise IdleTimeout(f"no frame from {self.peer} in {idle_timeout_s} s") from None
+            self._frame_started = time.monotonic()
+            return data
+        limit = self.frame_timeout_s
+        if limit is None:
+            return await self._reader.read(self._read_chunk_bytes)
+        if self._frame_started is None:
+            self._frame_started = time.monotonic()
+        deadline = asyncio.timeout(self._frame_started + limit - time.monotonic())
+        try:
+            async with deadline:
+                return await self._reader.read(self._read_chunk_bytes)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            size = decoder.pending_body_bytes
+            got = f"{decoder.buffered_bytes} of {size} bytes" if size else "its header"
+            decoder.fail(
+                FrameOverBudget(
+                    f"frame from {self.peer} not complete within {limit:g} s (frame_timeout_s): "
+                    f"{got} arrived",
+                    "frame_timeout_s",
+                )
+            )
+
+    async def _decode(self, body: bytes) -> dict[str, Any]:
+        """Decode a body here if it is small, else in the decode pool (off the loop). A
+        cancelled wait leaves the worker to finish; its frame is dropped."""
+        budget = self._decoder.budget
+        try:
+            if len(body) <= self._decode_inline_bytes:
+                return decode_body(body, budget)
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(decode_pool(), decode_body, body, budget)
+        except RemoteProtocolError as exc:
+            self._decoder.fail(exc)
 
     async def send(self, frame: Mapping[str, Any]) -> None:
         """Encode and send one frame; returns once the transport has room again.
@@ -122,6 +248,7 @@ class FrameStream:
             self._writer.write(data)
             self.sent_bytes += len(data)
             await self._writer.drain()
+            self.last_active = time.monotonic()
 
     async def aclose(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         """Close both directions, flushing what was sent for up to ``timeout_s``; a peer that

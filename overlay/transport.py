@@ -15,9 +15,15 @@ reach the network only through this module, and only as :class:`~overlay.stream.
   ClientHello that the stream read before the upgrade (it always does on uvloop), and
   ``start_server(ssl=...)`` keeps handshake failures to itself, while a refusal must be logged
   with its reason. The handshake is bounded by ``handshake_timeout_s``; one that fails closes
-  that socket only. A connection beyond ``max_connections`` is closed before its handshake
-  (peer links: the client takes that as worth retrying), or, when the owner gives a
-  ``refuse`` callback (the API server), handed to that so that it can say why.
+  that socket only. Slots are shared fairly (:mod:`overlay.admission`): at most
+  ``max_per_address`` connections per remote host and ``max_connections`` in all; when a
+  limit is reached the newcomer evicts the connection idle longest (at least
+  ``evict_idle_s``), else it is closed before its handshake (peer links: the client takes
+  that as worth retrying), or, when the owner gives a ``refuse`` callback (the API server),
+  handed to that so that it can say why. Each connection's frames are decoded under the
+  listener's ``budget`` and must arrive within ``frame_timeout_s`` each
+  (:class:`~overlay.stream.FrameStream`). Refusals go through the listener's
+  :class:`~overlay.refusals.RefusalLog`, so a flood of them cannot flood the log.
 * :class:`MemoryNetwork` is the same without sockets, for tests: a Listener given the network
   binds to it, and ``network.connect`` hands that listener one end of a
   :func:`~overlay.stream.memory_stream_pair`. It carries no TLS.
@@ -38,12 +44,14 @@ import itertools
 import logging
 import socket
 import ssl
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol, TypeAlias
 
+from overlay.admission import Admission, Slot
 from overlay.refusals import RefusalLog
 from overlay.stream import FrameStream, memory_stream_pair
-from overlay.wire import DEFAULT_MAX_FRAME_BYTES
+from overlay.wire import DEFAULT_BUDGET, DEFAULT_MAX_FRAME_BYTES, DecodeBudget
 
 __all__ = [
     "TCP",
@@ -63,6 +71,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CLOSE_WAIT_S = 1.0  # how long a refused or finished connection may take to flush and close
+MAX_REFUSING = 16  # connections being told why they are refused, at most, at a time
 
 ServerTls: TypeAlias = ssl.SSLContext | Callable[[], ssl.SSLContext]
 """A listener's TLS: a context, or a function giving the current one for each connection."""
@@ -138,7 +147,10 @@ class MemoryNetwork:
         *,
         tls: ssl.SSLContext | None = None,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        source: str = "memory",
     ) -> FrameStream:
+        """A stream to the listener at ``host:port``; the listener sees the client as
+        ``source:N`` (its host: ``source``)."""
         if tls is not None:
             raise ValueError("a memory network carries no TLS")
         listener = self._listeners.get((host, port))
@@ -147,7 +159,7 @@ class MemoryNetwork:
         ours, theirs = memory_stream_pair(
             max_frame_bytes=max_frame_bytes,
             b_max_frame_bytes=listener.max_frame_bytes,
-            names=(f"memory:{next(self._clients)}", f"memory:{host}:{port}"),
+            names=(f"{source}:{next(self._clients)}", f"memory:{host}:{port}"),
         )
         if not listener.hand_over(theirs):
             raise ConnectionRefusedError(f"nothing listens on memory address {host}:{port}")
@@ -175,8 +187,12 @@ class Listener:
         logger: logging.Logger = log,
         tls: ServerTls | None = None,
         max_connections: int = 256,
+        max_per_address: int = 64,
+        evict_idle_s: float = 2.0,
         refuse: Serve | None = None,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        budget: DecodeBudget | None = DEFAULT_BUDGET,
+        frame_timeout_s: float | None = 60.0,
         handshake_timeout_s: float = 10.0,
         close_timeout_s: float = 5.0,
         network: MemoryNetwork | None = None,
@@ -187,6 +203,9 @@ class Listener:
         self.name = name
         self.max_connections = max_connections
         self.max_frame_bytes = max_frame_bytes
+        self.budget = budget
+        self.frame_timeout_s = frame_timeout_s
+        self.admission = Admission(max_connections, max(1, max_per_address), evict_idle_s)
         self.handshake_timeout_s = handshake_timeout_s
         self.close_timeout_s = close_timeout_s
         self._serve = serve
@@ -200,7 +219,7 @@ class Listener:
         self._nursery = Nursery(name, close_timeout_s)
         self._socket: socket.socket | None = None
         self._port: int | None = None
-        self._connections = 0
+        self._refusing = 0
 
     @property
     def port(self) -> int:
@@ -212,7 +231,7 @@ class Listener:
     @property
     def connection_count(self) -> int:
         """Connections handshaking, served or being refused."""
-        return self._connections
+        return self.admission.count + self._refusing
 
     @property
     def uses_tls(self) -> bool:
@@ -262,27 +281,73 @@ class Listener:
         this listener is closing (the caller is refused)."""
         if self._nursery.closing:
             return False
-        if self._full() and self._refuse is None:
-            self._log.warning("%s: refused %s (%d open)", self.name, stream.peer, self._connections)
-            self._nursery.spawn(stream.aclose(CLOSE_WAIT_S))
-            return True
-        return self._spawn(self._run(stream, refusing=self._full()))
+        self._limit(stream)
+        slot = self._admit(stream.peer.rpartition(":")[0] or stream.peer)
+        if slot is None:
+            return self._turn_away(stream.peer, stream, None)
+        slot.activity = lambda: stream.last_active
+        return self._spawn(self._run(stream), slot)
 
-    def _full(self) -> bool:
-        return self._connections >= self.max_connections
+    def _limit(self, stream: FrameStream) -> None:
+        stream.set_limits(self.budget, self.frame_timeout_s)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> bool:
-        self._connections += 1
-        if self._nursery.spawn(self._counted(coro)):
+    def _admit(self, host: str) -> Slot | None:
+        """A slot for a newcomer from ``host``, evicting the connection idle longest if a
+        limit is reached (None: refused)."""
+        slot, evicted = self.admission.admit(host, time.monotonic())
+        if evicted is not None and evicted.cancel is not None:
+            self._log.info(
+                "%s: closing an idle connection from %s to make room", self.name, evicted.host
+            )
+            evicted.cancel()
+        return slot
+
+    def _turn_away(
+        self, where: str, stream: FrameStream | None, conn: socket.socket | None
+    ) -> bool:
+        """A newcomer with no slot: told why if the owner may refuse, else closed."""
+        host = where.rpartition(":")[0] or where
+        why = self.admission.full_for(host) or "no room"
+        self.refusals.warning("%s: refused %s: %s", self.name, where, why)
+        if self._refuse is None or self._refusing >= MAX_REFUSING:
+            if stream is not None:
+                self._nursery.spawn(stream.aclose(CLOSE_WAIT_S))
+            if conn is not None:
+                conn.close()
             return True
-        self._connections -= 1
+        self._refusing += 1
+        coro = self._run(stream, refusing=True) if stream else self._accept(conn, where, True)
+        if self._nursery.spawn(self._refusal(coro)):
+            return True
+        self._refusing -= 1
+        if conn is not None:
+            conn.close()
         return False
 
-    async def _counted(self, coro: Coroutine[Any, Any, None]) -> None:
+    async def _refusal(self, coro: Coroutine[Any, Any, None]) -> None:
         try:
             await coro
         finally:
-            self._connections -= 1
+            self._refusing -= 1
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], slot: Slot) -> bool:
+        if self._nursery.spawn(self._counted(coro, slot)):
+            return True
+        self.admission.release(slot)
+        return False
+
+    async def _counted(self, coro: Coroutine[Any, Any, None], slot: Slot) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        slot.cancel = task.cancel
+        try:
+            await coro
+        except asyncio.CancelledError:
+            if not slot.evicted:
+                raise
+            # evicted to make room: this connection ends, the listener goes on
+        finally:
+            self.admission.release(slot)
 
     async def _accept_loop(self, listening: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -293,16 +358,23 @@ class Listener:
                 self._log.warning("%s: accept failed: %r", self.name, exc)
                 await asyncio.sleep(0.1)
                 continue
+            host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
             where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-            if self._full() and self._refuse is None:
-                self._log.warning("%s: refused %s (%d open)", self.name, where, self._connections)
-                conn.close()
-            elif not self._spawn(self._accept(conn, where, refusing=self._full())):
+            slot = self._admit(host)
+            if slot is None:
+                self._turn_away(where, None, conn)
+            elif not self._spawn(self._accept(conn, where, False, slot), slot):
                 conn.close()
 
-    async def _accept(self, conn: socket.socket, where: str, *, refusing: bool) -> None:
+    async def _accept(
+        self, conn: socket.socket | None, where: str, refusing: bool, slot: Slot | None = None
+    ) -> None:
+        assert conn is not None
         stream = await self._handshake(conn, where)
         if stream is not None:
+            self._limit(stream)
+            if slot is not None:
+                slot.activity = lambda: stream.last_active
             await self._run(stream, refusing=refusing)
 
     async def _handshake(self, conn: socket.socket, where: str) -> FrameStream | None:
@@ -339,7 +411,7 @@ class Listener:
         writer = asyncio.StreamWriter(transport, protocol, reader, loop)
         return FrameStream(reader, writer, max_frame_bytes=self.max_frame_bytes)
 
-    async def _run(self, stream: FrameStream, *, refusing: bool) -> None:
+    async def _run(self, stream: FrameStream, *, refusing: bool = False) -> None:
         try:
             if refusing and self._refuse is not None:
                 await self._refuse(stream)
