@@ -41,6 +41,7 @@ before anything is sent, a frame the other side would refuse.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ __all__ = [
     "DecodeBudget",
     "FrameDecoder",
     "FrameOverBudget",
+    "clip",
     "decode_body",
     "encode_frame",
 ]
@@ -263,6 +265,31 @@ def decode_body(body: bytes, budget: DecodeBudget | None = None) -> dict[str, An
     if not isinstance(frame.get("type"), str):
         raise RemoteProtocolError("frame has no str 'type' field")
     return frame
+
+
+MESSAGE_CHARS = 2000  # an error message, at most, as sent
+ECHO_CHARS = 256  # a string an error echoes (a name, an argument), at most
+ECHO_ITEMS = 16  # items of a list or map an error echoes, at most
+
+
+def clip(value: Any, *, chars: int = ECHO_CHARS, depth: int = 3) -> Any:
+    """``value`` cut down to what an error reply may echo: strings to ``chars`` characters
+    (marked with how long they were), bytes likewise, lists and maps to ``ECHO_ITEMS`` items
+    and ``depth`` levels. A not-found reply naming a 40 MB name still fits a frame."""
+    if isinstance(value, str):
+        return value if len(value) <= chars else f"{value[:chars]}... ({len(value)} characters)"
+    if isinstance(value, bytes | bytearray):
+        return bytes(value) if len(value) <= chars else bytes(value[:chars])
+    if isinstance(value, Mapping):
+        if depth <= 0:
+            return f"<map of {len(value)}>"
+        items = itertools.islice(value.items(), ECHO_ITEMS)
+        return {clip(str(k), chars=64): clip(v, chars=chars, depth=depth - 1) for k, v in items}
+    if isinstance(value, list | tuple):
+        if depth <= 0:
+            return f"<array of {len(value)}>"
+        return [clip(v, chars=chars, depth=depth - 1) for v in itertools.islice(value, ECHO_ITEMS)]
+    return value
 
 
 def _shorten(text: str, limit: int = 200) -> str:

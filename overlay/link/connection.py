@@ -30,7 +30,7 @@ import asyncio
 import itertools
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Coroutine, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -64,6 +64,8 @@ from overlay.link.protocol import (
     op_of,
     remote_error,
 )
+from overlay.link.traffic import Traffic
+from overlay.stream import IdleTimeout
 from overlay.tls import PeerIdentity
 from overlay.transport import CreditError, CreditWindow, FrameStream, ReceiveWindow
 from overlay.wire import encode_frame
@@ -90,27 +92,6 @@ class LinkHandler(Protocol):
 
 
 # -- one link ---------------------------------------------------------------------------------
-
-
-@dataclass
-class Traffic:
-    """Bytes over a set of links: those still open are counted from their streams, the closed
-    ones here (:meth:`close` as a link ends), so the totals only grow."""
-
-    sent_bytes: int = 0
-    received_bytes: int = 0
-
-    def close(self, link: Link) -> None:
-        sent, received = link.traffic
-        self.sent_bytes += sent
-        self.received_bytes += received
-
-    def totals(self, live: Iterable[Link]) -> tuple[int, int]:
-        sent, received = self.sent_bytes, self.received_bytes
-        for link in live:
-            s, r = link.traffic
-            sent, received = sent + s, received + r
-        return sent, received
 
 
 @dataclass(eq=False)
@@ -305,8 +286,18 @@ class Link:
     # -- reading ------------------------------------------------------------------------------
 
     async def _read_loop(self) -> None:
+        idle_s = self._settings.idle_timeout_s
         try:
-            while (frame := await self._stream.recv()) is not None:
+            while True:
+                try:
+                    frame = await self._stream.recv(idle_timeout_s=idle_s)
+                except IdleTimeout:
+                    if self.idle_s() == 0:
+                        continue  # something is in flight: waiting for it is not idleness
+                    self._shut(f"{self} was idle for {idle_s:g} s (idle_timeout_s)")
+                    return
+                if frame is None:
+                    break
                 self._dispatch(parse_event(frame))
             self._shut(f"{self} was closed by the remote peer")
         except RemoteProtocolError as exc:

@@ -21,7 +21,7 @@ import contextlib
 import logging
 import ssl
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from overlay.errors import RemoteProtocolError
@@ -84,6 +84,7 @@ async def _open_link(
         raise LinkTimeout(f"peer {where}: no TLS handshake within the time allowed") from exc
     except OSError as exc:
         raise LinkUnavailable(f"cannot connect to peer {where}: {exc}") from exc
+    stream.set_limits(settings.budget, settings.frame_timeout_s)
     try:
         async with asyncio.timeout(settings.handshake_timeout_s):
             try:
@@ -145,6 +146,7 @@ class LinkPool:
         outbox_frames: int = 64,
         handshake_timeout_s: float = 10.0,
         close_timeout_s: float = 5.0,
+        limits: LinkSettings | None = None,
     ) -> None:
         if max_links < 1:
             raise ValueError("max_links must be at least 1")
@@ -154,13 +156,14 @@ class LinkPool:
         self.tls = tls or TlsContexts(identity, trust)
         self.max_links = max_links
         self.idle_timeout_s = idle_timeout_s
-        self.settings = LinkSettings(
-            max_frame_bytes,
-            max_in_flight,
-            max_streams,
-            outbox_frames,
-            handshake_timeout_s,
-            close_timeout_s,
+        self.settings = replace(
+            limits or LinkSettings(),
+            max_frame_bytes=max_frame_bytes,
+            max_in_flight=max_in_flight,
+            max_streams=max_streams,
+            outbox_frames=outbox_frames,
+            handshake_timeout_s=handshake_timeout_s,
+            close_timeout_s=close_timeout_s,
         )
         self._group = Nursery(f"link pool of {identity.participant}", close_timeout_s)
         self._links: dict[tuple[str, int], Link] = {}

@@ -27,7 +27,7 @@ from typing import Any
 from overlay.identity import NodeIdentity
 from overlay.link.events import WireError
 from overlay.tls import PeerIdentity
-from overlay.wire import DEFAULT_MAX_FRAME_BYTES
+from overlay.wire import DEFAULT_BUDGET, DEFAULT_MAX_FRAME_BYTES, MESSAGE_CHARS, DecodeBudget, clip
 
 __all__ = [
     "CLOSE_WAIT_S",
@@ -119,7 +119,14 @@ class LinkRemoteError(LinkError):
 
 @dataclass(frozen=True)
 class LinkSettings:
-    """Limits and timeouts of the links of one server or pool."""
+    """Limits and timeouts of the links of one server or pool (docs/protocol.md, "Limits").
+
+    ``budget``: what one frame may decode to; ``frame_timeout_s``: a frame begun must be
+    complete within it; ``idle_timeout_s``: a link with nothing in flight and no frame for
+    that long is closed; ``max_per_address`` and ``evict_idle_s``: the server's connection
+    slots per remote host, and how long a connection must have been idle to be evicted for
+    a newcomer (:mod:`overlay.admission`).
+    """
 
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     max_in_flight: int = 32
@@ -127,6 +134,11 @@ class LinkSettings:
     outbox_frames: int = 64
     handshake_timeout_s: float = 10.0
     close_timeout_s: float = 5.0
+    budget: DecodeBudget | None = DEFAULT_BUDGET
+    frame_timeout_s: float | None = 60.0
+    idle_timeout_s: float | None = 300.0
+    max_per_address: int = 64
+    evict_idle_s: float = 2.0
 
     def __post_init__(self) -> None:
         for name in ("max_in_flight", "max_streams", "outbox_frames"):
@@ -187,11 +199,12 @@ def error_payload(exc: BaseException, where: str) -> WireError:
             wire = {}
         message = wire.get("message") if isinstance(wire, dict) else None
         details = wire.get("details") if isinstance(wire, dict) else None
+        # what an error echoes (a name, an argument) is cut to size: the reply must fit
         return WireError(
             code,
-            message if isinstance(message, str) else str(exc),
+            clip(message if isinstance(message, str) else str(exc), chars=MESSAGE_CHARS),
             bool(getattr(exc, "retriable", False)),
-            details if isinstance(details, dict) else {},
+            clip(details) if isinstance(details, dict) else {},
         )
     log.error("%s failed", where, exc_info=exc)
     return internal_error(where)

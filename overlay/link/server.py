@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 
 from overlay.errors import RemoteProtocolError
 from overlay.identity import IdentityError, NodeIdentity, TrustStore
@@ -55,20 +56,24 @@ class LinkServer:
         outbox_frames: int = 64,
         handshake_timeout_s: float = 10.0,
         close_timeout_s: float = 5.0,
+        limits: LinkSettings | None = None,
     ) -> None:
+        """``limits`` gives the budget, timeouts and per-address slots of
+        :class:`LinkSettings` (its other fields are taken from the arguments)."""
         self.identity = identity
         self.trust = trust
         self.handler = handler
         self.host = host
         self.tls = tls or TlsContexts(identity, trust)
         self.max_links = max_links
-        self.settings = LinkSettings(
-            max_frame_bytes,
-            max_in_flight,
-            max_streams,
-            outbox_frames,
-            handshake_timeout_s,
-            close_timeout_s,
+        settings = self.settings = replace(
+            limits or LinkSettings(),
+            max_frame_bytes=max_frame_bytes,
+            max_in_flight=max_in_flight,
+            max_streams=max_streams,
+            outbox_frames=outbox_frames,
+            handshake_timeout_s=handshake_timeout_s,
+            close_timeout_s=close_timeout_s,
         )
         self._listener = Listener(
             self._serve,
@@ -78,7 +83,11 @@ class LinkServer:
             logger=log,
             tls=lambda: self.tls.server,
             max_connections=max_links,
+            max_per_address=settings.max_per_address,
+            evict_idle_s=settings.evict_idle_s,
             max_frame_bytes=max_frame_bytes,
+            budget=settings.budget,
+            frame_timeout_s=settings.frame_timeout_s,
             handshake_timeout_s=handshake_timeout_s,
             close_timeout_s=close_timeout_s,
         )

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias
 
 from overlay.errors import RemoteProtocolError
-from overlay.wire import HEADER_BYTES, encode_frame
+from overlay.wire import HEADER_BYTES, MESSAGE_CHARS, clip, encode_frame
 from peer.errors import FedstreamError, InvalidInput, from_wire
 
 __all__ = [
@@ -454,7 +454,12 @@ class ErrorReply:
         frame: Frame = {"type": "error", "id": self.id}
         if self.subscription is not None:
             frame["subscription"] = self.subscription
-        frame.update(code=self.code, message=self.message, details=self.details)
+        # whatever the error echoes (a name, an argument) is cut to size: the reply must fit
+        frame.update(
+            code=self.code,
+            message=clip(self.message, chars=MESSAGE_CHARS),
+            details=clip(self.details),
+        )
         return frame
 
 

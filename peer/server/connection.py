@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from overlay.errors import LocalProtocolError, RemoteProtocolError
+from overlay.stream import IdleTimeout
 from overlay.transport import FrameStream
 from peer.errors import FedstreamError, Unavailable
 from peer.protocol.api import (
@@ -90,6 +91,7 @@ class ConnectionSettings:
     outbox_frames: int
     close_timeout_s: float
     ready_timeout_s: float
+    idle_timeout_s: float | None = None  # nothing in flight, no frame: the connection closes
 
 
 @dataclass(eq=False)
@@ -180,7 +182,17 @@ class ApiConnection:
                 self._answered.clear()
                 await self._answered.wait()
             try:
-                event = conn.receive(await self._stream.recv())
+                idle_s = self._settings.idle_timeout_s
+                event = conn.receive(await self._stream.recv(idle_timeout_s=idle_s))
+            except IdleTimeout:
+                if self._requests or self._pumps:
+                    continue  # a subscriber may say nothing for hours: not idle
+                log.info(
+                    "API connection %s idle for %s s (idle_timeout_s); closing it",
+                    self._stream.peer,
+                    self._settings.idle_timeout_s,
+                )
+                return
             except RemoteProtocolError as exc:
                 log.info(
                     "API connection %s sent an invalid frame; closing it: %s",

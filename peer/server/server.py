@@ -10,8 +10,12 @@ On loopback the port is plain TCP; on any other address the peer gives the serve
 (:func:`api_server_tls`): the client must present a certificate issued by a participant of the
 peer's trust store, and the connection remembers that participant (the ``hello`` reply names
 it). A handshake that fails or does not finish within ``handshake_timeout_s`` closes that
-connection only, with the reason logged. A connection beyond ``max_connections`` gets an
-``error`` frame saying so (code ``unavailable``, retriable), then is closed.
+connection only, with the reason logged. Slots are shared fairly: ``max_per_address``
+connections per remote host, ``max_connections`` in all; a newcomer beyond either evicts the
+connection idle longest (at least ``evict_idle_s``), else it gets an ``error`` frame saying so
+(code ``unavailable``, retriable) and is closed. Frames are decoded under ``budget``; a frame
+begun must be complete within ``frame_timeout_s``; a connection with nothing in flight and no
+frame for ``idle_timeout_s`` is closed (docs/protocol.md, "Limits").
 
 Tests run the server on a :class:`~overlay.transport.MemoryNetwork` (``network=``), with no
 socket.
@@ -27,7 +31,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from overlay.transport import FrameStream, Listener, MemoryNetwork, ServerTls
-from overlay.wire import DEFAULT_MAX_FRAME_BYTES, encode_frame
+from overlay.wire import DEFAULT_BUDGET, DEFAULT_MAX_FRAME_BYTES, DecodeBudget, encode_frame
 from peer.errors import Unavailable
 from peer.protocol.api import ErrorReply
 from peer.server.connection import ApiConnection, ConnectionSettings
@@ -90,7 +94,12 @@ class ApiServer:
         port: int = 0,
         *,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        budget: DecodeBudget | None = DEFAULT_BUDGET,
+        frame_timeout_s: float | None = 60.0,
+        idle_timeout_s: float | None = 300.0,
         max_connections: int = 256,
+        max_per_address: int = 64,
+        evict_idle_s: float = 2.0,
         max_in_flight: int = 16,
         max_subscriptions: int = 64,
         outbox_frames: int = 64,
@@ -115,6 +124,7 @@ class ApiServer:
             outbox_frames=outbox_frames,
             close_timeout_s=close_timeout_s,
             ready_timeout_s=ready_timeout_s,
+            idle_timeout_s=idle_timeout_s,
         )
         self._listener = Listener(
             self._serve,
@@ -124,8 +134,12 @@ class ApiServer:
             logger=log,
             tls=ssl,
             max_connections=max_connections,
+            max_per_address=max_per_address,
+            evict_idle_s=evict_idle_s,
             refuse=self._refuse,
             max_frame_bytes=max_frame_bytes,
+            budget=budget,
+            frame_timeout_s=frame_timeout_s,
             handshake_timeout_s=handshake_timeout_s,
             close_timeout_s=close_timeout_s,
             network=network,
@@ -227,7 +241,9 @@ class ApiServer:
             stream.peer,
             self.connection_count - 1,
         )
-        refusal = Unavailable(f"peer has too many client connections (max {self.max_connections})")
+        host = stream.peer.rpartition(":")[0] or stream.peer
+        why = self._listener.admission.full_for(host) or f"{self.max_connections} connections"
+        refusal = Unavailable(f"peer has too many client connections ({why})")
         try:
             async with asyncio.timeout(self.close_timeout_s):
                 await stream.send_encoded(encode_frame(ErrorReply.of(None, refusal).to_wire()))
