@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 import time
@@ -36,6 +35,7 @@ from overlay.dht import CatalogServer, DhtUnavailable
 from overlay.identity import IdentityError, NodeIdentity, TrustStore, verify_node_cert
 from overlay.link import Link, LinkError, LinkPool, LinkServer
 from overlay.membership import Event, MemberInfo, Membership, MemberState, rank, stream_target
+from overlay.neighbours import load_neighbours, save_neighbours
 from overlay.record_policy import record_refusal
 from overlay.records import Record
 from overlay.tls import TlsContexts
@@ -122,6 +122,7 @@ class Overlay:
         self._load: dict[str, float] = {}
         self._pending: list[Event] = []
         self._wake = asyncio.Event()
+        self._seeds: list[tuple[str, int]] = []
 
     # lifecycle
     @property
@@ -199,14 +200,14 @@ class Overlay:
         raise OverlayError("no port free for both TCP and UDP after 20 tries")
 
     async def _join(self) -> None:
-        saved = self._load_state()
-        seeds = list(dict.fromkeys([*self.config.bootstrap, *saved]))
+        saved = load_neighbours(self.data_dir / STATE_FILE)
+        seeds = self._seeds = list(dict.fromkeys([*self.config.bootstrap, *saved]))
         if not seeds:
             await self._publish_self()
             return
         deadline = time.monotonic() + self.config.bootstrap_timeout_s
         while True:
-            answered, admitted, refusal = 0, False, "no reply"
+            answered, admitted, refusal, retriable = 0, False, "no reply", True
             with contextlib.suppress(DhtUnavailable):
                 answered = await self._dht().bootstrap(seeds)
             for addr in seeds:
@@ -215,11 +216,14 @@ class Overlay:
                     admitted = True
                 except (LinkError, OverlayError, OSError, TimeoutError) as exc:
                     refusal = str(exc) or type(exc).__name__
-            # Given --bootstrap, joining means a bootstrap peer took our peer link: the DHT
-            # answers anyone, while a peer that does not trust our participant refuses links.
+                    retriable = retriable and getattr(exc, "retriable", True)
+            # With --bootstrap, joining needs a peer link: the DHT answers anyone, links not
             if answered and (admitted or not self.config.bootstrap):
                 break
             if time.monotonic() >= deadline:
+                if answered and retriable:  # e.g. its link port was full: _rejoin goes on
+                    log.warning("joining: no peer link yet (%s); retrying", refusal)
+                    break
                 if answered:
                     raise NotAdmitted(self.identity.participant, seeds, refusal)
                 raise OverlayError(
@@ -258,10 +262,8 @@ class Overlay:
             targets = self._gossip_targets(self.config.gossip_fanout + 2)
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(2.0):
-                    await asyncio.gather(
-                        *(self._gossip_with(m.overlay, m.node_id) for m in targets),
-                        return_exceptions=True,
-                    )
+                    gossips = (self._gossip_with(m.overlay, m.node_id) for m in targets)
+                    await asyncio.gather(*gossips, return_exceptions=True)
         if self.dht is not None:
             self._save_state()
             self.dht.stop()
@@ -275,28 +277,12 @@ class Overlay:
 
     def _alone(self) -> bool:
         """No other member known and no DHT contact: a standalone peer."""
-        others = [m for m in self.live_members() if m.node_id != self.node_id]
-        return not others and self._dht().routing_size() == 0
+        alone = all(m.node_id == self.node_id for m in self.live_members())
+        return alone and self._dht().routing_size() == 0
 
-    # state across restarts
-    def _load_state(self) -> list[tuple[str, int]]:
-        path = self.data_dir / STATE_FILE
-        try:
-            raw = json.loads(path.read_text())
-            return [(str(h), int(p)) for h, p in raw.get("neighbours", [])][:32]
-        except (OSError, ValueError, TypeError):
-            return []
-
-    def _save_state(self) -> None:
-        if self.membership is None:
-            return
-        neighbours = [list(m.overlay) for m in self.membership.live() if m.node_id != self.node_id]
-        if not neighbours:
-            return  # keep the last list rather than forget everyone
-        path = self.data_dir / STATE_FILE
-        with contextlib.suppress(OSError):
-            path.with_suffix(".tmp").write_text(json.dumps({"neighbours": neighbours[:32]}))
-            path.with_suffix(".tmp").replace(path)
+    def _save_state(self) -> None:  # the neighbours for the next start (overlay.neighbours)
+        others = [m.overlay for m in self.live_members() if m.node_id != self.node_id]
+        save_neighbours(self.data_dir / STATE_FILE, others)
 
     # policies
     def _admit(self, node_id: bytes, node_pub: bytes, cert: bytes) -> bool:
@@ -441,6 +427,19 @@ class Overlay:
         if isinstance(entries, list):
             self._dispatch(membership.merge(entries, time.monotonic()))
 
+    async def _rejoin(self) -> None:
+        """Alone though we had seeds (a failed first gossip, a stall): try them all again."""
+
+        async def seed(addr: tuple[str, int]) -> None:
+            with contextlib.suppress(LinkError, OverlayError, OSError, TimeoutError):
+                if not self._dht().routing_size():
+                    await self._dht().bootstrap([addr])
+                await self._gossip_with(addr, None)
+
+        with contextlib.suppress(TimeoutError):  # the loop's heartbeats must go on
+            async with asyncio.timeout(max(2.0, 2 * self.config.gossip_interval_s)):
+                await asyncio.gather(*(seed(addr) for addr in self._seeds))
+
     def _gossip_targets(self, count: int) -> list[MemberInfo]:
         others = [m for m in self.live_members() if m.node_id != self.node_id]
         chosen = self._rng.sample(others, min(count, len(others)))
@@ -462,6 +461,8 @@ class Overlay:
             membership.beat(now, self.load())
             self._dispatch(membership.tick(now))
             targets = self._gossip_targets(self.config.gossip_fanout)
+            if not targets:
+                await self._rejoin()
             results = await asyncio.gather(
                 *(self._gossip_with(m.overlay, m.node_id) for m in targets),
                 return_exceptions=True,
@@ -485,7 +486,7 @@ class Overlay:
                 if event.kind in ("dead", "left"):
                     protocol.depart(event.info.node_id)
                 elif event.kind in ("alive", "joined"):
-                    protocol.welcome_back(event.info.node_id)
+                    protocol.welcome_back(event.info.node_id, event.info.overlay)
             self._pending.append(event)
         if self._pending:
             self._wake.set()
@@ -518,20 +519,19 @@ class Overlay:
     # views
     def status(self) -> dict[str, Any]:
         membership = self._membership()
-        members = []
-        for m in sorted(membership.members(), key=lambda m: m.info.node_id):
-            members.append(
-                {
-                    "node_id": m.info.node_id.hex(),
-                    "participant": m.info.participant,
-                    "state": m.state.value,
-                    "overlay": f"{m.info.overlay[0]}:{m.info.overlay[1]}",
-                    "api": f"{m.info.api[0]}:{m.info.api[1]}",
-                    "engine": m.info.engine,
-                    "load": m.info.load,
-                    "self": m.info.node_id == self.node_id,
-                }
-            )
+        members = [
+            {
+                "node_id": m.info.node_id.hex(),
+                "participant": m.info.participant,
+                "state": m.state.value,
+                "overlay": f"{m.info.overlay[0]}:{m.info.overlay[1]}",
+                "api": f"{m.info.api[0]}:{m.info.api[1]}",
+                "engine": m.info.engine,
+                "load": m.info.load,
+                "self": m.info.node_id == self.node_id,
+            }
+            for m in sorted(membership.members(), key=lambda m: m.info.node_id)
+        ]
         dht = self._dht()
         return {
             "node_id": self.node_id.hex(),

@@ -134,8 +134,9 @@ class CatalogProtocol(KademliaProtocol):  # type: ignore[misc]
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
         # Nodes the overlay's gossip declared dead: left out of routing tables and crawls, so a
-        # lookup does not spend an RPC timeout on each of them (until they come back).
-        self.departed: OrderedDict[bytes, None] = OrderedDict()
+        # lookup does not spend an RPC timeout on each of them (until they come back), with the
+        # contact each was (None: it was not in our table), to restore on its return.
+        self.departed: OrderedDict[bytes, Node | None] = OrderedDict()
 
     # -- datagrams (the rpcudp seam) -----------------------------------------------------------
 
@@ -317,13 +318,23 @@ class CatalogProtocol(KademliaProtocol):  # type: ignore[misc]
     def depart(self, node_id: bytes) -> None:
         """Gossip says ``node_id`` is dead or gone: drop it from the routing table and skip
         it in crawls until :meth:`welcome_back`."""
-        self.departed[node_id] = None
+        index = self.router.get_bucket_for(Node(node_id))
+        contact = None if index is None else self.router.buckets[index].nodes.get(node_id)
+        self.departed[node_id] = contact or self.departed.get(node_id)
         while len(self.departed) > self.max_verified:
             self.departed.popitem(last=False)
         self.router.remove_contact(Node(node_id))
 
-    def welcome_back(self, node_id: bytes) -> None:
-        self.departed.pop(node_id, None)
+    def welcome_back(self, node_id: bytes, address: tuple[str, int] | None = None) -> None:
+        """Gossip says ``node_id`` is alive (again): it is a contact once more, at the
+        address it had (or ``address``, its overlay address), re-admitted as any newcomer.
+        After a stall that made two peers declare each other dead, this is what gives them
+        their DHT contacts back (issue 12)."""
+        known = self.departed.pop(node_id, None)
+        if address is not None and _is_ip(address[0]) and 0 < address[1] < 65536:
+            known = Node(node_id, address[0], address[1])
+        if known is not None and not self._closed:
+            self.welcome_if_new(known)
 
     def welcome_if_new(self, node: Node) -> None:
         """Add ``node`` to the routing table once it has proven its id and been admitted
