@@ -33,7 +33,7 @@ from typing import Any, Protocol
 from overlay.catalog import Catalog
 from overlay.dht import CatalogServer, DhtUnavailable
 from overlay.identity import IdentityError, NodeIdentity, TrustStore, verify_node_cert
-from overlay.link import Link, LinkError, LinkPool, LinkServer
+from overlay.link import Link, LinkError, LinkPool, LinkServer, LinkSettings
 from overlay.membership import Event, MemberInfo, Membership, MemberState, rank, stream_target
 from overlay.neighbours import load_neighbours, save_neighbours
 from overlay.record_policy import record_refusal
@@ -81,6 +81,7 @@ class OverlayConfig:
     rpc_timeout_s: float = 1.0
     request_timeout_s: float = 30.0
     ksize: int = 20
+    links: LinkSettings = field(default_factory=LinkSettings)  # budgets, timeouts, slots
 
 
 class PeerHandler(Protocol):
@@ -174,6 +175,7 @@ class Overlay:
                 host=self.config.host,
                 port=self.config.port,
                 tls=tls,
+                limits=self.config.links,
             )
             await links.start()
             dht = CatalogServer(
@@ -194,7 +196,7 @@ class Overlay:
                     raise
                 continue
             self.links, self.dht = links, dht
-            self.pool = LinkPool(self.identity, self.trust, self, tls=tls)
+            self.pool = LinkPool(self.identity, self.trust, self, tls=tls, limits=self.config.links)
             await self.pool.start()
             return
         raise OverlayError("no port free for both TCP and UDP after 20 tries")

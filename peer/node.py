@@ -27,6 +27,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from overlay.stream import decode_pool
+from overlay.wire import DecodeBudget
 from peer.errors import Conflict, FedstreamError, Unavailable
 from peer.federation import Federation
 from peer.federation.plane import ReplicationSettings
@@ -63,6 +65,23 @@ class PeerConfig:
     # How many per-tuple queries run on their own before the next ones share the lane.
     lane_after: int = 1
     max_frame_bytes: int = 64 * 1024 * 1024
+    # Budgets and fair sharing of the client API and peer links (issue 12; docs/protocol.md,
+    # "Limits"): what one frame may decode to, how long one may take to arrive, when a
+    # connection with nothing in flight is idle, connection slots per remote address (a
+    # newcomer evicts the connection idle longest, at least evict_idle_s), link streams that
+    # one client's relayed subscriptions may hold, and threads that decode large frames.
+    max_frame_depth: int = 32
+    max_frame_elements: int = 2_000_000
+    max_container_len: int = 1_000_000
+    max_decoded_bytes: int = 128 * 1024 * 1024
+    frame_timeout_s: float = 60.0
+    api_idle_timeout_s: float = 300.0
+    link_idle_timeout_s: float = 300.0
+    max_connections_per_address: int = 64
+    evict_idle_s: float = 2.0
+    relay_streams_per_connection: int = 16
+    relay_streams_per_address: int = 32
+    decode_workers: int = 1
     maintenance_interval_s: float = 2.0
     # How long a stream no query reads (a result stream) keeps its tuples for late subscribers.
     retention_s: float = 600.0
@@ -133,6 +152,17 @@ class Peer:
         self._cpu_mark = (time.monotonic(), time.process_time())
 
     @property
+    def budget(self) -> DecodeBudget:
+        """What one frame from a client or a peer may decode to."""
+        config = self.config
+        return DecodeBudget(
+            max_depth=config.max_frame_depth,
+            max_elements=config.max_frame_elements,
+            max_container_len=config.max_container_len,
+            max_decoded_bytes=config.max_decoded_bytes,
+        )
+
+    @property
     def engine(self) -> Engine | None:
         return None if self.site is None else self.site.engine
 
@@ -163,11 +193,17 @@ class Peer:
             # a client port off loopback takes TLS clients with a trusted participant's key
             assert self.identity is not None and self.trust is not None
             tls = {"ssl": api_server_tls(self.identity, self.trust), "trust": self.trust}
+        decode_pool(config.decode_workers)  # made once per process, by its first peer
         self.api = ApiServer(
             self._service,
             host=config.host,
             port=config.port,
             max_frame_bytes=config.max_frame_bytes,
+            budget=self.budget,
+            frame_timeout_s=config.frame_timeout_s,
+            idle_timeout_s=config.api_idle_timeout_s,
+            max_per_address=config.max_connections_per_address,
+            evict_idle_s=config.evict_idle_s,
             **tls,
         )
         await self.api.start()
@@ -211,7 +247,9 @@ class Peer:
             self.book = load_contracts(config.contracts_dir, identity, self.trust)
 
     async def _start_federation(self, site: LocalSite) -> None:
+        from overlay.link import LinkSettings
         from overlay.node import Overlay, OverlayConfig
+        from peer.federation.quota import RelayQuota
         from peer.move import Mover
 
         config = self.config
@@ -231,6 +269,14 @@ class Peer:
                 gossip_interval_s=config.gossip_interval_s,
                 suspect_after_s=config.suspect_after_s,
                 dead_after_s=config.dead_after_s,
+                links=LinkSettings(
+                    max_frame_bytes=config.max_frame_bytes,
+                    budget=self.budget,
+                    frame_timeout_s=config.frame_timeout_s,
+                    idle_timeout_s=config.link_idle_timeout_s,
+                    max_per_address=config.max_connections_per_address,
+                    evict_idle_s=config.evict_idle_s,
+                ),
             ),
             self.data_dir,
             api=self.api_addr,
@@ -243,8 +289,14 @@ class Peer:
             failover_after_s=config.failover_after_s,
             repair_after_s=config.repair_after_s,
         )
+        quota = RelayQuota(config.relay_streams_per_connection, config.relay_streams_per_address)
         fed = self.fed = Federation(
-            site, overlay, self.api_addr, lease_s=config.lease_s, replication=replication
+            site,
+            overlay,
+            self.api_addr,
+            lease_s=config.lease_s,
+            replication=replication,
+            relay_quota=quota,
         )
         overlay.handler = fed.router
         overlay.on_member = fed.on_member

@@ -11,7 +11,9 @@ Theory of operation
 * A subscription on a peer that does not host the stream is relayed from the host over a
   credit-controlled link stream, so a slow subscriber slows only its own relay. When the
   stream moves to another peer (its producing fragment moved, with the same offsets), the
-  relay carries on there after the last offset it delivered.
+  relay carries on there after the last offset it delivered. Each relay takes a place in the
+  client's :class:`~peer.federation.quota.RelayQuota`, so that no client can take every
+  stream of a link.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ from overlay.link import LinkError, LinkRemoteError
 from overlay.node import OverlayError
 from peer.errors import Unavailable
 from peer.federation.hosting import Hosting
+from peer.federation.quota import RelayQuota
 from peer.federation.router import Router, remote_error
 from peer.model.tuples import arrow_bytes
 from peer.protocol.link import Frame, PushBatch, Subscribe
+from peer.server.service import CLIENT
 from peer.site import LocalSite
 
 FORWARD_SLOTS = 8
@@ -37,7 +41,15 @@ FORWARD_DEADLINE_S = 30.0
 
 
 class Forwarder:
-    def __init__(self, router: Router, hosting: Hosting, site: LocalSite, incarnation: int) -> None:
+    def __init__(
+        self,
+        router: Router,
+        hosting: Hosting,
+        site: LocalSite,
+        incarnation: int,
+        quota: RelayQuota | None = None,
+    ) -> None:
+        self.quota = quota or RelayQuota()
         self.router = router
         self.hosting = hosting
         self.site = site
@@ -129,8 +141,9 @@ class Forwarder:
                 yield item
             return
         try:
-            async for item in self.router.open_stream(host, Subscribe(stream, start)):
-                yield item
+            with self.quota.hold(CLIENT.get(), host, stream):  # one link stream per relay
+                async for item in self.router.open_stream(host, Subscribe(stream, start)):
+                    yield item
         except LinkRemoteError as exc:
             raise remote_error(exc) from None
         except (LinkError, OverlayError, OSError) as exc:

@@ -74,7 +74,7 @@ from peer.protocol.api_events import (
     Subscribed,
     Unsubscribed,
 )
-from peer.server.service import READY, PeerService
+from peer.server.service import CLIENT, READY, ClientRef, PeerService
 
 __all__ = ["ApiConnection", "ConnectionSettings"]
 
@@ -163,6 +163,9 @@ class ApiConnection:
         self._tg: asyncio.TaskGroup | None = None
 
     async def run(self) -> None:
+        # every task of this connection (requests, pumps) inherits who its client is
+        host = self._stream.peer.rpartition(":")[0] or self._stream.peer
+        CLIENT.set(ClientRef(self._stream.peer, self.participant or host))
         try:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg

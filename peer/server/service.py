@@ -7,11 +7,27 @@ server knows nothing of storage, engine or federation, and its tests run on a fa
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from peer.protocol.api import READY
 
-__all__ = ["READY", "AnnouncedBatches", "PeerService"]
+__all__ = ["CLIENT", "READY", "AnnouncedBatches", "ClientRef", "PeerService"]
+
+
+@dataclass(frozen=True, slots=True)
+class ClientRef:
+    """Who a request comes from, for per-client quotas: its connection (``host:port``) and
+    its address (the participant its TLS certificate proves, else the remote host)."""
+
+    connection: str
+    address: str
+
+
+CLIENT: ContextVar[ClientRef | None] = ContextVar("fedstream_api_client", default=None)
+"""The client whose connection is being served: set by the API server for everything one
+connection runs (its requests and subscriptions), read where a quota applies."""
 
 
 class AnnouncedBatches:
