@@ -1,0 +1,349 @@
+"""Regression corpus of hostile frames and connections (issue 12, the wire and connection part).
+
+Each case attacks a real peer (``Peer`` in a thread, real sockets, no engine) or a real link
+server (TLS with participant keys), asserts that the attack is refused with an error naming the
+limit (or absorbed), and, while the attack runs, that a concurrent client's ``hello`` is
+answered within 1 s and that the process grows by less than 300 MB.
+
+The concurrent client is a plain blocking socket in a thread of its own (:class:`HelloProbe`),
+so that its timings do not depend on any event loop of the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+from overlay.tls import TlsContexts
+from overlay.wire import DecodeBudget
+from peer.node import PeerConfig
+from peer.testing import PeerThread
+from tests.integration.test_links import (
+    ACME,
+    MIT,
+    addr,
+    federation,
+    hello_of,
+    pool_of,
+    raw_client,
+    run,
+    serving,
+    until,
+    within,
+)
+
+pytestmark = [pytest.mark.timeout(300)]
+
+MB = 1024 * 1024
+RSS_LIMIT_BYTES = 300 * MB
+HELLO_LIMIT_S = 1.0
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * 4096
+
+
+def frame_bytes(frame: dict[str, Any]) -> bytes:
+    body: bytes = msgpack.packb(frame, use_bin_type=True)
+    return struct.pack(">I", len(body)) + body
+
+
+def read_frame(sock: socket.socket) -> dict[str, Any] | None:
+    header = _read_exact(sock, 4)
+    if header is None:
+        return None
+    body = _read_exact(sock, struct.unpack(">I", header)[0])
+    if body is None:
+        return None
+    frame: dict[str, Any] = msgpack.unpackb(body, raw=False)
+    return frame
+
+
+def _read_exact(sock: socket.socket, n: int) -> bytes | None:
+    data = bytearray()
+    while len(data) < n:
+        try:
+            chunk = sock.recv(n - len(data))
+        except (ConnectionResetError, TimeoutError):
+            return None
+        if not chunk:
+            return None
+        data += chunk
+    return bytes(data)
+
+
+def connect(port: int, timeout_s: float = 10.0) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+class HelloProbe:
+    """A client that says ``hello`` every 50 ms on its own connection, in its own thread,
+    and keeps the slowest answer (a connection lost is reconnected and counted as slow as
+    the reconnecting took)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.slowest_s = 0.0
+        self.answers = 0
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="hello-probe", daemon=True)
+
+    def __enter__(self) -> HelloProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _main(self) -> None:
+        rid = 0
+        sock: socket.socket | None = None
+        while not self._stop.is_set():
+            started = time.perf_counter()
+            try:
+                if sock is None:
+                    sock = connect(self.port, timeout_s=5)
+                rid += 1
+                sock.sendall(frame_bytes({"type": "hello", "id": rid, "client": "probe"}))
+                reply = read_frame(sock)
+                if reply is None or reply.get("id") != rid:
+                    raise OSError(f"no hello reply: {reply!r}")
+                self.answers += 1
+            except OSError as exc:
+                self.failures.append(repr(exc))
+                if sock is not None:
+                    sock.close()
+                sock = None
+            self.slowest_s = max(self.slowest_s, time.perf_counter() - started)
+            self._stop.wait(0.05)
+        if sock is not None:
+            sock.close()
+
+
+@contextlib.contextmanager
+def a_peer(tmp_path: Path, **settings: Any) -> Iterator[PeerThread]:
+    config = PeerConfig(
+        data_dir=tmp_path / "peer", port=0, engine=False, overlay=False, fsync=False, **settings
+    )
+    with PeerThread(config) as peer:
+        yield peer
+
+
+@contextlib.contextmanager
+def watched(port: int) -> Iterator[HelloProbe]:
+    """The attack runs in the block; afterwards the probe and the RSS are checked."""
+    before = rss_bytes()
+    with HelloProbe(port) as probe:
+        time.sleep(0.2)
+        yield probe
+        time.sleep(0.2)
+    grown = rss_bytes() - before
+    assert probe.answers > 0 and not probe.failures, probe.failures[:3]
+    assert probe.slowest_s < HELLO_LIMIT_S, f"hello took {probe.slowest_s:.2f} s"
+    assert grown < RSS_LIMIT_BYTES, f"grew by {grown / MB:.0f} MB"
+
+
+def hostile_exchange(port: int, data: bytes) -> dict[str, Any] | None:
+    """Send ``data`` on a new connection; the server's answer, then it must close."""
+    with connect(port, timeout_s=30) as sock:
+        with contextlib.suppress(OSError):  # the server may close before reading it all
+            sock.sendall(data)
+        reply = read_frame(sock)
+        assert read_frame(sock) is None  # and then it closed the connection
+        return reply
+
+
+# -- the client API -----------------------------------------------------------------------------
+
+
+def test_an_array_of_67_million_empty_maps_is_refused_at_its_header(tmp_path: Path) -> None:
+    n = 64 * MB - 32
+    body = b"\x82\xa4type\xa4push\xa4rows" + b"\xdd" + n.to_bytes(4, "big") + b"\x80" * n
+    data = struct.pack(">I", len(body)) + body
+    with a_peer(tmp_path) as peer, watched(peer.port):
+        started = time.perf_counter()
+        reply = hostile_exchange(peer.port, data)
+        assert reply is not None and reply["code"] == "protocol"
+        assert "max_container_len" in reply["message"]
+        assert time.perf_counter() - started < 30
+
+
+def test_many_arrays_of_empty_maps_are_refused_at_the_budget(tmp_path: Path) -> None:
+    arrays = 60
+    one = b"\xdd" + (1_000_000).to_bytes(4, "big") + b"\x80" * 1_000_000
+    body = b"\x82\xa4type\xa4push\xa4rows" + b"\xdc" + arrays.to_bytes(2, "big") + one * arrays
+    data = struct.pack(">I", len(body)) + body
+    with a_peer(tmp_path) as peer, watched(peer.port):
+        reply = hostile_exchange(peer.port, data)
+        assert reply is not None and reply["code"] == "protocol"
+        assert "max_decoded_bytes" in reply["message"] or "max_elements" in reply["message"]
+
+
+def test_deep_nesting_is_refused_naming_max_depth(tmp_path: Path) -> None:
+    body = b"\x82\xa4type\xa4push\xa4rows" + b"\x91" * 900 + b"\xc0"
+    with a_peer(tmp_path) as peer, watched(peer.port):
+        reply = hostile_exchange(peer.port, struct.pack(">I", len(body)) + body)
+        assert reply is not None and "max_depth" in reply["message"]
+
+
+def test_a_budget_set_in_the_config_applies(tmp_path: Path) -> None:
+    frame = frame_bytes({"type": "push", "id": 1, "stream": "s", "columns": {"x": [1] * 50}})
+    with a_peer(tmp_path, max_frame_elements=40) as peer, watched(peer.port):
+        reply = hostile_exchange(peer.port, frame)
+        assert reply is not None and "more than 40 elements (max_elements)" in reply["message"]
+
+
+def test_a_frame_half_sent_for_too_long_is_dropped(tmp_path: Path) -> None:
+    with a_peer(tmp_path, frame_timeout_s=1.0) as peer, watched(peer.port):
+        socks = [connect(peer.port) for _ in range(8)]
+        for sock in socks:  # each announces 60 MB and sends a little of it
+            sock.sendall(struct.pack(">I", 60 * MB) + b"\x82" + b"\x00" * 4096)
+        started = time.perf_counter()
+        for sock in socks:
+            reply = read_frame(sock)
+            assert reply is not None and "frame_timeout_s" in reply["message"]
+            assert read_frame(sock) is None
+            sock.close()
+        assert time.perf_counter() - started < 10
+
+
+def test_an_idle_connection_is_closed(tmp_path: Path) -> None:
+    with (
+        a_peer(tmp_path, api_idle_timeout_s=1.0) as peer,
+        watched(peer.port),
+        connect(peer.port) as idle,
+    ):
+        idle.sendall(frame_bytes({"type": "hello", "id": 1, "client": "idle"}))
+        assert (read_frame(idle) or {}).get("type") == "ok"
+        started = time.perf_counter()
+        assert read_frame(idle) is None  # closed by the server, not by us
+        assert 0.9 < time.perf_counter() - started < 10
+
+
+def test_idle_connections_cannot_lock_others_out(tmp_path: Path) -> None:
+    # 256 connections that say nothing fill the server; newcomers evict the longest idle.
+    with a_peer(tmp_path, evict_idle_s=0.5, max_connections_per_address=300) as peer:
+        hogs = [connect(peer.port) for _ in range(256)]
+        try:
+            time.sleep(1.0)
+            with watched(peer.port) as probe:
+                time.sleep(0.5)
+            assert probe.answers > 0
+            api = peer.peer.api
+            assert api is not None and api._listener.admission.evictions >= 1
+            hogs[0].settimeout(5)
+            assert read_frame(hogs[0]) is None  # the longest idle made room
+        finally:
+            for hog in hogs:
+                hog.close()
+
+
+def test_one_address_holds_at_most_its_share(tmp_path: Path) -> None:
+    with a_peer(tmp_path, max_connections_per_address=4, evict_idle_s=60) as peer:
+        first = [connect(peer.port) for _ in range(4)]
+        try:
+            for sock in first:
+                sock.sendall(frame_bytes({"type": "hello", "id": 1, "client": "x"}))
+                assert (read_frame(sock) or {}).get("type") == "ok"
+            with connect(peer.port) as fifth:
+                reply = read_frame(fifth)
+                assert reply is not None and reply["code"] == "unavailable"
+                assert "max_per_address" in reply["message"]
+        finally:
+            for sock in first:
+                sock.close()
+
+
+def test_a_not_found_reply_echoing_a_40_mb_name_fits_a_frame(tmp_path: Path) -> None:
+    name = "n" * (40 * MB)
+    data = frame_bytes({"type": "lookup", "id": 7, "name": name})
+    with a_peer(tmp_path) as peer, watched(peer.port), connect(peer.port, timeout_s=30) as sock:
+        sock.sendall(data)
+        reply = read_frame(sock)
+        assert reply is not None and reply["id"] == 7 and reply["type"] == "error"
+        assert len(msgpack.packb(reply)) < 64 * 1024
+        assert f"({len(name)} characters)" in str(reply)
+        sock.sendall(frame_bytes({"type": "hello", "id": 8, "client": "same"}))
+        assert (read_frame(sock) or {}).get("id") == 8  # the connection goes on
+
+
+# -- peer links ---------------------------------------------------------------------------------
+
+
+def test_a_link_frame_over_budget_closes_only_that_link() -> None:
+    budgeted = DecodeBudget(max_elements=1000)
+
+    async def main() -> None:
+        from overlay.link.protocol import LinkSettings
+
+        async with (
+            serving(limits=LinkSettings(budget=budgeted)) as (server, _),
+            pool_of() as pool,
+        ):
+            where = addr(server)
+            assert await pool.request(where, {"type": "echo", "x": 1}, timeout_s=5)
+            stream, writer = await raw_client(
+                server, TlsContexts(MIT, federation(ACME, MIT)).client
+            )
+            await stream.send(hello_of(MIT))
+            assert (await within(stream.recv()) or {}).get("type") == "hello"
+            await until(lambda: len(server.links) == 2)
+            writer.write(frame_bytes({"type": "req", "id": 1, "body": {"m": [{}] * 5000}}))
+            await writer.drain()
+            assert await within(stream.recv()) is None
+            await stream.aclose()
+            await until(lambda: len(server.links) == 1)
+            assert await pool.request(where, {"type": "echo", "x": 2}, timeout_s=5)
+
+    run(main)
+
+
+def test_unauthenticated_connections_cannot_keep_a_peer_off_a_link_port() -> None:
+    async def main() -> None:
+        from overlay.link.protocol import LinkSettings
+
+        limits = LinkSettings(evict_idle_s=0.3, max_per_address=300)
+        async with serving(max_links=64, limits=limits) as (server, _), pool_of() as pool:
+            hogs = [
+                await asyncio.open_connection("127.0.0.1", server.port) for _ in range(64)
+            ]  # TCP only, no TLS handshake
+            await asyncio.sleep(0.5)
+            assert await pool.request(addr(server), {"type": "echo", "x": 1}, timeout_s=5)
+            for _reader, writer in hogs:
+                writer.close()
+
+    run(main, timeout_s=30)
+
+
+def test_a_half_sent_link_frame_is_dropped_in_time() -> None:
+    async def main() -> None:
+        from overlay.link.protocol import LinkSettings
+
+        async with serving(limits=LinkSettings(frame_timeout_s=0.5)) as (server, _):
+            stream, writer = await raw_client(
+                server, TlsContexts(MIT, federation(ACME, MIT)).client
+            )
+            await stream.send(hello_of(MIT))
+            assert (await within(stream.recv()) or {}).get("type") == "hello"
+            writer.write(struct.pack(">I", 1000) + b"\x81")
+            await writer.drain()
+            assert await within(stream.recv(), 5) is None
+            await stream.aclose()
+            await until(lambda: not server.links)
+
+    run(main)
