@@ -347,3 +347,28 @@ def test_a_half_sent_link_frame_is_dropped_in_time() -> None:
             await until(lambda: not server.links)
 
     run(main)
+
+
+# -- the DHT after a stall --------------------------------------------------------------------
+
+
+def test_a_contact_declared_dead_is_restored_when_it_comes_back() -> None:
+    # After a stall both peers declared each other dead (depart) and had 0 DHT contacts left;
+    # gossip's "alive" (welcome_back) must give them back (issue 12).
+    from tests.integration.test_dht import addr as dht_addr
+    from tests.integration.test_dht import network
+    from tests.integration.test_dht import run as dht_run
+
+    async def main() -> None:
+        async with network(2) as net:
+            a, b = net.servers
+            await until(lambda: a.routing_size() == 1 and b.routing_size() == 1)
+            assert a.protocol is not None and b.protocol is not None
+            a.protocol.depart(b.node.id)
+            b.protocol.depart(a.node.id)
+            assert a.routing_size() == 0 and b.routing_size() == 0
+            a.protocol.welcome_back(b.node.id)  # the contact it had
+            b.protocol.welcome_back(a.node.id, dht_addr(a))  # or the member's address
+            await until(lambda: a.routing_size() == 1 and b.routing_size() == 1)
+
+    dht_run(main)
