@@ -65,11 +65,7 @@ class PeerConfig:
     # How many per-tuple queries run on their own before the next ones share the lane.
     lane_after: int = 1
     max_frame_bytes: int = 64 * 1024 * 1024
-    # Budgets and fair sharing of the client API and peer links (issue 12; docs/protocol.md,
-    # "Limits"): what one frame may decode to, how long one may take to arrive, when a
-    # connection with nothing in flight is idle, connection slots per remote address (a
-    # newcomer evicts the connection idle longest, at least evict_idle_s), link streams that
-    # one client's relayed subscriptions may hold, and threads that decode large frames.
+    # Wire budgets, timeouts, fair sharing (issue 12): docs/protocol.md section 6 says each.
     max_frame_depth: int = 32
     max_frame_elements: int = 2_000_000
     max_container_len: int = 1_000_000
@@ -154,12 +150,9 @@ class Peer:
     @property
     def budget(self) -> DecodeBudget:
         """What one frame from a client or a peer may decode to."""
-        config = self.config
+        c = self.config
         return DecodeBudget(
-            max_depth=config.max_frame_depth,
-            max_elements=config.max_frame_elements,
-            max_container_len=config.max_container_len,
-            max_decoded_bytes=config.max_decoded_bytes,
+            c.max_frame_depth, c.max_frame_elements, c.max_container_len, c.max_decoded_bytes
         )
 
     @property
@@ -289,14 +282,11 @@ class Peer:
             failover_after_s=config.failover_after_s,
             repair_after_s=config.repair_after_s,
         )
-        quota = RelayQuota(config.relay_streams_per_connection, config.relay_streams_per_address)
         fed = self.fed = Federation(
-            site,
-            overlay,
-            self.api_addr,
-            lease_s=config.lease_s,
-            replication=replication,
-            relay_quota=quota,
+            site, overlay, self.api_addr, lease_s=config.lease_s, replication=replication
+        )
+        fed.forwarder.quota = RelayQuota(
+            config.relay_streams_per_connection, config.relay_streams_per_address
         )
         overlay.handler = fed.router
         overlay.on_member = fed.on_member

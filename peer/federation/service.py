@@ -23,7 +23,6 @@ from peer.federation.fragments import ReplicatedFragments
 from peer.federation.hosting import LEASE_S, Hosting
 from peer.federation.mirror import Mirrors
 from peer.federation.plane import ControlPlane, ReplicationSettings
-from peer.federation.quota import RelayQuota
 from peer.federation.records import CatalogRecords
 from peer.federation.requests import SiteRequests
 from peer.federation.router import Router
@@ -47,7 +46,6 @@ class Federation:
         *,
         lease_s: float = LEASE_S,
         replication: ReplicationSettings | None = None,
-        relay_quota: RelayQuota | None = None,
     ) -> None:
         self.site = site
         self.overlay = overlay
@@ -56,9 +54,7 @@ class Federation:
         self.records = CatalogRecords(overlay)
         self.mirrors = Mirrors(site.spools, overlay.node_id, self.router.call)
         self.hosting = Hosting(overlay, self.records, site, self.mirrors, api, lease_s=lease_s)
-        self.forwarder = Forwarder(
-            self.router, self.hosting, site, overlay.incarnation, relay_quota
-        )
+        self.forwarder = Forwarder(self.router, self.hosting, site, overlay.incarnation)
         self.coordinator = Coordinator(overlay, self.records, self.hosting, self.router)
         self.requests = SiteRequests(site, self.records, self.hosting, self.mirrors, self.router)
         self.requests.register()
