@@ -249,6 +249,6 @@ class FakeLink:
 def test_link_traffic_only_grows_as_links_close() -> None:
     traffic = Traffic()
     a, b = FakeLink(10, 20), FakeLink(1, 2)
-    assert traffic.totals([a, b]) == (11, 22)  # type: ignore[list-item]
-    traffic.close(a)  # type: ignore[arg-type]
-    assert traffic.totals([b]) == (11, 22)  # type: ignore[list-item]
+    assert traffic.totals([a, b]) == (11, 22)
+    traffic.close(a)
+    assert traffic.totals([b]) == (11, 22)
