@@ -22,6 +22,10 @@ within ``frame_timeout_s`` (a frame half-sent for too long is refused, naming
 ``frame_timeout_s``), and ``recv(idle_timeout_s=...)`` gives up with :class:`IdleTimeout`
 when no frame starts in that time (the stream is intact: the caller decides whether the
 connection is idle). :attr:`FrameStream.last_active` is when a frame last went either way.
+Large frames arriving at once share one budget per event loop (``PARTIAL_BUDGET_BYTES``): a
+frame over ``LARGE_FRAME_BYTES`` takes its declared size from it once its header is in, and
+its stream reads no more of it (the sender is held back by TCP) until there is room, so that
+connections sending frames slowly cannot together fill the peer's memory.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import asyncio
 import ssl
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
@@ -59,6 +64,10 @@ CLOSE_TIMEOUT_S = 5.0
 # a few milliseconds); larger ones in the decode pool.
 DECODE_INLINE_BYTES = 64 * 1024
 DECODE_WORKERS = 1
+# Large frames in progress hold at most this many bytes at once per event loop (a frame over
+# it alone still proceeds, when nothing else is held); smaller frames are not counted.
+PARTIAL_BUDGET_BYTES = 128 * 1024 * 1024
+LARGE_FRAME_BYTES = 1024 * 1024
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -77,6 +86,38 @@ def decode_pool(workers: int | None = None) -> ThreadPoolExecutor:
                 raise ValueError("the decode pool needs at least one worker")
             _pool = ThreadPoolExecutor(max_workers=count, thread_name_prefix="frame-decode")
         return _pool
+
+
+class _Reservoir:
+    """The bytes of large frames in progress on one event loop, up to ``capacity``."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.held = 0
+        self._changed = asyncio.Event()
+
+    async def take(self, size: int) -> None:
+        while self.held and self.held + size > self.capacity:
+            self._changed.clear()
+            await self._changed.wait()
+        self.held += size
+
+    def give(self, size: int) -> None:
+        self.held -= size
+        self._changed.set()
+
+
+_reservoirs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Reservoir] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _reservoir() -> _Reservoir:
+    loop = asyncio.get_running_loop()
+    found = _reservoirs.get(loop)
+    if found is None:
+        found = _reservoirs[loop] = _Reservoir(PARTIAL_BUDGET_BYTES)
+    return found
 
 
 class IdleTimeout(TimeoutError):
@@ -129,6 +170,7 @@ class FrameStream:
         self.frame_timeout_s = frame_timeout_s
         self._decode_inline_bytes = decode_inline_bytes
         self._frame_started: float | None = None  # when the frame now arriving began
+        self._reserved = 0  # bytes this stream's frame in progress holds of the reservoir
         self.last_active = time.monotonic()  # when a frame last went either way
         self._send_lock = asyncio.Lock()
         self._closed = False
@@ -172,18 +214,28 @@ class FrameStream:
         budget or one not complete within ``frame_timeout_s``.
         """
         decoder = self._decoder
-        while True:
-            body = decoder.next_body()
-            if body is not None:
-                frame = await self._decode(body)
-                self.last_active = now = time.monotonic()
-                self._frame_started = now if decoder.in_frame else None
-                return frame
-            if decoder.at_eof:
-                return None
-            data = await self._read(idle_timeout_s)
-            self.received_bytes += len(data)
-            decoder.receive_data(data)
+        try:
+            while True:
+                body = decoder.next_body()
+                if body is not None:
+                    self._release()
+                    frame = await self._decode(body)
+                    self.last_active = now = time.monotonic()
+                    self._frame_started = now if decoder.in_frame else None
+                    return frame
+                if decoder.at_eof:
+                    return None
+                data = await self._read(idle_timeout_s)
+                self.received_bytes += len(data)
+                decoder.receive_data(data)
+        except BaseException:
+            self._release()
+            raise
+
+    def _release(self) -> None:
+        if self._reserved:
+            _reservoir().give(self._reserved)
+            self._reserved = 0
 
     async def _read(self, idle_timeout_s: float | None) -> bytes:
         decoder = self._decoder
@@ -200,12 +252,14 @@ class FrameStream:
             return data
         limit = self.frame_timeout_s
         if limit is None:
+            await self._reserve()
             return await self._reader.read(self._read_chunk_bytes)
         if self._frame_started is None:
             self._frame_started = time.monotonic()
         deadline = asyncio.timeout(self._frame_started + limit - time.monotonic())
         try:
             async with deadline:
+                await self._reserve()
                 return await self._reader.read(self._read_chunk_bytes)
         except TimeoutError:
             if not deadline.expired():
@@ -219,6 +273,13 @@ class FrameStream:
                     "frame_timeout_s",
                 )
             )
+
+    async def _reserve(self) -> None:
+        """A large frame takes its size from the reservoir before more of it is read."""
+        size = self._decoder.pending_body_bytes
+        if size is not None and size > LARGE_FRAME_BYTES and not self._reserved:
+            await _reservoir().take(size)
+            self._reserved = size
 
     async def _decode(self, body: bytes) -> dict[str, Any]:
         """Decode a body here if it is small, else in the decode pool (off the loop). A
@@ -256,6 +317,7 @@ class FrameStream:
         if self._closed:
             return
         self._closed = True
+        self._release()
         self._writer.close()
         try:
             async with asyncio.timeout(timeout_s):

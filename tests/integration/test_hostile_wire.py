@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -138,6 +139,36 @@ def test_a_frame_half_sent_for_too_long_is_dropped(tmp_path: Path) -> None:
             assert read_frame(sock) is None
             sock.close()
         assert time.perf_counter() - started < 10
+
+
+def test_large_frames_sent_slowly_together_hold_a_bounded_amount(tmp_path: Path) -> None:
+    # 8 connections each send 48 MB of a 60 MB frame and stall: the first two take the
+    # 128 MiB budget of large frames in progress, the others are not read until there is room.
+    size, sent = 60 * MB, 48 * MB
+    chunk = struct.pack(">I", size) + b"\x82" + bytes(sent)
+    with a_peer(tmp_path, frame_timeout_s=4.0) as peer, watched(peer.port):
+        before = rss_bytes()
+        socks = [connect(peer.port, timeout_s=30) for _ in range(8)]
+
+        def stall(sock: Any) -> None:
+            with contextlib.suppress(OSError):  # dropped by the server meanwhile
+                sock.sendall(chunk)
+
+        senders = [threading.Thread(target=stall, args=(s,), daemon=True) for s in socks]
+        for t in senders:
+            t.start()
+        peak = before
+        deadline = time.perf_counter() + 3.0
+        while time.perf_counter() < deadline:  # while the frames are held
+            peak = max(peak, rss_bytes())
+            time.sleep(0.05)
+        assert peak - before < 200 * MB, f"held {(peak - before) / MB:.0f} MB"
+        for sock in socks:
+            reply = read_frame(sock)
+            assert reply is not None and "frame_timeout_s" in reply["message"]
+            sock.close()
+        for t in senders:
+            t.join(10)
 
 
 def test_an_idle_connection_is_closed(tmp_path: Path) -> None:
