@@ -43,6 +43,7 @@ def test_a_large_frame_waits_for_room_then_arrives() -> None:
         a1._writer.write(f1[len(f1) // 2 :])
         got1 = await asyncio.wait_for(first, 5)
         got2 = await asyncio.wait_for(second, 5)
+        assert got1 is not None and got2 is not None
         assert (got1["tag"], got2["tag"]) == (1, 2)
         assert len(got2["pad"]) == 2 * MIB
         assert stream_module._reservoir().held == 0
@@ -67,7 +68,8 @@ def test_small_frames_take_no_room() -> None:
     async def body() -> None:
         a, b = memory_stream_pair()
         await a.send({"type": "t", "tag": 1, "pad": bytes(1000)})
-        assert (await asyncio.wait_for(b.recv(), 5))["tag"] == 1
+        got = await asyncio.wait_for(b.recv(), 5)
+        assert got is not None and got["tag"] == 1
         assert stream_module._reservoir().held == 0
 
     asyncio.run(body())
