@@ -8,7 +8,10 @@ each connection it accepts, naming the remote host, and gives the slot back with
 
 * ``max_per_address``: connections from one remote host (an outsider on one address cannot
   take every slot);
-* ``max_connections``: connections in all.
+* ``max_connections``: connections in all;
+* ``max_per_participant``: connections whose TLS certificate proves one participant (an
+  insider on many addresses cannot take every slot either). The listener names the
+  participant with :meth:`Admission.claim` once the handshake has proven it.
 
 When a limit is reached, the newcomer still gets in if some connection it competes with (the
 host's own for the first limit, any for the second) has been idle, no frame either way, for
@@ -38,6 +41,7 @@ class Slot:
 
     host: str
     opened: float
+    participant: str | None = None
     activity: Callable[[], float] | None = None
     cancel: Callable[[], object] | None = None
     evicted: bool = field(default=False, init=False)
@@ -49,15 +53,28 @@ class Slot:
 class Admission:
     """The slots of one listener; see the module notes."""
 
-    def __init__(self, max_connections: int, max_per_address: int, evict_idle_s: float) -> None:
-        if max_connections < 1 or max_per_address < 1:
-            raise ValueError("max_connections and max_per_address must be at least 1")
+    def __init__(
+        self,
+        max_connections: int,
+        max_per_address: int,
+        evict_idle_s: float,
+        max_per_participant: int | None = None,
+    ) -> None:
+        """``max_per_participant`` defaults to ``max_per_address``."""
+        if max_per_participant is None:
+            max_per_participant = max_per_address
+        if min(max_connections, max_per_address, max_per_participant) < 1:
+            raise ValueError(
+                "max_connections, max_per_address and max_per_participant must be at least 1"
+            )
         if evict_idle_s < 0:
             raise ValueError("evict_idle_s must not be negative")
         self.max_connections = max_connections
         self.max_per_address = max_per_address
         self.evict_idle_s = evict_idle_s
+        self.max_per_participant = max_per_participant
         self._by_host: dict[str, set[Slot]] = {}
+        self._by_participant: dict[str, set[Slot]] = {}
         self._count = 0
         self.evictions = 0
 
@@ -98,8 +115,36 @@ class Admission:
         self._count += 1
         return slot, victim
 
+    def claim(self, slot: Slot, participant: str, now: float) -> tuple[bool, Slot | None]:
+        """The connection of ``slot`` proved ``participant``: whether it may stay, and the
+        slot of that participant's connection idle longest, evicted to make room for it when
+        the participant is at its limit (the caller ends it)."""
+        mine = self._by_participant.setdefault(participant, set())
+        victim: Slot | None = None
+        if len(mine) >= self.max_per_participant:
+            victim = self._longest_idle(mine, now)
+            if victim is None:
+                if not mine:
+                    del self._by_participant[participant]
+                return False, None
+            self.release(victim)
+            victim.evicted = True
+            self.evictions += 1
+        slot.participant = participant
+        self._by_participant.setdefault(participant, set()).add(slot)
+        return True, victim
+
+    def count_of_participant(self, participant: str) -> int:
+        return len(self._by_participant.get(participant, ()))
+
     def release(self, slot: Slot) -> None:
         """The connection of ``slot`` has ended (or was evicted); idempotent."""
+        if slot.participant is not None:
+            theirs = self._by_participant.get(slot.participant)
+            if theirs is not None:
+                theirs.discard(slot)
+                if not theirs:
+                    del self._by_participant[slot.participant]
         slots = self._by_host.get(slot.host)
         if slots is None or slot not in slots:
             return

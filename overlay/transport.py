@@ -196,7 +196,10 @@ class Listener:
         handshake_timeout_s: float = 10.0,
         close_timeout_s: float = 5.0,
         network: MemoryNetwork | None = None,
+        identify: Callable[[FrameStream], str | None] | None = None,
     ) -> None:
+        """``identify``: the participant a TLS connection's certificate proves (None if
+        unknown), for the per-participant limit (``max_per_address`` connections each)."""
         if network is not None and tls is not None:
             raise ValueError("a memory network carries no TLS")
         self.host = host
@@ -208,6 +211,7 @@ class Listener:
         self.admission = Admission(max_connections, max(1, max_per_address), evict_idle_s)
         self.handshake_timeout_s = handshake_timeout_s
         self.close_timeout_s = close_timeout_s
+        self._identify = identify
         self._serve = serve
         self._refuse = refuse
         self._requested_port = port
@@ -375,7 +379,37 @@ class Listener:
             self._limit(stream)
             if slot is not None:
                 slot.activity = lambda: stream.last_active
+                if not self._claim(stream, slot, where):
+                    await stream.aclose(self.close_timeout_s)
+                    return
             await self._run(stream, refusing=refusing)
+
+    def _claim(self, stream: FrameStream, slot: Slot, where: str) -> bool:
+        """Count the connection under the participant its certificate proves; False if that
+        participant has its share of connections and none of them is idle."""
+        if self._identify is None or stream.ssl_object is None:
+            return True
+        try:
+            participant = self._identify(stream)
+        except Exception:  # an unknown party: the server refuses it with its reason
+            return True
+        if participant is None:
+            return True
+        ok, evicted = self.admission.claim(slot, participant, time.monotonic())
+        if evicted is not None and evicted.cancel is not None:
+            self._log.info(
+                "%s: closing an idle connection of %s to make room", self.name, participant
+            )
+            evicted.cancel()
+        if not ok:
+            self.refusals.warning(
+                "%s: refused %s: %d connections of participant %s (max_per_participant)",
+                self.name,
+                where,
+                self.admission.max_per_participant,
+                participant,
+            )
+        return ok
 
     async def _handshake(self, conn: socket.socket, where: str) -> FrameStream | None:
         """The accepted socket as a frame stream, after its TLS handshake if we have TLS;

@@ -82,6 +82,7 @@ class LinkServer:
             name="peer links",
             logger=log,
             tls=lambda: self.tls.server,
+            identify=self._identify,
             max_connections=max_links,
             max_per_address=settings.max_per_address,
             evict_idle_s=settings.evict_idle_s,
@@ -135,6 +136,12 @@ class LinkServer:
         finally:
             self._links.discard(link)
             self._closed_traffic.close(link)
+
+    def _identify(self, stream: FrameStream) -> str | None:
+        """The participant a peer's certificate proves (the per-participant limit)."""
+        if stream.ssl_object is None:
+            return None
+        return peer_identity(stream.ssl_object, self.trust).participant
 
     async def _accept(self, stream: FrameStream) -> Link | None:
         """The link, once the client's hello matches its certificate; None (reason logged)

@@ -133,6 +133,7 @@ class ApiServer:
             name="API server",
             logger=log,
             tls=ssl,
+            identify=self._identify,
             max_connections=max_connections,
             max_per_address=max_per_address,
             evict_idle_s=evict_idle_s,
@@ -198,6 +199,14 @@ class ApiServer:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+    def _identify(self, stream: FrameStream) -> str | None:
+        """The participant a TLS client's certificate proves (the per-participant limit)."""
+        from overlay.tls import peer_participant
+
+        if stream.ssl_object is None or self.trust is None:
+            return None
+        return peer_participant(stream.ssl_object, self.trust)[0]
 
     def _participant(self, stream: FrameStream) -> tuple[bool, str | None]:
         """Whether the client may go on, and the participant its certificate proves (None

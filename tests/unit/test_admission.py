@@ -79,3 +79,30 @@ def test_relay_quota_per_connection_and_per_address() -> None:
     assert quota.held(one, host) == (0, 0)
     with quota.hold(None, host, "s"):  # a peer's own relay is not counted
         assert quota.held(one, host) == (0, 0)
+
+
+def test_one_participant_on_many_addresses_competes_with_itself() -> None:
+    admission = Admission(
+        max_connections=100, max_per_address=10, evict_idle_s=1.0, max_per_participant=2
+    )
+    first = admitted(admission, "10.0.0.1", 0.0, active=0.0)
+    second = admitted(admission, "10.0.0.2", 0.0, active=0.5)
+    assert admission.claim(first, "globex", 0.0) == (True, None)
+    assert admission.claim(second, "globex", 0.5) == (True, None)
+    third = admitted(admission, "10.0.0.3", 0.6)
+    assert admission.claim(third, "globex", 0.6) == (False, None)  # nobody idle 1 s yet
+    other = admitted(admission, "10.0.0.4", 0.6)
+    assert admission.claim(other, "acme", 0.6) == (True, None)  # another participant
+    ok, evicted = admission.claim(third, "globex", 1.2)
+    assert ok and evicted is first and first.evicted
+    assert admission.count_of_participant("globex") == 2
+    admission.release(second)
+    admission.release(third)
+    assert admission.count_of_participant("globex") == 0
+    assert admission.count_of_participant("acme") == 1
+
+
+def test_the_participant_limit_defaults_to_the_address_limit() -> None:
+    assert Admission(10, 3, 1.0).max_per_participant == 3
+    with pytest.raises(ValueError, match="max_per_participant"):
+        Admission(10, 3, 1.0, max_per_participant=0)
