@@ -4,10 +4,14 @@ Theory of operation
 -------------------
 * A push to a peer that does not host its stream is validated there (a bad batch is refused
   before anything travels), then forwarded as Arrow IPC to the host, which acknowledges only
-  after its own fsync; only then is the client acknowledged. Forwarded batches carry an event
-  id ``(origin, seq)``: the client's, or one of this peer's *forwarding slots* (one origin per
+  after its own fsync; only then is the client acknowledged. An Arrow body travels as the
+  client sent it (the host decodes and bounds it once more itself: it trusts no peer's
+  bytes); only rows or columns are encoded here. Forwarded batches carry an event id
+  ``(origin, seq)``: the client's, or one of this peer's *forwarding slots* (one origin per
   slot and process, one batch in flight per slot), so a retry after a lost reply is dropped
-  by the host's spool instead of appended twice.
+  by the host's spool instead of appended twice. Slots are made as concurrent pushes need
+  them, up to as many as a link carries requests at once (``MAX_FORWARD_SLOTS``), so the
+  slots never keep a link's pipeline shallower than the link itself does.
 * A subscription on a peer that does not host the stream is relayed from the host over a
   credit-controlled link stream, so a slow subscriber slows only its own relay. When the
   stream moves to another peer (its producing fragment moved, with the same offsets), the
@@ -23,21 +27,48 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import pyarrow as pa
-
 from overlay.link import LinkError, LinkRemoteError
 from overlay.node import OverlayError
-from peer.errors import Unavailable
+from peer.errors import TupleError, Unavailable
 from peer.federation.hosting import Hosting
 from peer.federation.quota import RelayQuota
 from peer.federation.router import Router, remote_error
-from peer.model.tuples import arrow_bytes
+from peer.model.schema import Schema
+from peer.model.tuples import arrow_bytes, batch_from_wire
 from peer.protocol.link import Frame, PushBatch, Subscribe
 from peer.server.service import CLIENT
 from peer.site import LocalSite
 
-FORWARD_SLOTS = 8
+MAX_FORWARD_SLOTS = 32  # a link's default max_in_flight (overlay.link.protocol.LinkSettings)
 FORWARD_DEADLINE_S = 30.0
+# An Arrow body this small that declares no more than this once decompressed is checked on the
+# event loop (tens of microseconds for a thousand rows: less than the hop to a worker thread).
+INLINE_CHECK_BYTES = 128 * 1024
+
+
+async def checked_body(
+    schema: Schema, payload: dict[str, Any], *, stream: str, max_bytes: int
+) -> bytes:
+    """Validate a pushed batch against ``schema`` and return the Arrow IPC bytes to forward:
+    an Arrow body as the client sent it, rows or columns encoded once. TupleError (naming the
+    field or limit) for a bad batch."""
+    body = payload.get("arrow") if len(payload) == 1 else None
+    if isinstance(body, bytearray | memoryview):
+        body = bytes(body)
+    if isinstance(body, bytes) and len(body) <= INLINE_CHECK_BYTES:
+        bound = min(max_bytes, INLINE_CHECK_BYTES)
+        try:
+            batch_from_wire(schema, payload, stream=stream, max_bytes=bound)
+            return body
+        except TupleError as exc:
+            # Declared larger than the inline bound (compressed): decoded in a worker thread,
+            # held to the real limit there. Anything else is the answer.
+            if exc.details.get("limit") != "max_push_bytes" or bound == max_bytes:
+                raise
+    table = await asyncio.to_thread(
+        batch_from_wire, schema, payload, stream=stream, max_bytes=max_bytes
+    )
+    return body if isinstance(body, bytes) else arrow_bytes(table)
 
 
 class Forwarder:
@@ -55,19 +86,17 @@ class Forwarder:
         self.site = site
         self.forwarded = 0
         self._slots: asyncio.Queue[int] = asyncio.Queue()
-        self._slot_seq = [0] * FORWARD_SLOTS
-        for slot in range(FORWARD_SLOTS):
-            self._slots.put_nowait(slot)
+        self._slot_seq: list[int] = []  # the last seq sent per slot; its length: slots made
         self._origin = f"fwd:{router.node_id.hex()[:16]}:{incarnation}"
 
     async def push(
-        self, stream: str, table: pa.Table, producer: str | None, seq: int | None
+        self, stream: str, body: bytes, producer: str | None, seq: int | None
     ) -> dict[str, Any]:
-        """Send a validated batch to the stream's host; return once the host has fsynced."""
-        body = arrow_bytes(table)
+        """Send a validated batch (Arrow IPC) to the stream's host; return once the host has
+        fsynced."""
         slot: int | None = None
         if producer is None:
-            slot = await self._slots.get()
+            slot = await self._slot()
             self._slot_seq[slot] += 1
             producer, seq = f"{self._origin}:{slot}", self._slot_seq[slot]
         try:
@@ -75,6 +104,13 @@ class Forwarder:
         finally:
             if slot is not None:
                 self._slots.put_nowait(slot)
+
+    async def _slot(self) -> int:
+        """A free forwarding slot: a new one while fewer than MAX_FORWARD_SLOTS exist."""
+        if self._slots.empty() and len(self._slot_seq) < MAX_FORWARD_SLOTS:
+            self._slot_seq.append(0)
+            return len(self._slot_seq) - 1
+        return await self._slots.get()
 
     async def _forward(self, batch: PushBatch) -> dict[str, Any]:
         deadline = time.monotonic() + FORWARD_DEADLINE_S

@@ -18,7 +18,7 @@ from overlay.membership import Event
 from overlay.node import Overlay
 from peer.errors import AlreadyExists, InvalidInput, NotFound
 from peer.federation.coordinator import Coordinator
-from peer.federation.forward import Forwarder
+from peer.federation.forward import Forwarder, checked_body
 from peer.federation.fragments import ReplicatedFragments
 from peer.federation.hosting import LEASE_S, Hosting
 from peer.federation.mirror import Mirrors
@@ -27,7 +27,6 @@ from peer.federation.records import CatalogRecords
 from peer.federation.requests import SiteRequests
 from peer.federation.router import Router
 from peer.model.schema import check_name, parse_schema
-from peer.model.tuples import batch_from_wire
 from peer.protocol.api import START_POSITIONS
 from peer.protocol.link import HostStream
 from peer.site import LocalSite, checked_status
@@ -207,10 +206,10 @@ class Federation:
         if (producer is None) != (seq is None):
             raise InvalidInput("push: give both producer and seq, or neither", stream=stream)
         schema = await self.records.stream_schema(stream)
-        table = await asyncio.to_thread(
-            batch_from_wire, schema, payload, stream=stream, max_bytes=self.site.max_push_bytes
+        body = await checked_body(
+            schema, payload, stream=stream, max_bytes=self.site.max_push_bytes
         )
-        reply = await self.forwarder.push(stream, table, producer, seq)
+        reply = await self.forwarder.push(stream, body, producer, seq)
         return {**reply, "forwarded": True}
 
     def subscribe(self, stream: str, start: str) -> AsyncIterator[dict[str, Any]]:
