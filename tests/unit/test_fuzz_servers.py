@@ -187,7 +187,14 @@ class _FuzzPeer(FakePeer):
         async def refusing(*args: Any) -> Any:
             try:
                 return await attribute(*args)
-            except (KeyError, TypeError, AttributeError, ValueError, IndexError) as exc:
+            except (
+                KeyError,
+                TypeError,
+                AttributeError,
+                ValueError,
+                IndexError,
+                AssertionError,
+            ) as exc:
                 raise InvalidInput(f"the fake peer cannot take this: {exc!r}") from None
 
         return refusing
