@@ -198,7 +198,9 @@ def test_sql_q2_q5_q7_match_plain_python(events: dict[str, pa.Table]) -> None:
     cfg = GeneratorConfig(event_rate=200, seed=3)
     bids = micros(events["bid"].to_pylist())
 
-    want2 = [{"auction": b["auction"], "price": b["price"]} for b in bids if b["auction"] % 123 == 0]
+    want2 = [
+        {"auction": b["auction"], "price": b["price"]} for b in bids if b["auction"] % 123 == 0
+    ]
     assert want2 and compare(run_sql("q2", events, cfg), want2) == []
 
     counts: Counter[tuple[int, int]] = Counter()
@@ -264,7 +266,6 @@ def test_sql_q3_q4_q8_match_plain_python(events: dict[str, pa.Table]) -> None:
     windows = {(p["id"], p["date_time"] // (10 * US)) for p in people.values()}
     sellers = {(a["seller"], a["date_time"] // (10 * US)) for a in auctions}
     want8 = [
-        {"id": i, "name": people[i]["name"], "starttime": w * 10 * US}
-        for i, w in windows & sellers
+        {"id": i, "name": people[i]["name"], "starttime": w * 10 * US} for i, w in windows & sellers
     ]
     assert want8 and compare(run_sql("q8", events, cfg), want8) == []

@@ -3,7 +3,8 @@
 NEXMark models an online auction: people register (``person``), open auctions (``auction``)
 and bid (``bid``). :mod:`.generator` makes the three streams as the NEXMark generator
 defines them; :mod:`.queries` holds the streams' schemas, the queries q0-q5, q7 and q8 as
-fedstream queries (JSON, Aurora's boxes) and each query in SQL for DuckDB.
+fedstream queries (JSON, Aurora's boxes) and each query in SQL for DuckDB; :mod:`.schemas`
+the streams' schemas.
 
 =====  ======================================  ===============================================
 query  NEXMark (Flink's SQL)                   here
@@ -66,16 +67,8 @@ import numpy as np
 import pyarrow as pa
 
 from peer.examples.nexmark.generator import GeneratorConfig, chunks, generate, kind_of
-from peer.examples.nexmark.queries import (
-    FLUSH_KEYS,
-    OUTPUT_FIELDS,
-    QUERIES,
-    SCHEMAS,
-    SOURCE_STREAMS,
-    arrow_schemas,
-    sql,
-    stages,
-)
+from peer.examples.nexmark.queries import FLUSH_KEYS, OUTPUT_FIELDS, QUERIES, sql, stages
+from peer.examples.nexmark.schemas import SCHEMAS, SOURCE_STREAMS, arrow_schemas
 
 __all__ = [
     "FLUSH_KEYS",

@@ -52,6 +52,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from peer.examples.nexmark.schemas import arrow_schemas
+
 __all__ = [
     "BLOCK",
     "FIRST_AUCTION_ID",
@@ -147,34 +149,40 @@ class GeneratorConfig:
 def kind_of(n: np.ndarray) -> np.ndarray:
     """0 for a person, 1 for an auction, 2 for a bid, per event number."""
     offset = n % TOTAL_PROPORTION
-    return np.where(offset < PERSON_PROPORTION, 0, np.where(offset < 4, 1, 2))
+    kinds: np.ndarray = np.where(offset < PERSON_PROPORTION, 0, np.where(offset < 4, 1, 2))
+    return kinds
 
 
 def _last_person(n: np.ndarray) -> np.ndarray:
     """The base-0 id of the last person made at or before event ``n``."""
-    return n // TOTAL_PROPORTION  # one person per 50 events, at offset 0
+    people: np.ndarray = n // TOTAL_PROPORTION  # one person per 50 events, at offset 0
+    return people
 
 
 def _last_auction(n: np.ndarray) -> np.ndarray:
     """The base-0 id of the last auction made at or before event ``n`` (-1 before the first)."""
     epoch, offset = n // TOTAL_PROPORTION, n % TOTAL_PROPORTION
     in_epoch = np.clip(offset - PERSON_PROPORTION, -1, AUCTION_PROPORTION - 1)
-    return epoch * AUCTION_PROPORTION + in_epoch
+    auctions: np.ndarray = epoch * AUCTION_PROPORTION + in_epoch
+    return auctions
 
 
 def _below(rng: np.random.Generator, bound: np.ndarray) -> np.ndarray:
     """Uniform integers in ``[0, bound)``, elementwise (``bound >= 1``)."""
-    return np.floor(rng.random(len(bound)) * bound).astype(np.int64)
+    drawn: np.ndarray = np.floor(rng.random(len(bound)) * bound).astype(np.int64)
+    return drawn
 
 
 def _active_person(cfg: GeneratorConfig, rng: np.random.Generator, n: np.ndarray) -> np.ndarray:
     people = _last_person(n) + 1
     active = np.minimum(people, cfg.active_people)
-    return people - active + _below(rng, active + PERSON_ID_LEAD)
+    chosen: np.ndarray = people - active + _below(rng, active + PERSON_ID_LEAD)
+    return chosen
 
 
 def _price(rng: np.random.Generator, size: int) -> np.ndarray:
-    return np.round(10.0 ** (rng.random(size) * 6.0) * 100.0).astype(np.int64)
+    cents: np.ndarray = np.round(10.0 ** (rng.random(size) * 6.0) * 100.0).astype(np.int64)
+    return cents
 
 
 def _strings(rng: np.random.Generator, pool: str, lengths: np.ndarray, strip: bool) -> list[str]:
@@ -284,9 +292,7 @@ def _block(cfg: GeneratorConfig, block: int) -> dict[str, dict[str, Any]]:
 def generate(cfg: GeneratorConfig, first: int, count: int) -> dict[str, pa.Table]:
     """Events ``first`` to ``first + count - 1`` as one table per stream (``person``,
     ``auction``, ``bid``; each in event-time order), in the schemas of
-    :mod:`peer.examples.nexmark.queries`."""
-    from peer.examples.nexmark.queries import arrow_schemas
-
+    :mod:`peer.examples.nexmark.schemas`."""
     if first < 0 or count < 0:
         raise ValueError(f"need first >= 0 and count >= 0, got {first}, {count}")
     schemas = arrow_schemas()
@@ -319,9 +325,9 @@ def _table(columns: dict[str, Any], schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def chunks(cfg: GeneratorConfig, count: int, size: int, first: int = 0) -> Iterator[
-    tuple[int, dict[str, pa.Table]]
-]:
+def chunks(
+    cfg: GeneratorConfig, count: int, size: int, first: int = 0
+) -> Iterator[tuple[int, dict[str, pa.Table]]]:
     """``(first event number, tables)`` for consecutive pieces of ``size`` events."""
     for start in range(first, first + count, size):
         yield start, generate(cfg, start, min(size, first + count - start))

@@ -13,64 +13,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import pyarrow as pa
-
 from peer.examples.nexmark.generator import FIRST_CATEGORY_ID, GeneratorConfig
 
 __all__ = [
     "FLUSH_KEYS",
     "OUTPUT_FIELDS",
     "QUERIES",
-    "SCHEMAS",
-    "SOURCE_STREAMS",
-    "arrow_schemas",
     "sql",
     "stages",
 ]
 
 QUERIES = ("q0", "q1", "q2", "q3", "q4", "q5", "q7", "q8")
-
-PERSON: dict[str, Any] = {
-    "name": "nexmark_person",
-    "fields": [
-        {"name": "id", "type": "long"},
-        {"name": "name", "type": "string"},
-        {"name": "email_address", "type": "string"},
-        {"name": "credit_card", "type": "string"},
-        {"name": "city", "type": "string"},
-        {"name": "state", "type": "string"},
-        {"name": "date_time", "type": "timestamp"},
-        {"name": "extra", "type": "string"},
-    ],
-}
-AUCTION: dict[str, Any] = {
-    "name": "nexmark_auction",
-    "fields": [
-        {"name": "id", "type": "long"},
-        {"name": "item_name", "type": "string"},
-        {"name": "description", "type": "string"},
-        {"name": "initial_bid", "type": "long"},
-        {"name": "reserve", "type": "long"},
-        {"name": "date_time", "type": "timestamp"},
-        {"name": "expires", "type": "timestamp"},
-        {"name": "seller", "type": "long"},
-        {"name": "category", "type": "long"},
-        {"name": "extra", "type": "string"},
-    ],
-}
-BID: dict[str, Any] = {
-    "name": "nexmark_bid",
-    "fields": [
-        {"name": "auction", "type": "long"},
-        {"name": "bidder", "type": "long"},
-        {"name": "price", "type": "long"},
-        {"name": "date_time", "type": "timestamp"},
-        {"name": "extra", "type": "string"},
-    ],
-}
-SCHEMAS: list[dict[str, Any]] = [PERSON, AUCTION, BID]
-SOURCE_STREAMS: dict[str, str] = {"person": "nexmark_person", "auction": "nexmark_auction",
-                                  "bid": "nexmark_bid"}  # fmt: skip
 
 WINDOW_S = 10  # q7, q8 (tumbling) and q5 (sliding) windows, q4's average: as Flink's suite
 SLIDE_S = 2  # q5's windows advance by this (Flink's suite: 2 s)
@@ -83,8 +36,10 @@ EPSILON_S = "0.001"  # one millisecond: event times are whole milliseconds
 US_PER_S = 1_000_000
 
 # The field of each result that is negative exactly for rows made from flush tuples.
-FLUSH_KEYS: dict[str, str] = {"q0": "auction", "q1": "auction", "q2": "auction", "q3": "id",
-                              "q4": "category", "q5": "auction", "q7": "auction", "q8": "id"}  # fmt: skip
+FLUSH_KEYS: dict[str, str] = {
+    "q0": "auction", "q1": "auction", "q2": "auction", "q3": "id", "q4": "category",
+    "q5": "auction", "q7": "auction", "q8": "id",
+}  # fmt: skip
 
 OUTPUT_FIELDS: dict[str, tuple[str, ...]] = {
     "q0": ("auction", "bidder", "price", "date_time", "extra"),
@@ -96,16 +51,6 @@ OUTPUT_FIELDS: dict[str, tuple[str, ...]] = {
     "q7": ("auction", "price", "bidder", "date_time", "extra"),
     "q8": ("id", "name", "starttime"),
 }
-
-
-def arrow_schemas() -> dict[str, pa.Schema]:
-    """The Arrow schema of each source stream, as a peer's spool stores it."""
-    from peer.model.schema import parse_schema, to_arrow_schema
-
-    return {
-        stream: to_arrow_schema(parse_schema(next(s for s in SCHEMAS if s["name"] == schema)))
-        for stream, schema in SOURCE_STREAMS.items()
-    }
 
 
 # -- boxes --------------------------------------------------------------------------------------
@@ -279,9 +224,7 @@ class _Streams(dict[str, str]):
         return f"{self.prefix}{key}"
 
 
-def stages(
-    q: str, *, prefix: str = "", cfg: GeneratorConfig | None = None
-) -> list[dict[str, Any]]:
+def stages(q: str, *, prefix: str = "", cfg: GeneratorConfig | None = None) -> list[dict[str, Any]]:
     """Query ``q`` as the fedstream queries (JSON form) to create and start in this order,
     named ``<prefix>nexmark_<q>`` (with ``_1``, ``_2``, ... for later stages), over the streams
     ``<prefix>person``, ``<prefix>auction``, ``<prefix>bid``, writing ``<prefix><q>``.
