@@ -1,6 +1,6 @@
 """Example workloads: schemas, a query, a seeded generator and a plain-Python reference each.
 
-Two workloads from Medusa ship here as library code, so that tests, demos and benchmarks on
+Workloads ship here as library code, so that tests, demos and benchmarks on
 one peer or on many run the same queries and check them the same way:
 
 - :mod:`peer.examples.traffic`: the traffic query of the Medusa paper's figure 1 (per road
@@ -8,7 +8,10 @@ one peer or on many run the same queries and check them the same way:
   cars; tow trucks joined with stopped cars);
 - :mod:`peer.examples.intrusion`: the network-intrusion query of Medusa's SIGMOD demo
   (connection attempts, distinct ports, hosts and protocols per source address and window;
-  port scans, host sweeps and floods labelled by a map and flagged by a filter).
+  port scans, host sweeps and floods labelled by a map and flagged by a filter);
+- :mod:`peer.examples.nexmark`: the NEXMark benchmark's generator and queries q0-q5, q7, q8,
+  with each query's SQL for DuckDB as its reference (a package with an API of its own: see
+  its docstring and docs/nexmark.md).
 
 Every example module exposes the same API:
 
