@@ -36,9 +36,10 @@ class Fragment:
     boxes: tuple[Box, ...]
     inputs: tuple[str, ...]  # streams read from outside this fragment, in first-use order
     outputs: tuple[str, ...]  # every stream its boxes write
+    availability_bound_s: float | None = None  # the query's (every fragment keeps it)
 
     def as_query(self) -> Query:
-        return Query(self.name, self.boxes)
+        return Query(self.name, self.boxes, self.availability_bound_s)
 
 
 def topological_boxes(query: Query) -> list[Box]:
@@ -163,5 +164,14 @@ def fragment_query(
         outputs = tuple(s for b in boxes for s in b.outputs)
         # a query that is not split keeps its own name on its peer
         name = query.name if len(groups) == 1 else f"{query.name}#{n}"
-        fragments.append(Fragment(name, site[boxes[0].name], tuple(boxes), tuple(inputs), outputs))
+        fragments.append(
+            Fragment(
+                name,
+                site[boxes[0].name],
+                tuple(boxes),
+                tuple(inputs),
+                outputs,
+                query.availability_bound_s,
+            )
+        )
     return fragments

@@ -9,7 +9,14 @@ A query arrives in one of three spellings that all yield equal :class:`Query` ob
   (its other children, such as schema and stream declarations, are ignored here; a whole
   document is read by :mod:`peer.model.borealis`);
 - JSON text or a mapping: ``{"name", "boxes": [{"name", "type", "inputs", "outputs",
-  "params": {...}, "node"?}]}``.
+  "params": {...}, "node"?}], "availability_bound"?}``.
+
+A query may state an *availability bound* (Borealis' Delay, Process and Correct): the most
+seconds a new input tuple's effect may be delayed at an output by a missing input, after
+which the query goes on with the inputs it has and marks its results tentative
+(``"availability_bound": SECONDS`` in JSON, a query-level ``<parameter
+name="availability-bound" value="SECONDS"/>`` in XML). Without one, a query waits for every
+input and its results stay exact.
 
 Parsing checks the structure only: names, box types and their number of arrows, unique box
 names, one producer per stream, no cycle. Parameters are kept as text, sorted by name, with
@@ -19,6 +26,7 @@ checked against stream schemas by :mod:`peer.model.plan`.
 
 from __future__ import annotations
 
+import math
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
@@ -67,6 +75,33 @@ class Box:
 class Query:
     name: str
     boxes: tuple[Box, ...]
+    # seconds a missing input may delay results before they go on, tentative (None: wait)
+    availability_bound_s: float | None = None
+
+
+BOUND_PARAM = "availability-bound"
+MAX_BOUND_S = 86_400.0
+
+
+def check_bound(qname: str, value: object) -> float | None:
+    """An availability bound as given (JSON number or XML text): seconds, > 0 and at most a
+    day; None when not given."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        value = repr(value)
+    try:
+        seconds = float(value) if isinstance(value, int | float | str) else math.nan
+    except ValueError:
+        seconds = math.nan
+    if not (0 < seconds <= MAX_BOUND_S):  # NaN fails too
+        raise QueryError(
+            f"query {qname}: availability bound must be a number of seconds above 0 and at "
+            f"most {MAX_BOUND_S:.0f}, got {value!r}",
+            query=qname,
+            parameter="availability_bound",
+        )
+    return seconds
 
 
 def parse_query(
@@ -152,10 +187,13 @@ def query_to_dict(query: Query) -> dict[str, Any]:
         if box.node is not None:
             d["node"] = box.node
         boxes.append(d)
-    return {"name": query.name, "boxes": boxes}
+    out: dict[str, Any] = {"name": query.name, "boxes": boxes}
+    if query.availability_bound_s is not None:
+        out["availability_bound"] = query.availability_bound_s
+    return out
 
 
-def make_query(name: object, boxes: list[Box]) -> Query:
+def make_query(name: object, boxes: list[Box], availability_bound_s: float | None = None) -> Query:
     """Check a query's structure and return it."""
     qname = check_name(name, "query", QueryError)
     where = f"query {qname}"
@@ -180,7 +218,7 @@ def make_query(name: object, boxes: list[Box]) -> Query:
                     stream=stream,
                 )
             producers[stream] = box.name
-    query = Query(qname, tuple(boxes))
+    query = Query(qname, tuple(boxes), availability_bound_s)
     topological_order(query)
     return query
 
@@ -322,10 +360,14 @@ def _natural(name: str) -> tuple[str, int]:
 
 
 def _query_from_mapping(data: Mapping[str, Any], max_boxes: int = MAX_BOXES) -> Query:
-    unknown = set(data) - {"name", "boxes"}
+    unknown = set(data) - {"name", "boxes", "availability_bound"}
     if unknown:
-        raise QueryError(f"query: unknown keys {sorted(map(str, unknown))} (known: name, boxes)")
+        raise QueryError(
+            f"query: unknown keys {sorted(map(str, unknown))} "
+            "(known: name, boxes, availability_bound)"
+        )
     qname = check_name(data.get("name"), "query", QueryError)
+    bound = check_bound(qname, data.get("availability_bound"))
     raw_boxes = data.get("boxes")
     if not isinstance(raw_boxes, list | tuple):
         raise QueryError(f"query {qname}: 'boxes' must be a list", query=qname)
@@ -359,7 +401,7 @@ def _query_from_mapping(data: Mapping[str, Any], max_boxes: int = MAX_BOXES) -> 
                 raw.get("node"),
             )
         )
-    return make_query(qname, boxes)
+    return make_query(qname, boxes, bound)
 
 
 # -- XML ----------------------------------------------------------------------------------------
@@ -379,7 +421,21 @@ def _query_from_xml(root: ET.Element, max_boxes: int = MAX_BOXES) -> Query:
         raise QueryError(f"query XML must have a <query> root element, got <{root.tag}>")
     qname = check_name(root.get("name"), "query", QueryError)
     boxes: list[Box] = []
+    bound: float | None = None
     for child in root:
+        if child.tag in ("param", "parameter"):
+            name = child.get("name")
+            if name != BOUND_PARAM:
+                raise QueryError(
+                    f"query {qname}: unknown query parameter {name!r} "
+                    f"(a query takes {BOUND_PARAM!r}; box parameters go inside a <box>)",
+                    query=qname,
+                )
+            if bound is not None:
+                raise QueryError(f"query {qname}: {BOUND_PARAM} is given twice", query=qname)
+            value = child.get("value")
+            bound = check_bound(qname, value if value is not None else (child.text or "").strip())
+            continue
         if child.tag != "box":
             raise QueryError(f"query {qname}: unexpected element <{child.tag}>", query=qname)
         if len(boxes) == max_boxes:
@@ -390,7 +446,7 @@ def _query_from_xml(root: ET.Element, max_boxes: int = MAX_BOXES) -> Query:
                 query=qname,
             )
         boxes.append(_box_from_xml(qname, child))
-    return make_query(qname, boxes)
+    return make_query(qname, boxes, bound)
 
 
 def _box_from_xml(qname: str, element: ET.Element) -> Box:
