@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -11,7 +12,7 @@ from peer.model.borealis import parse_document
 from peer.model.fragments import fragment_query
 from peer.model.query import parse_query, query_to_dict
 
-UNION = {
+UNION: dict[str, Any] = {
     "name": "tolls",
     "boxes": [
         {"name": "u", "type": "union", "inputs": ["a", "g"], "outputs": ["both"]},
@@ -98,7 +99,7 @@ def test_every_fragment_keeps_the_query_bound() -> None:
             **UNION,
             "availability_bound": 3,
             "boxes": [UNION["boxes"][0], {**UNION["boxes"][1], "node": "globex"}],
-        }  # type: ignore[dict-item]
+        }
     )
     parts = fragment_query(split, default=lambda s: sites[s], resolve=lambda n, _s: n)
     assert len(parts) == 2
