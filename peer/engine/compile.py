@@ -16,6 +16,15 @@ in a hidden ``__ts`` column, because Spark's windows and watermarks need timesta
 are mapped back to the order field's type. Windows are aligned to multiples of ``advance``
 counted from zero, as Spark's ``window()`` is aligned to the epoch.
 
+An aggregate over a union puts its watermark on each of the union's inputs, so that Spark's
+global watermark is the lowest of them (its default multiple-watermark policy): a window
+closes only once every input has passed it, and an input that falls silent holds results
+back instead of seeing its late tuples dropped. A query with an availability bound reads its
+sources with a hidden ``__hb`` column: a tentative fork (``peer.engine.tentative``) feeds a
+missing input one heartbeat row far ahead in event time, which advances that input's
+watermark and is dropped right after it (heartbeats pass every filter and leave before a
+stateful box or the sink).
+
 The query's result streams are folded into one DataFrame: a column ``__out`` says which result
 a row belongs to and one struct column per result holds its fields. A single streaming query
 (one micro-batch loop, one job per batch) thus serves a query with any number of results; the
@@ -28,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from peer.engine.source import HB_COLUMN as HB  # heartbeat rows of a tentative fork
 from peer.engine.source import SEQ_COLUMN as SEQ  # the arrival order the spool sources add
 from peer.errors import QueryError
 from peer.model.plan import (
@@ -101,10 +111,25 @@ def _with_seq(df: DataFrame, columns: list[str]) -> list[str]:
     return [*columns, SEQ] if SEQ in df.columns else columns
 
 
+def _beatless(df: DataFrame, event_time: str | None = None) -> DataFrame:
+    """``df`` without heartbeat rows. Right after a watermark the condition names the event
+    time, or Spark's optimizer would push it below the watermark, which would then never
+    see a heartbeat."""
+    from pyspark.sql import functions as F
+
+    if HB not in df.columns:
+        return df
+    keep = ~F.col(HB)
+    if event_time is not None:
+        keep = keep | F.col(event_time).isNull()
+    return df.where(keep).drop(HB)
+
+
 class _Compiler:
     def __init__(self, checked: CheckedQuery, source: SourceFactory) -> None:
         self.checked = checked
         self.frames: dict[str, DataFrame] = {}
+        self.branches: dict[str, list[DataFrame]] = {}  # a union's inputs, by its output
         for name in checked.inputs:
             self.frames[name] = source(name, checked.stream_schemas[name])
 
@@ -133,14 +158,14 @@ class _Compiler:
                 from peer.engine.stateful import tuple_window_aggregate
 
                 out, source = box.output_schemas[0], box.input_schemas[0]
-                return [tuple_window_aggregate(inputs[0], spec, out, source)]
+                return [tuple_window_aggregate(_beatless(inputs[0]), spec, out, source)]
             return [self.aggregate(spec, box, inputs[0])]
         if isinstance(spec, JoinSpec):
             return [self.join(spec, box, inputs[0], inputs[1])]
         if isinstance(spec, BSortSpec):
             from peer.engine.stateful import bounded_sort
 
-            return [bounded_sort(inputs[0], spec, box.output_schemas[0])]
+            return [bounded_sort(_beatless(inputs[0]), spec, box.output_schemas[0])]
         raise QueryError(f"{self.where(box)}: box type {box.box.type!r} cannot run on Spark")
 
     def filter(self, spec: FilterSpec, box: CheckedBox, df: DataFrame) -> list[DataFrame]:
@@ -149,13 +174,14 @@ class _Compiler:
         # A case statement: a tuple leaves through the first predicate it satisfies. NULL is
         # "not satisfied", so every predicate is wrapped in coalesce(..., false).
         conds = [F.coalesce(F.expr(p.sql), F.lit(False)) for p in spec.predicates]
+        beat = F.col(HB) if HB in df.columns else F.lit(False)  # heartbeats pass every port
         outs: list[DataFrame] = []
         none_before: Column = F.lit(True)
         for cond in conds:
-            outs.append(df.where(none_before & cond))
+            outs.append(df.where((none_before & cond) | beat))
             none_before = none_before & ~cond
         if spec.pass_on_false:
-            outs.append(df.where(none_before))
+            outs.append(df.where(none_before | beat))
         return outs
 
     def map(self, spec: MapSpec, box: CheckedBox, df: DataFrame) -> DataFrame:
@@ -166,28 +192,37 @@ class _Compiler:
             F.expr(expr.sql).cast(spark_type(schema.field(name).type)).alias(name)
             for name, expr in spec.outputs
         ]
-        if SEQ in df.columns:
-            cols.append(F.col(SEQ))
+        cols.extend(F.col(c) for c in (SEQ, HB) if c in df.columns)
         return df.select(*cols)
 
     def union(self, box: CheckedBox, inputs: list[DataFrame]) -> DataFrame:
         columns = _data_columns(box.output_schemas[0])
-        keep_seq = all(SEQ in df.columns for df in inputs)
-        wanted = [*columns, SEQ] if keep_seq else columns
-        result = inputs[0].select(*wanted)
-        for other in inputs[1:]:
-            result = result.unionByName(other.select(*wanted))
+        wanted = columns + [c for c in (SEQ, HB) if all(c in df.columns for df in inputs)]
+        branches = [df.select(*wanted) for df in inputs]
+        self.branches[box.box.outputs[0]] = branches
+        result = branches[0]
+        for other in branches[1:]:
+            result = result.unionByName(other)
         return result
 
     def aggregate(self, spec: AggregateSpec, box: CheckedBox, df: DataFrame) -> DataFrame:
         from pyspark.sql import functions as F
 
-        assert spec.order_on is not None  # check_query requires it for VALUES windows
+        order_on = spec.order_on
+        assert order_on is not None  # check_query requires it for VALUES windows
         schema = box.output_schemas[0]
-        # A tuple whose order value is NULL belongs to no window (SQL: no comparison holds).
-        df = df.where(F.col(spec.order_on).isNotNull())
-        timed = df.withColumn(TS, to_event_time(df, spec.order_on, spec.order_type))
-        timed = timed.withWatermark(TS, _micros(spec.slack))
+
+        def watermarked(df: DataFrame) -> DataFrame:
+            # A tuple whose order value is NULL belongs to no window (SQL: no comparison holds).
+            df = df.where(F.col(order_on).isNotNull())
+            timed = df.withColumn(TS, to_event_time(df, order_on, spec.order_type))
+            return _beatless(timed.withWatermark(TS, _micros(spec.slack)), TS)
+
+        # Over a union: one watermark per input, so the lowest holds the windows open.
+        branches = self.branches.get(box.box.inputs[0], [df])
+        timed = watermarked(branches[0])
+        for other in branches[1:]:
+            timed = timed.unionByName(watermarked(other))
         window = F.window(TS, _micros(spec.window_size), _micros(spec.advance)).alias("__w")
         aggs = [
             self._agg(call.function, call.argument, SEQ in df.columns).alias(call.output_name)
@@ -257,8 +292,8 @@ class _Compiler:
                 base_s=JOIN_BASE_S,
             ),
         )
-        lt = lt.withWatermark(TS, delay).alias("left")
-        rt = rt.withWatermark(TS, delay).alias("right")
+        lt = _beatless(lt.withWatermark(TS, delay), TS).alias("left")
+        rt = _beatless(rt.withWatermark(TS, delay), TS).alias("right")
         # The order fields differ by less than the other side's buffer (DESIGN.md section 5).
         cond = F.expr(
             f"`left`.`{TS}` < `right`.`{TS}` + INTERVAL {_micros(spec.right_buffer)}"
@@ -280,7 +315,7 @@ class _Compiler:
             raise QueryError(f"query {self.checked.query.name}: produces no stream")
         parts = []
         for index, (stream, schema) in enumerate(outputs):
-            df = self.frames[stream]
+            df = _beatless(self.frames[stream])
             parts.append(
                 df.select(
                     F.lit(index).alias(OUT),

@@ -37,6 +37,7 @@ from peer.engine.lane_source import register_lane_source
 from peer.errors import EngineError
 from peer.model.plan import CheckedQuery
 from peer.model.schema import Schema, spark_ddl
+from peer.model.tentative import STABLE
 from peer.storage import spool_format as fmt
 from peer.storage.spool import SpoolSet
 
@@ -120,6 +121,9 @@ class Engine:
         # output spools, with the seconds since the newest input batch it had taken was
         # appended here (push to result).
         self.on_result: Callable[[str, float], None] | None = None
+        # A tentative fork wrote a result batch (query, stream, offset, rows): on Spark's
+        # callback thread (peer.engine.tentative).
+        self.on_tentative: Callable[[str, str, int, int], None] | None = None
 
     async def _call(self, fn: Callable[[], T]) -> T:
         loop = asyncio.get_running_loop()
@@ -164,27 +168,37 @@ class Engine:
         *,
         with_seq: bool,
         hold_back: list[Path] | None = None,
+        heartbeat: bool = False,
+        elsewhere: dict[str, Path] | None = None,
     ) -> Callable[[str, Schema], DataFrame]:
+        """The sources of one streaming query; ``elsewhere`` reads some streams from other
+        directories (a tentative fork's copies of its missing inputs), unregistered."""
         from peer.engine.source import read_stream
 
         assert self.spark is not None
         spark = self.spark
 
         def make(stream: str, schema: Schema) -> DataFrame:
-            spool = self.spools.get(stream)
             reader = f"{key}-{len(readers)}"
-            spool.register_reader(reader)
-            spool.pause_reader(reader, False)
-            readers.append((stream, reader))
+            directory = (elsewhere or {}).get(stream)
+            if directory is None:
+                spool = self.spools.get(stream)
+                spool.register_reader(reader)
+                spool.pause_reader(reader, False)
+                readers.append((stream, reader))
+                directory = spool.directory
+            else:
+                readers.append(("", reader))  # keeps the numbering; nothing to release
             return read_stream(
                 spark,
-                spool.directory,
+                directory,
                 spark_ddl(schema),
                 reader,
                 with_seq=with_seq,
                 max_rows=self.max_rows_per_batch,
                 hold_back=hold_back,
                 max_backlog=self.max_backlog,
+                heartbeat=heartbeat,
             )
 
         return make
@@ -232,46 +246,7 @@ class Engine:
         origin = f"query:{name}:{incarnation}"
 
         def start() -> RunningQuery:
-            readers: list[tuple[str, str]] = []
-            hold_back = [self.spools.get(s).directory for s in checked.outputs]
-            source = self._source(
-                key, readers, with_seq=needs_arrival_order(checked), hold_back=hold_back
-            )
-            compiled = compile_query(checked, source)
-            running: RunningQuery | None = None
-
-            def sink(df: DataFrame, batch_id: int) -> None:
-                started = time.monotonic()
-                before_emit = None
-                if self.on_batch is not None:  # the checkpoint as this batch starts
-                    before_emit = self.on_batch(name, batch_id, checkpoint)
-                table = df.toArrow()
-                if before_emit is not None:
-                    before_emit(table.num_rows)
-                for stream, part in split_outputs(compiled, table).items():
-                    if self.emit is not None:
-                        self.emit(stream, part, origin, batch_id)
-                    else:
-                        self.spools.get(stream).append(part, origin=origin, seq=batch_id)
-                if running is not None:
-                    running.batches += 1
-                    running.rows_out += table.num_rows
-                    running.last_batch_s = time.monotonic() - started
-                if self.on_result is not None and table.num_rows:
-                    age = self._input_age_s(readers)
-                    if age is not None:
-                        self.on_result(name, age)
-
-            writer = (
-                compiled.frame.writeStream.queryName(key)
-                .option("checkpointLocation", str(checkpoint))
-                .outputMode("append")
-                .trigger(processingTime=f"{self.trigger_s} seconds")
-                .foreachBatch(sink)
-            )
-            handle = writer.start()
-            running = RunningQuery(name, incarnation, compiled, handle, readers, checked)
-            return running
+            return self.start_streaming(checked, incarnation, key, checkpoint, origin)
 
         try:
             self.running[name] = await self._call(start)
@@ -283,6 +258,74 @@ class Engine:
             ) from exc
         log.info("query %s started (checkpoint %s)", name, checkpoint)
         return "own"
+
+    def start_streaming(
+        self,
+        checked: CheckedQuery,
+        incarnation: str,
+        key: str,
+        checkpoint: Path,
+        origin: str,
+        *,
+        status: str = STABLE,
+        elsewhere: dict[str, Path] | None = None,
+    ) -> RunningQuery:
+        """Start ``checked`` as its own streaming query (on the Spark thread): its sources,
+        and the sink that appends each micro-batch's results to its result spools tagged
+        (``origin``, batch id), with ``status`` (tentative for a fork, peer.engine.tentative,
+        which reads its missing inputs from ``elsewhere``)."""
+        name = checked.query.name
+        readers: list[tuple[str, str]] = []
+        hold_back = [self.spools.get(s).directory for s in checked.outputs]
+        source = self._source(
+            key,
+            readers,
+            with_seq=needs_arrival_order(checked),
+            hold_back=hold_back,
+            heartbeat=checked.query.availability_bound_s is not None,
+            elsewhere=elsewhere,
+        )
+        compiled = compile_query(checked, source)
+        running: RunningQuery | None = None
+        tentative = status != STABLE
+
+        def sink(df: DataFrame, batch_id: int) -> None:
+            started = time.monotonic()
+            before_emit = None
+            if self.on_batch is not None and not tentative:  # the checkpoint as it starts
+                before_emit = self.on_batch(name, batch_id, checkpoint)
+            table = df.toArrow()
+            if before_emit is not None:
+                before_emit(table.num_rows)
+            for stream, part in split_outputs(compiled, table).items():
+                if tentative:
+                    spool = self.spools.get(stream)
+                    at = spool.append(part, origin=origin, seq=batch_id, status=status)
+                    if at is not None and self.on_tentative is not None:
+                        self.on_tentative(name, stream, at, part.num_rows)
+                elif self.emit is not None:
+                    self.emit(stream, part, origin, batch_id)
+                else:
+                    self.spools.get(stream).append(part, origin=origin, seq=batch_id)
+            if running is not None:
+                running.batches += 1
+                running.rows_out += table.num_rows
+                running.last_batch_s = time.monotonic() - started
+            if self.on_result is not None and table.num_rows:
+                age = self._input_age_s([r for r in readers if r[0]])
+                if age is not None:
+                    self.on_result(name, age)
+
+        writer = (
+            compiled.frame.writeStream.queryName(key)
+            .option("checkpointLocation", str(checkpoint))
+            .outputMode("append")
+            .trigger(processingTime=f"{self.trigger_s} seconds")
+            .foreachBatch(sink)
+        )
+        handle = writer.start()
+        running = RunningQuery(name, incarnation, compiled, handle, readers, checked)
+        return running
 
     async def stop_query(self, name: str) -> None:
         if name in self.lane.members:

@@ -32,7 +32,12 @@ Options: ``path`` (spool directory), ``schema`` (Spark DDL of the stream), ``rea
 id whose commit file this query writes; without it nothing is committed), ``maxRowsPerBatch``
 (default 200000; 0 = unbounded), ``withSeq`` (``true`` adds a trailing ``__seq BIGINT``),
 ``numPartitions`` (default 2), ``startingOffset`` (``earliest``, the default, or ``latest``:
-for a query without checkpoint), ``noFsync`` (``true`` skips fsync of commit files: tests).
+for a query without checkpoint), ``noFsync`` (``true`` skips fsync of commit files: tests),
+``heartbeat`` (``true`` adds a trailing ``__hb BOOLEAN``, true on the rows of heartbeat files:
+see ``peer.engine.tentative``).
+
+Tentative results and undo entries (``peer.model.tentative``) are read as files without rows:
+a query reads the stable part of its inputs only, so its own results are exact.
 
 ``__seq`` = offset * 2**24 + row index within the file: a total order of arrival that
 survives restarts and replays (the spool caps files at 2**24 - 1 rows).
@@ -58,7 +63,9 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from peer.model.tentative import STABLE
 from peer.storage import spool_format as fmt
+from peer.storage.spool_marks import META_HEARTBEAT, entry_mark
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -68,6 +75,7 @@ log = logging.getLogger(__name__)
 
 SOURCE_NAME = "fedspool"
 SEQ_COLUMN = "__seq"
+HB_COLUMN = "__hb"  # true on a heartbeat row (a tentative fork's missing input)
 SEQ_SHIFT = 24  # __seq = offset << SEQ_SHIFT | row index
 DEFAULT_MAX_ROWS = 200_000
 DEFAULT_PARTITIONS = 2
@@ -100,7 +108,9 @@ class SpoolDataSource(DataSource):
         if not ddl:
             raise ValueError("the fedspool source needs the option 'schema' (a Spark DDL string)")
         if _flag(self.options.get("withSeq")):
-            return f"{ddl}, `{SEQ_COLUMN}` BIGINT"
+            ddl = f"{ddl}, `{SEQ_COLUMN}` BIGINT"
+        if _flag(self.options.get("heartbeat")):
+            ddl = f"{ddl}, `{HB_COLUMN}` BOOLEAN"
         return str(ddl)
 
     def streamReader(self, schema: StructType) -> SpoolStreamReader:
@@ -119,6 +129,7 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self.reader_id is not None:
             fmt.reader_path(self.directory, self.reader_id)  # validate early
         self.with_seq = _flag(options.get("withseq"))
+        self.heartbeat = _flag(options.get("heartbeat"))
         self.max_rows = int(options.get("maxrowsperbatch", DEFAULT_MAX_ROWS))
         self.num_partitions = max(1, int(options.get("numpartitions", DEFAULT_PARTITIONS)))
         self.starting = options.get("startingoffset", "earliest").strip().lower()
@@ -246,7 +257,9 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, SpoolRange)
         target = self.arrow_schema
-        names = [n for n in target.names if not (self.with_seq and n == SEQ_COLUMN)]
+        hidden = {SEQ_COLUMN} if self.with_seq else set()
+        hidden |= {HB_COLUMN} if self.heartbeat else set()
+        names = [n for n in target.names if n not in hidden]
         for offset in range(partition.first, partition.last + 1):
             try:
                 table = fmt.read_file(fmt.offset_path(self.directory, offset))
@@ -254,9 +267,14 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 raise fmt.TrimmedError(
                     f"spool {self.directory}: offset {offset} was trimmed before it was read"
                 ) from None
+            meta = table.schema.metadata or {}
+            if entry_mark(meta)[0] != STABLE:
+                continue  # a tentative result or an undo: not an input of exact results
+            beat = (META_HEARTBEAT in meta) if self.heartbeat else None
             row = 0
             for batch in table.to_batches():
-                yield _conform(batch, names, target, offset, row if self.with_seq else None)
+                seq_row = row if self.with_seq else None
+                yield _conform(batch, names, target, offset, seq_row, beat)
                 row += batch.num_rows
 
     def commit(self, end: dict[str, int]) -> None:
@@ -289,7 +307,12 @@ def seq_column(offset: int, first_row: int, rows: int) -> pa.Array:
 
 
 def _conform(
-    batch: pa.RecordBatch, names: list[str], target: pa.Schema, offset: int, seq_row: int | None
+    batch: pa.RecordBatch,
+    names: list[str],
+    target: pa.Schema,
+    offset: int,
+    seq_row: int | None,
+    beat: bool | None = None,
 ) -> pa.RecordBatch:
     columns: list[Any] = []
     for name in names:
@@ -298,6 +321,8 @@ def _conform(
         columns.append(column if column.type == wanted else column.cast(wanted))
     if seq_row is not None:
         columns.append(seq_column(offset, seq_row, batch.num_rows))
+    if beat is not None:
+        columns.append(pa.array([beat] * batch.num_rows, pa.bool_()))
     return pa.RecordBatch.from_arrays(columns, schema=target)
 
 
@@ -320,6 +345,7 @@ def read_stream(
     num_partitions: int = DEFAULT_PARTITIONS,
     hold_back: list[Path] | None = None,
     max_backlog: int = 0,
+    heartbeat: bool = False,
 ) -> DataFrame:
     """A streaming DataFrame over a spool; register ``reader_id`` on the spool first. With
     ``hold_back`` (the query's output spools) and ``max_backlog``, no new input is read
@@ -334,5 +360,6 @@ def read_stream(
         .option("numPartitions", str(num_partitions))
         .option("holdBack", os.pathsep.join(str(p) for p in hold_back or []))
         .option("maxBacklog", str(max_backlog))
+        .option("heartbeat", "true" if heartbeat else "false")
         .load()
     )

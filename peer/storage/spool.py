@@ -55,8 +55,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from peer.model.tentative import STABLE
 from peer.storage import spool_format as fmt
 from peer.storage.replica_log import ReplicaLog, tell, visible_end
+from peer.storage.spool_marks import entry_mark, mark_metadata
 
 log = logging.getLogger(__name__)
 MAX_ROWS_PER_FILE = fmt.MAX_ROWS_PER_FILE
@@ -133,19 +135,26 @@ class Spool(ReplicaLog):
     # ----------------------------------------------------------------------- writing
 
     def append(
-        self, table: pa.Table, *, origin: str | None = None, seq: int | None = None
+        self,
+        table: pa.Table,
+        *,
+        origin: str | None = None,
+        seq: int | None = None,
+        status: str = STABLE,
+        undo: int | None = None,
     ) -> int | None:
-        """Durably append one batch; its new offset, or None if empty or a replay.
-        SpoolFault when the disk refuses (nothing is kept)."""
+        """Durably append one batch (a tentative result, or an ``undo`` entry without rows:
+        peer.model.tentative); its new offset, or None if empty or a replay. SpoolFault
+        when the disk refuses (nothing is kept)."""
         columns = fmt.conform(table, self.schema)  # before anything touches the disk
-        if table.num_rows == 0:
+        if table.num_rows == 0 and undo is None:
             return None
         tag = _tag(origin, seq)
         self._check_rows(table.num_rows)
         if tag is not None and self._is_replay(*tag):
             return None
         append_ns = time.time_ns()
-        data = self._encode(columns, table.num_rows, tag, append_ns)
+        data = self._encode(columns, table.num_rows, tag, append_ns, mark_metadata(status, undo))
         return self._store(data, append_ns, tag, offset=None)
 
     def encode(
@@ -166,9 +175,15 @@ class Spool(ReplicaLog):
             raise ValueError(f"a batch holds {rows} rows; at most {MAX_ROWS_PER_FILE} per append")
 
     def _encode(
-        self, columns: list[pa.ChunkedArray], rows: int, tag: tuple[str, int] | None, ns: int
+        self,
+        columns: list[pa.ChunkedArray],
+        rows: int,
+        tag: tuple[str, int] | None,
+        ns: int,
+        mark: dict[bytes, bytes] | None = None,
     ) -> bytes:
         meta = {fmt.META_ROWS: str(rows).encode(), fmt.META_APPEND_NS: str(ns).encode()}
+        meta.update(mark or {})
         if tag is not None:
             meta[fmt.META_ORIGIN] = tag[0].encode()
             meta[fmt.META_SEQ] = str(tag[1]).encode()
@@ -274,7 +289,16 @@ class Spool(ReplicaLog):
     def read(
         self, start: int, end: int, *, skip_trimmed: bool = False
     ) -> Iterator[tuple[int, pa.Table]]:
-        """Batches with offsets ``start < o <= end``, in order (``end`` at most ``latest``)."""
+        """Stable batches with offsets ``start < o <= end``, in order (``end`` at most
+        ``latest``): what a reader that is not tentative sees."""
+        for offset, status, _undo, table in self.read_entries(start, end, skip_trimmed):
+            if status == STABLE:
+                yield offset, table
+
+    def read_entries(
+        self, start: int, end: int, skip_trimmed: bool = False
+    ) -> Iterator[tuple[int, str, int | None, pa.Table]]:
+        """Every entry ``start < o <= end`` as (offset, status, undo offset, batch)."""
         with self._lock:
             latest, earliest = self.latest, self._earliest
         if end > latest:
@@ -297,7 +321,8 @@ class Spool(ReplicaLog):
                 raise error from None
             except (OSError, pa.ArrowException) as exc:  # ArrowInvalid: a truncated file
                 raise fmt.unreadable_file_error(self.name, self.directory, offset, exc) from None
-            yield offset, table.replace_schema_metadata(None)
+            status, undo = entry_mark(table.schema.metadata)
+            yield offset, status, undo, table.replace_schema_metadata(None)
 
     def _missing(self, offset: int) -> Exception:
         """The error for a file not found at ``offset``: trimmed, truncated, or lost."""

@@ -31,6 +31,8 @@ from urllib.parse import quote, unquote
 import pyarrow as pa
 
 from peer.errors import Conflict, Unavailable
+from peer.model.tentative import STABLE, UNDO
+from peer.storage.spool_marks import entry_mark
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +141,8 @@ class FileInfo:
     rows: int
     append_ns: int
     tag: tuple[str, int] | None  # (origin, seq) of a tagged batch
+    status: str = STABLE
+    undo: int | None = None  # an undo entry: the first tentative offset it takes back
 
 
 def file_info(meta: dict[bytes, bytes]) -> FileInfo:
@@ -149,9 +153,10 @@ def file_info(meta: dict[bytes, bytes]) -> FileInfo:
         tag = None
         if META_ORIGIN in meta or META_SEQ in meta:
             tag = (meta[META_ORIGIN].decode(), int(meta[META_SEQ]))
+        status, undo = entry_mark(meta)
     except (KeyError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         raise ValueError(f"malformed spool metadata ({type(exc).__name__}: {exc})") from None
-    return FileInfo(rows, append_ns, tag)
+    return FileInfo(rows, append_ns, tag, status, undo)
 
 
 def check_file_bytes(data: bytes, schema: pa.Schema) -> FileInfo:
@@ -166,6 +171,8 @@ def check_file_bytes(data: bytes, schema: pa.Schema) -> FileInfo:
     if not table.schema.remove_metadata().equals(schema.remove_metadata()):
         raise ValueError(f"the file holds schema {table.schema.remove_metadata()}, not {schema}")
     info = file_info(dict(reader.schema.metadata or {}))
+    if info.status == UNDO and table.num_rows == 0:
+        return info  # an undo entry holds no rows
     if not 0 < table.num_rows <= MAX_ROWS_PER_FILE:
         raise ValueError(f"the file holds {table.num_rows} rows (1..{MAX_ROWS_PER_FILE} allowed)")
     if info.rows not in (-1, table.num_rows):
@@ -579,20 +586,3 @@ def quarantine(directory: Path, exc: Exception) -> Quarantine:
     stream = stream_name_of(directory)
     reason = f"stream {stream}: spool {directory} does not open ({type(exc).__name__}: {exc})"
     return Quarantine(stream, directory, directory, reason)
-
-
-def scan_spools(root: Path) -> list[Quarantine]:
-    """The spools under ``root`` (a peer's spool directory) that would be quarantined when
-    the peer starts; reads only, changes nothing."""
-    found: list[Quarantine] = []
-    if not root.is_dir():
-        return found
-    for entry in sorted(root.iterdir()):
-        if entry.name.startswith(TMP_PREFIX) or not (entry / STREAM_FILE).exists():
-            continue
-        try:
-            stream = read_stream_file(entry)
-            read_layout(entry, read_schema_file(entry, stream), stream)
-        except OPEN_ERRORS as exc:
-            found.append(quarantine(entry, exc))
-    return found
