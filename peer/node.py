@@ -79,6 +79,7 @@ class PeerConfig:
     relay_streams_per_address: int = 32
     decode_workers: int = 1
     maintenance_interval_s: float = 2.0
+    availability_interval_s: float = 0.25  # how often queries with a bound are looked at
     # How long a stream no query reads (a result stream) keeps its tuples for late subscribers.
     retention_s: float = 600.0
     fsync: bool = True
@@ -379,6 +380,7 @@ class Peer:
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._maintenance())
+                tg.create_task(self._availability())
                 if self.overlay is not None and self.fed is not None:
                     tg.create_task(self.overlay.run())
                     tg.create_task(self.fed.run())
@@ -427,6 +429,16 @@ class Peer:
                     await self.site.maintain()
             except Exception:  # housekeeping must never take the peer down
                 log.exception("peer maintenance failed; retrying next round")
+
+    async def _availability(self) -> None:
+        """Tentative forks and their corrections (issue 16), looked at 4 times a second."""
+        while True:
+            await asyncio.sleep(self.config.availability_interval_s)
+            try:
+                if self.site is not None:
+                    await self.site.check_availability()
+            except Exception:
+                log.exception("availability check failed; retrying next round")
 
     def _load_figures(self) -> dict[str, float]:
         """What this peer gossips about its load: the share of one core its process used

@@ -30,15 +30,17 @@ from peer.model.limits import ContentLimits
 from peer.model.plan import CheckedQuery, check_query
 from peer.model.query import Query, parse_query, query_to_dict
 from peer.model.schema import Schema, check_name, parse_schema, to_arrow_schema
-from peer.model.tuples import batch_from_wire, batch_to_wire
+from peer.model.tuples import batch_from_wire
 from peer.protocol.api import QUERY_STATUSES, READY, START_POSITIONS
 from peer.storage.catalog import LocalCatalog, QueryEntry
+from peer.storage.feed import after_offset, trimmed_gap, wire_entries
 from peer.storage.replica_state import ReplicaState
 from peer.storage.spool import Spool, SpoolSet
 from peer.storage.spool_format import Quarantine, TrimmedError
 
 if TYPE_CHECKING:
     from peer.engine.runner import Engine
+    from peer.engine.tentative import Availability
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +103,7 @@ class LocalSite:
         self.appenders: dict[str, Appender] = {}
         # the highest offset of a stream that may be trimmed (a replica still lacks the rest)
         self.trim_limit: Callable[[str], int | None] = lambda _stream: None
+        self.availability: Availability | None = None  # tentative forks, made with the engine
 
     # lifecycle
     async def resume_queries(self, skip: Collection[str] = ()) -> None:
@@ -128,7 +131,27 @@ class LocalSite:
             self.query_errors[name] = exc.message
             log.error("query %s could not resume: %s", name, exc.message)
 
+    async def check_availability(self) -> None:
+        """Fork or correct the queries with an availability bound (peer.engine.tentative)."""
+        if self.engine is None:
+            return
+        if self.availability is None:
+            from peer.engine.tentative import Availability  # pyspark: peers with an engine
+
+            self.availability = Availability(self.engine, self.spools)
+        entries = [self.catalog.query(n) for n in self.catalog.query_names()]
+        bounded = [
+            (self.checked(e.query), e.incarnation)
+            for e in entries
+            if e.status == "RUNNING" and e.query.availability_bound_s is not None
+        ]
+        await self.availability.tick(
+            [(c, i) for c, i in bounded if not self.replicated_outputs(c.query)]
+        )
+
     async def close(self) -> None:
+        if self.availability is not None:
+            await self.availability.close()
         if self.engine is not None:
             await self.engine.close()
             self.engine = None
@@ -283,8 +306,10 @@ class LocalSite:
             await self._run(entry)
         elif status in ("STOPPED", "SETUP") and entry.status == "RUNNING":
             assert self.engine is not None
+            await self._release_fork(entry.query)
             await self.engine.stop_query(name)
         elif status == "DELETED":
+            await self._release_fork(entry.query)
             if self.engine is not None:
                 await self.engine.drop_query(name, entry.incarnation)
             await asyncio.to_thread(self.catalog.remove_query, name)
@@ -292,6 +317,11 @@ class LocalSite:
             return {"query": name, "status": "DELETED"}
         await asyncio.to_thread(self.catalog.set_status, name, status)
         return {"query": name, "status": status}
+
+    async def _release_fork(self, query: Query) -> None:
+        if self.availability is not None:
+            outputs = [s for box in query.boxes for s in box.outputs]
+            await self.availability.release(query.name, outputs)
 
     # tuples in
     async def push_here(
@@ -394,7 +424,9 @@ class LocalSite:
             await self._landed.wait_for(lambda: not self._landing.get(stream))
 
     # tuples out
-    async def subscribe_here(self, stream: str, start: str) -> AsyncIterator[dict[str, Any]]:
+    async def subscribe_here(
+        self, stream: str, start: str, tentative: bool = True
+    ) -> AsyncIterator[dict[str, Any]]:
         """Batches of a stream held here from ``start`` (latest, earliest or ``after:N``, a
         relay resuming where it was); :data:`READY` first, once the position is fixed.
 
@@ -436,11 +468,11 @@ class LocalSite:
                     continue
                 end = min(latest, position + SUBSCRIBE_CHUNK)
                 try:
-                    batches = await asyncio.to_thread(_read_range, spool, position, end)
+                    items = await asyncio.to_thread(wire_entries, spool, position, end, tentative)
                 except TrimmedError:  # trimmed before this subscriber read it
                     raise trimmed_gap(stream, position + 1, spool.earliest) from None
-                for offset, table in batches:
-                    yield {"offset": offset, **batch_to_wire(table)}
+                for item in items:
+                    yield item
                 position = end
         finally:
             spool.remove_listener(on_append)
@@ -494,6 +526,9 @@ class LocalSite:
         for name in names:
             info: dict[str, Any] = {"name": name, "status": self.catalog.query(name).status}
             info.update(engine_info.get(name, {}))
+            dpc = None if self.availability is None else self.availability.describe(name)
+            if dpc is not None:
+                info["availability"] = dpc
             if name in self.query_errors:
                 info["error"] = self.query_errors[name]
             queries.append(info)
@@ -562,29 +597,3 @@ class LocalSite:
 
     async def lookup(self, name: str) -> dict[str, Any]:
         return self.lookup_here(name)
-
-
-def after_offset(start: str) -> int | None:
-    if not start.startswith("after:"):
-        return None
-    try:
-        value = int(start[6:])
-    except ValueError:
-        return None
-    return value if value >= -1 else None
-
-
-def trimmed_gap(stream: str, first_missing: int, earliest: int) -> NotFound:
-    """The error of a subscriber whose next batch (``first_missing``) was trimmed."""
-    return NotFound(
-        f"stream {stream}: offsets {first_missing}..{earliest - 1} were trimmed before this "
-        f"subscriber read them (first missing offset {first_missing}; the earliest kept is "
-        f"{earliest}); subscribe again to go on from there",
-        stream=stream,
-        first_missing=first_missing,
-        earliest=earliest,
-    )
-
-
-def _read_range(spool: Spool, start: int, end: int) -> list[tuple[int, Any]]:
-    return list(spool.read(start, end))  # TrimmedError rather than a silent gap

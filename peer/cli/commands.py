@@ -228,17 +228,24 @@ async def cmd_subscribe(args: argparse.Namespace) -> int:
         info = await client.lookup_object(args.stream)
         schema = parse_schema(info["schema"])
         seen = 0
-        iterator = client.subscribe(args.stream, start=args.start).__aiter__()
+        subscription = client.subscribe(args.stream, start=args.start, tentative=args.tentative)
+        iterator = subscription.__aiter__()
         while args.limit is None or seen < args.limit:
             try:
                 async with asyncio.timeout(args.idle_timeout):
                     batch = await iterator.__anext__()
             except (TimeoutError, StopAsyncIteration):
                 break
+            if batch.undo is not None:  # a correction (only with --tentative)
+                sys.stdout.write(json.dumps({"_undo": batch.undo}) + "\n")
+                sys.stdout.flush()
+                continue
             rows = batch.rows()
             if args.limit is not None:
                 rows = rows[: args.limit - seen]
             seen += len(rows)
+            if args.tentative:
+                rows = [{**row, "_status": batch.status} for row in rows]
             sys.stdout.write(to_jsonl(rows, schema))
             sys.stdout.flush()
         return 0
@@ -359,6 +366,13 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         choices=("latest", "earliest"),
         default="latest",
         help="latest: tuples pushed from now on; earliest: the stream from its first kept tuple",
+    )
+    p.add_argument(
+        "--tentative",
+        action="store_true",
+        help='also results computed while an input was missing: each tuple gets "_status" '
+        '("tentative" or "stable"), and a correction prints {"_undo": OFFSET}, which takes '
+        "back every tentative tuple printed since the previous undo (default: stable only)",
     )
     p.set_defaults(run=cmd_subscribe)
 

@@ -321,13 +321,19 @@ class Client:
         """Push one tuple."""
         return await self.push(stream, [event])
 
-    def subscribe(self, stream: str, start: str = "latest") -> Subscription:
+    def subscribe(
+        self, stream: str, start: str = "latest", *, tentative: bool = False
+    ) -> Subscription:
         """Subscribe to ``stream`` from ``"latest"`` or ``"earliest"``.
 
         ``sub = await client.subscribe(s)`` waits until the peer has accepted (every tuple
         pushed after that is delivered); ``async for batch in client.subscribe(s)`` works too.
+        With ``tentative``, results of a query missing an input come too, marked
+        (``Batch.status``), and their correction as a batch without tuples whose ``undo``
+        takes back every tentative tuple from that offset on (docs/protocol.md, section 5).
         """
-        return Subscription(self._subscription_port, stream, start, self.subscription_credit)
+        credit = self.subscription_credit
+        return Subscription(self._subscription_port, stream, start, credit, tentative)
 
     async def receive_events(
         self,
@@ -444,7 +450,15 @@ class Client:
                 sub = self._subscriptions.get(batch.subscription)
                 if sub is not None:
                     sub.deliver(
-                        Batch(batch.stream, batch.offset, batch.columns, batch.part, batch.parts)
+                        Batch(
+                            batch.stream,
+                            batch.offset,
+                            batch.columns,
+                            batch.part,
+                            batch.parts,
+                            batch.status or "stable",
+                            batch.undo,
+                        )
                     )
             case Replied(id=rid, result=result):
                 if (pending := self._waiting(rid)) is not None:

@@ -28,6 +28,8 @@ class Batch:
     columns: dict[str, list[Any]]
     part: int = 0  # a batch too big for one frame comes as parts 0..parts-1, same offset
     parts: int = 1
+    status: str = "stable"  # "tentative": a result that may be taken back (issue 16)
+    undo: int | None = None  # a correction: every tentative tuple from this offset on is void
 
     @property
     def num_rows(self) -> int:

@@ -54,9 +54,12 @@ class Subscription:
     :class:`~peer.errors.Unavailable` if the connection was lost.
     """
 
-    def __init__(self, port: SubscriptionPort, stream: str, start: str, credit: int) -> None:
+    def __init__(
+        self, port: SubscriptionPort, stream: str, start: str, credit: int, tentative: bool = False
+    ) -> None:
         self.stream = stream
         self.start = start
+        self.tentative = tentative
         self.sid: int | None = None
         self._port = port
         self._credit = credit
@@ -73,7 +76,7 @@ class Subscription:
             return self
         self._opened = True
         try:
-            request = Subscribe(self.stream, self.start, self._credit)
+            request = Subscribe(self.stream, self.start, self._credit, self.tentative)
             await self._port.request(request, on_ok=self._register)
         except BaseException:
             self._closed = True

@@ -37,7 +37,9 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from peer.engine.source import SEQ_COLUMN as SEQ
 from peer.engine.source import seq_column
 from peer.model.schema import spark_type
+from peer.model.tentative import STABLE
 from peer.storage import spool_format as fmt
+from peer.storage.spool_marks import entry_mark
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -188,6 +190,8 @@ class LaneStreamReader(DataSourceStreamReader):
         target = self.arrow_schema
         for offset in range(first, last + 1):
             table = fmt.read_file(fmt.offset_path(self.dirs[i], offset))
+            if entry_mark(table.schema.metadata)[0] != STABLE:
+                continue  # tentative results and undos: not an input of exact results
             row = 0
             for batch in table.to_batches():
                 n = batch.num_rows

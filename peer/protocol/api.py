@@ -238,9 +238,13 @@ class Subscribe:
     stream: str
     start: str = "latest"
     credit: int | None = None  # None: no credit-based flow control
+    tentative: bool = False  # also tentative results and undos (issue 16)
 
     def to_wire(self, rid: int) -> Frame:
-        return _request(self.op, rid, stream=self.stream, start=self.start, credit=self.credit)
+        extra = {"tentative": True} if self.tentative else {}
+        return _request(
+            self.op, rid, stream=self.stream, start=self.start, credit=self.credit, **extra
+        )
 
     @classmethod
     def from_wire(cls, frame: Frame) -> Subscribe:
@@ -254,7 +258,8 @@ class Subscribe:
         credit = _arg(frame, "credit", int, required=False)
         if credit is not None and credit < 1:
             raise InvalidInput("subscribe: 'credit' must be at least 1", argument="credit")
-        return cls(stream, start, credit)
+        tentative = _arg(frame, "tentative", bool, required=False)
+        return cls(stream, start, credit, bool(tentative))
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,7 +390,14 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-_TYPE_NAMES = {str: "a string", dict: "a map", list: "an array", bytes: "binary", int: "an integer"}
+_TYPE_NAMES = {
+    str: "a string",
+    dict: "a map",
+    list: "an array",
+    bytes: "binary",
+    int: "an integer",
+    bool: "a boolean",
+}
 
 
 def _arg(frame: Frame, name: str, *kinds: type, required: bool = True) -> Any:
@@ -483,6 +495,8 @@ class BatchFrame:
     columns: Columns
     part: int = 0
     parts: int = 1
+    status: str | None = None  # "tentative" on a tentative result (absent: stable)
+    undo: int | None = None  # an undo: the first tentative offset it takes back
 
     def to_wire(self) -> Frame:
         frame: Frame = {
@@ -493,6 +507,10 @@ class BatchFrame:
         }
         if self.parts != 1:
             frame.update(part=self.part, parts=self.parts)
+        if self.status is not None:
+            frame["status"] = self.status
+        if self.undo is not None:
+            frame["undo"] = self.undo
         frame["columns"] = self.columns
         return frame
 
@@ -502,6 +520,7 @@ class BatchFrame:
             frame.get(k) for k in ("subscription", "offset", "stream", "columns")
         )
         part, parts = frame.get("part", 0), frame.get("parts", 1)
+        status, undo = frame.get("status"), frame.get("undo")
         if not (
             isinstance(sid, int)
             and isinstance(offset, int)
@@ -511,7 +530,11 @@ class BatchFrame:
             and isinstance(parts, int)
         ):
             raise RemoteProtocolError("batch frame lacks subscription/offset/stream/columns")
-        return cls(sid, stream, offset, columns, part, parts)
+        if not (status is None or status in ("stable", "tentative")):
+            raise RemoteProtocolError(f"batch frame with unknown status {status!r}")
+        if not (undo is None or (isinstance(undo, int) and not isinstance(undo, bool))):
+            raise RemoteProtocolError(f"batch frame with an undo that is not an offset: {undo!r}")
+        return cls(sid, stream, offset, columns, part, parts, status, undo)
 
 
 @dataclass(frozen=True, slots=True)
@@ -531,18 +554,25 @@ def protocol_error(message: str) -> bytes:
 
 
 def batch_frames(
-    subscription: int, stream: str, offset: int, columns: Columns, *, max_frame_bytes: int
+    subscription: int,
+    stream: str,
+    offset: int,
+    columns: Columns,
+    *,
+    max_frame_bytes: int,
+    status: str | None = None,
+    undo: int | None = None,
 ) -> list[bytes]:
     """One batch as encoded frames: several (``part`` i of ``parts``) if it does not fit in
     one. InvalidInput if a single tuple is larger than the frame limit."""
-    whole = BatchFrame(subscription, stream, offset, columns)
+    whole = BatchFrame(subscription, stream, offset, columns, status=status, undo=undo)
     encoded = encode_frame(whole.to_wire(), max_frame_bytes=_UNLIMITED)
     if _fits(encoded, max_frame_bytes):  # the usual case: encoded once
         return [encoded]
     pieces = _fitting(whole, columns, max_frame_bytes)
     return [
         encode_frame(
-            BatchFrame(subscription, stream, offset, piece, i, len(pieces)).to_wire(),
+            BatchFrame(subscription, stream, offset, piece, i, len(pieces), status).to_wire(),
             max_frame_bytes=_UNLIMITED,
         )
         for i, piece in enumerate(pieces)

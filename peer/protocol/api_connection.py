@@ -314,12 +314,25 @@ class ServerConnection:
         sub = self._subscriptions.get(sid)
         return sub is not None and sub.live and sub.credit != 0
 
-    def batch(self, sid: int, offset: int, columns: Columns) -> list[BatchPart]:
+    def batch(
+        self,
+        sid: int,
+        offset: int,
+        columns: Columns,
+        status: str | None = None,
+        undo: int | None = None,
+    ) -> list[BatchPart]:
         """A batch of live subscription ``sid`` as the frames to send, one unit of credit
         each: several if it does not fit in one (InvalidInput if one tuple does not)."""
         sub = self._live(sid, "batch")
         frames = batch_frames(
-            sid, sub.stream, offset, columns, max_frame_bytes=self.max_frame_bytes
+            sid,
+            sub.stream,
+            offset,
+            columns,
+            max_frame_bytes=self.max_frame_bytes,
+            status=status,
+            undo=undo,
         )
         return [BatchPart(sid, data) for data in frames]
 

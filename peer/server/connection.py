@@ -100,6 +100,7 @@ class _Pump:
 
     sid: int
     stream: str
+    tentative: bool = False  # it takes tentative results and undos too (issue 16)
     credit: asyncio.Event = field(default_factory=asyncio.Event)  # set on each credit event
     replied: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
@@ -318,7 +319,7 @@ class ApiConnection:
         self._conn.check_subscribe(request)
         batches = self._service.subscribe(stream, request.start)
         sid = self._conn.open_subscription(rid, request)
-        pump = self._pumps[sid] = _Pump(sid, stream)
+        pump = self._pumps[sid] = _Pump(sid, stream, request.tentative)
         task = pump.task = self._tg.create_task(self._pump(pump, batches))
         try:
             await self._started(pump, stream, getattr(batches, "announces_ready", False))
@@ -382,8 +383,12 @@ class ApiConnection:
                         pump.started.set()
                         continue
                     pump.started.set()
+                    status, undo = batch.get("status"), batch.get("undo")
+                    if (status is not None or undo is not None) and not pump.tentative:
+                        continue  # a tentative result or an undo: a stable reader waits
                     await pump.replied.wait()
-                    for part in conn.batch(sid, batch["offset"], batch["columns"]):
+                    parts = conn.batch(sid, batch["offset"], batch["columns"], status, undo)
+                    for part in parts:
                         while not conn.may_send_batch(sid):  # no credit: wait for some
                             pump.credit.clear()
                             await pump.credit.wait()
