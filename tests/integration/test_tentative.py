@@ -1,0 +1,212 @@
+"""Delay, Process and Correct on one real peer (real Spark): an input of a union falls silent
+while the other goes on; with an availability bound the query forks and writes tentative
+results, and when the silent input is back it takes them back and writes the exact ones."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from peer.client import Client
+from peer.client.payload import Batch
+from peer.model.tentative import STABLE, TENTATIVE, UNDO, Entry, TentativeView
+from peer.node import PeerConfig
+from peer.testing import PeerThread
+
+pytestmark = pytest.mark.spark
+
+SCHEMA = {
+    "name": "tick",
+    "fields": [
+        {"name": "k", "type": "int"},
+        {"name": "t", "type": "long"},
+        {"name": "v", "type": "long"},
+    ],
+}
+SIZE = 10
+
+
+def query(name: str, a: str, g: str, out: str, bound: float | None) -> dict[str, Any]:
+    q: dict[str, Any] = {
+        "name": name,
+        "boxes": [
+            {"name": "u", "type": "union", "inputs": [a, g], "outputs": [f"{out}_u"]},
+            {
+                "name": "w",
+                "type": "aggregate",
+                "inputs": [f"{out}_u"],
+                "outputs": [out],
+                "params": {
+                    "aggregate-function.0": "sum(v)",
+                    "aggregate-function-output-name.0": "total",
+                    "aggregate-function.1": "count()",
+                    "aggregate-function-output-name.1": "n",
+                    "window-size-by": "VALUES",
+                    "window-size": str(SIZE),
+                    "advance": str(SIZE),
+                    "order-on-field": "t",
+                    "group-by": "k",
+                },
+            },
+        ],
+    }
+    if bound is not None:
+        q["availability_bound"] = bound
+    return q
+
+
+def ticks(first: int, last: int, origin: int) -> list[dict[str, Any]]:
+    return [{"k": t % 2, "t": t, "v": origin * 1000 + t} for t in range(first, last)]
+
+
+def reference(rows: list[dict[str, Any]], closed_below: int) -> Counter[tuple[int, ...]]:
+    groups: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for r in rows:
+        start = r["t"] // SIZE * SIZE
+        if start + SIZE <= closed_below:
+            groups[(start, r["k"])].append(r["v"])
+    return Counter((s, s + SIZE, k, sum(vs), len(vs)) for (s, k), vs in groups.items())
+
+
+def as_key(row: dict[str, Any]) -> tuple[int, ...]:
+    return (row["window_start"], row["window_end"], row["k"], row["total"], row["n"])
+
+
+@pytest.fixture(scope="module")
+def peer(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PeerThread]:
+    data = Path(tmp_path_factory.mktemp("dpc")) / "peer"
+    config = PeerConfig(data_dir=data, port=0, maintenance_interval_s=1.0)
+    with PeerThread(config, spark) as running:
+        yield running
+
+
+async def record(
+    client: Client, stream: str, tentative: bool, into: list[tuple[float, Batch]]
+) -> None:
+    async with await client.subscribe(stream, "earliest", tentative=tentative) as sub:
+        async for batch in sub:
+            into.append((time.monotonic(), batch))
+
+
+def entries(batches: list[tuple[float, Batch]]) -> list[Entry]:
+    out = []
+    for _at, b in batches:
+        if b.undo is not None:
+            out.append(Entry(b.offset, UNDO, undo=b.undo))
+        else:
+            out.append(Entry(b.offset, b.status, tuple(as_key(r) for r in b.rows())))
+    return out
+
+
+async def scenario(port: int, name: str, bound: float | None) -> dict[str, Any]:
+    a, g, out = f"{name}_a", f"{name}_g", f"{name}_out"
+    pushed: list[dict[str, Any]] = []
+    tentative_seen: list[tuple[float, Batch]] = []
+    stable_seen: list[tuple[float, Batch]] = []
+    async with Client("127.0.0.1", port, timeout_s=120) as c:
+        await c.create_schema(SCHEMA)
+        await c.create_stream(a, "tick")
+        await c.create_stream(g, "tick")
+        await c.create_query(query(name, a, g, out, bound))
+        await c.start_query(name)
+
+        async def push(stream: str, rows: list[dict[str, Any]]) -> None:
+            await c.push(stream, rows)
+            pushed.extend(rows)
+
+        tasks = [
+            asyncio.create_task(record(c, out, True, tentative_seen)),
+            asyncio.create_task(record(c, out, False, stable_seen)),
+        ]
+        # both inputs flow: t 0..29
+        for t in range(0, 30, 5):
+            await push(a, ticks(t, t + 5, 1))
+            await push(g, ticks(t, t + 5, 2))
+            await asyncio.sleep(0.3)
+        # g falls silent while a goes on, one batch a second, for at least 12 s and until a
+        # tentative result has come (a fork's first batch takes seconds on a busy machine)
+        silent_at = time.monotonic()
+        t = 30
+        while time.monotonic() - silent_at < 12 or (
+            bound is not None and not any(b.status == TENTATIVE for _, b in tentative_seen)
+        ):
+            assert time.monotonic() - silent_at < 120, "no tentative result in 120 s"
+            await push(a, ticks(t, t + 5, 1))
+            t += 5
+            await asyncio.sleep(1.0)
+        status = await c.status()
+        during = next(q for q in status["queries"] if q["name"] == name)
+        healed_at = time.monotonic()
+        # g comes back with its late tuples, then both go on for 30 more
+        await push(g, ticks(30, t, 2))
+        end = t + 30
+        for u in range(t, end, 5):
+            await push(a, ticks(u, u + 5, 1))
+            await push(g, ticks(u, u + 5, 2))
+            await asyncio.sleep(0.5)
+        want = reference(pushed, end - 1)  # the watermark is the last t: windows below it closed
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            got = Counter(k for e in entries(stable_seen) for k in e.rows)
+            if got == want:
+                break
+            await asyncio.sleep(0.5)
+        await asyncio.sleep(2.0)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        status = await c.status()
+        await c.set_query_status(name, "DELETED")
+    return {
+        "want": want,
+        "stable": entries(stable_seen),
+        "tentative": entries(tentative_seen),
+        "tentative_at": [at for at, b in tentative_seen if b.status == TENTATIVE],
+        "undo_at": [at for at, b in tentative_seen if b.undo is not None],
+        "silent_at": silent_at,
+        "healed_at": healed_at,
+        "status": status,
+        "during": during,
+    }
+
+
+def test_a_silent_input_gives_tentative_results_then_an_undo_and_the_exact_ones(
+    peer: PeerThread,
+) -> None:
+    bound = 3.0
+    run = asyncio.run(scenario(peer.port, "dpc1", bound))
+    want = run["want"]
+    # the stable subscriber saw stable batches only, and exactly the failure-free output
+    assert all(e.status == STABLE for e in run["stable"])
+    assert Counter(k for e in run["stable"] for k in e.rows) == want
+    # the tentative subscriber got tentative results while g was silent ...
+    tentative_at = run["tentative_at"]
+    assert tentative_at, "no tentative result while an input was silent"
+    assert min(tentative_at) < run["healed_at"]
+    # ... then an undo, after which its view is the failure-free output
+    assert run["undo_at"] and min(run["undo_at"]) > min(tentative_at)
+    view = TentativeView()
+    for entry in run["tentative"]:
+        view.apply(entry)
+    assert view.tentative_rows() == []
+    assert Counter(view.rows()) == want
+    assert view.undone > 0
+    (info,) = [q for q in run["status"]["queries"] if q["name"] == "dpc1"]
+    dpc = info["availability"]
+    assert dpc["tentative"] is False and dpc["corrections"] >= 1
+    assert run["during"]["availability"]["tentative"] is True
+    assert run["during"]["availability"]["missing_inputs"] == ["dpc1_g"]
+    assert dpc["tentative_tuples"] >= dpc["corrected_tuples"] > 0
+
+
+def test_without_a_bound_the_query_waits_and_stays_exact(peer: PeerThread) -> None:
+    run = asyncio.run(scenario(peer.port, "dpc0", None))
+    assert run["tentative_at"] == [] and run["undo_at"] == []
+    assert Counter(k for e in run["stable"] for k in e.rows) == run["want"]
+    assert Counter(k for e in run["tentative"] for k in e.rows) == run["want"]
