@@ -291,6 +291,7 @@ class Engine:
 
         def sink(df: DataFrame, batch_id: int) -> None:
             started = time.monotonic()
+            log.debug("query %s (%s): batch %d starts", name, status, batch_id)
             before_emit = None
             if self.on_batch is not None and not tentative:  # the checkpoint as it starts
                 before_emit = self.on_batch(name, batch_id, checkpoint)

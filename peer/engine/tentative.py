@@ -59,7 +59,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FORK_LEAD_S = 2.0  # what starting a fork takes here: detection comes this much before the bound
+# What starting a fork takes to its first result before one was measured (then the last
+# measured time is used): detection comes this much before the bound (or at 0 s).
+FORK_LEAD_S = 2.0
 # Order values of a heartbeat: far ahead of any real tuple, small enough for microseconds.
 _AHEAD = {
     "int": 2**31 - 1,
@@ -123,6 +125,8 @@ class FragmentState:
     corrections: int = 0  # undo entries written
     corrected_tuples: int = 0  # tentative tuples taken back
     forks: int = 0
+    first_result_s: float | None = None  # from the fork's start to its first result
+    fork_started: float | None = None  # wall clock
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -132,6 +136,8 @@ class FragmentState:
             "tentative_tuples": self.tentative_tuples,
             "corrections": self.corrections,
             "corrected_tuples": self.corrected_tuples,
+            "forks": self.forks,
+            "fork_first_result_s": self.first_result_s,
         }
 
 
@@ -161,8 +167,16 @@ class Availability:
         self.on_correction: Callable[[str, int], None] | None = None
         engine.on_tentative = self._wrote
 
+    def _lead(self, name: str) -> float:
+        """How long before the bound to fork: what the last fork took to its first result
+        (measured here; FORK_LEAD_S before any), but never more than the bound."""
+        state = self.states.get(name)
+        measured = None if state is None else state.first_result_s
+        return self.lead_s if measured is None else max(self.lead_s, measured)
+
     def _wrote(self, name: str, stream: str, offset: int, rows: int) -> None:
         """A fork's batch is in ``stream`` at ``offset`` (on Spark's callback thread)."""
+        log.debug("query %s: fork wrote %d rows at %s:%d", name, rows, stream, offset)
         with self._marks.lock:
             mark = self._marks.undo.setdefault((name, stream), UndoMark())
             mark.wrote(offset, TENTATIVE)
@@ -170,6 +184,8 @@ class Availability:
         state = self.states.get(name)
         if state is not None:
             state.tentative_tuples += rows
+            if state.first_result_s is None and state.fork_started is not None:
+                state.first_result_s = round(time.time() - state.fork_started, 3)
         if self.on_tentative is not None:
             self.on_tentative(name, rows)
 
@@ -187,8 +203,9 @@ class Availability:
                 await self.recover(checked)
             detector = self._detectors.get(name)
             if detector is None or detector.bound_s != bound:
-                detector = MissingInputs(checked.inputs, bound, lead_s=min(self.lead_s, bound / 2))
+                detector = MissingInputs(checked.inputs, bound)
                 self._detectors[name] = detector
+            detector.set_lead(self._lead(name))
             for stream in checked.inputs:
                 try:
                     position = self.spools.get(stream).latest
@@ -213,7 +230,10 @@ class Availability:
         if stable is None:
             return
         committed = {s: self.spools.get(s).committed(r) for s, r in stable.readers if s}
+        state = self.states.setdefault(name, FragmentState())
+        state.fork_started, state.first_result_s = time.time(), None
         await engine.stop_query(name)
+        log.info("query %s: stable stopped for a fork", name)
         token = uuid.uuid4().hex[:8]
         key = f"{query_key(name, incarnation)}-t{token}"
         checkpoint = engine.checkpoint_root / key
@@ -247,8 +267,7 @@ class Availability:
             await engine.run_query(checked, incarnation, resume=True, placement="own")
             raise EngineError(f"query {name}: no tentative fork ({exc})", query=name) from exc
         self.forks[name] = Fork(running, checkpoint, inputs_dir, frozenset(missing), time.time())
-        state = self.states.setdefault(name, FragmentState())
-        state.tentative_since, state.forks = time.time(), state.forks + 1
+        state.tentative_since, state.forks = state.fork_started, state.forks + 1
         log.warning(
             "query %s: input %s missing beyond its availability bound; tentative results",
             name,

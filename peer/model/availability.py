@@ -8,7 +8,8 @@ fragment producing a result stream) has been unreachable for the threshold, or w
 made no progress for the threshold while another input of the same query has made progress
 since (an input that is merely quiet while every input is quiet holds nothing back that
 could be computed). The threshold is X less ``lead_s``, the time the caller needs to start
-processing without the input, so that the first tentative results come within X.
+processing without the input, so that the first tentative results come within X (but at
+least X / 2).
 
 A missing input stays missing until it makes progress again while its upstream is reachable:
 then it has *returned*, and the caller corrects. The caller feeds :meth:`MissingInputs.observe`
@@ -38,10 +39,17 @@ class MissingInputs:
         if not bound_s > 0:
             raise ValueError(f"an availability bound is above 0 s, not {bound_s}")
         self.bound_s = bound_s
-        self.threshold_s = max(0.0, bound_s - max(0.0, lead_s))
+        self.threshold_s = bound_s
+        self.set_lead(lead_s)
         self._inputs = {name: _Input() for name in inputs}
         if not self._inputs:
             raise ValueError("a query without inputs misses none")
+
+    def set_lead(self, lead_s: float) -> None:
+        """Detect ``lead_s`` before the bound: the time the caller has measured it needs
+        before its first tentative result; never before half the bound, so that inputs
+        taking turns are not taken for missing ones."""
+        self.threshold_s = max(self.bound_s / 2, self.bound_s - max(0.0, lead_s))
 
     def observe(self, stream: str, position: int, now: float, *, reachable: bool = True) -> None:
         state = self._inputs[stream]

@@ -202,6 +202,7 @@ def test_a_silent_input_gives_tentative_results_then_an_undo_and_the_exact_ones(
     assert dpc["tentative"] is False and dpc["corrections"] >= 1
     assert run["during"]["availability"]["tentative"] is True
     assert run["during"]["availability"]["missing_inputs"] == ["dpc1_g"]
+    print("fork to first tentative result:", dpc["fork_first_result_s"], "s")
     assert dpc["tentative_tuples"] >= dpc["corrected_tuples"] > 0
 
 

@@ -52,6 +52,11 @@ def test_lead_time_brings_detection_forward() -> None:
     feed(d, 0.0, a=0, g=0)
     assert feed(d, 2.9, a=1, g=0) == frozenset()
     assert feed(d, 3.0, a=2, g=0) == {"g"}
+    # however long the caller needs, never before half the bound
+    d = MissingInputs(["a", "g"], bound_s=5.0, lead_s=30.0)
+    feed(d, 0.0, a=0, g=0)
+    assert feed(d, 2.4, a=1, g=0) == frozenset()
+    assert feed(d, 2.5, a=2, g=0) == {"g"}
 
 
 @pytest.mark.parametrize("bound", [0.0, -1.0])
