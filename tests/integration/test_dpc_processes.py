@@ -111,7 +111,7 @@ def federation(tmp_path: Path) -> Iterator[LocalFederation]:
         "acme": [*participant_args("acme", keys["acme"], trust), "--spark-master", "local[2]"],
         "globex": [*participant_args("globex", keys["globex"], trust), "--no-engine"],
     }
-    with LocalFederation(tmp_path, args).start() as fed:
+    with LocalFederation(tmp_path, args) as fed:
         yield fed
 
 
