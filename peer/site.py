@@ -527,8 +527,9 @@ class LocalSite:
             info: dict[str, Any] = {"name": name, "status": self.catalog.query(name).status}
             info.update(engine_info.get(name, {}))
             dpc = None if self.availability is None else self.availability.describe(name)
-            if dpc is not None:
+            if dpc is not None:  # a tentative fork runs in the stable query's stead
                 info["availability"] = dpc
+                info["active"] = info.get("active") or dpc["tentative"]
             if name in self.query_errors:
                 info["error"] = self.query_errors[name]
             queries.append(info)

@@ -9,6 +9,7 @@ them, and, when it has contracts, its brain's load, contracts and ledger of move
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -31,13 +32,14 @@ def print_status(status: Mapping[str, Any]) -> None:
         f"peer {status['peer']}  engine={status['engine']}  "
         f"uptime={status['uptime_s']}s  data={status['data_dir']}"
     )
-    table = Table("query", "status", "batches", "rows out", "error")
+    table = Table("query", "status", "batches", "rows out", "results", "error")
     for q in status["queries"]:
         table.add_row(
             q["name"],
             q["status"],
             str(q.get("batches", "")),
             str(q.get("rows_out", "")),
+            availability_text(q.get("availability")),
             q.get("error", ""),
         )
     console.print(table)
@@ -54,6 +56,20 @@ def print_status(status: Mapping[str, Any]) -> None:
     brain = status.get("brain")
     if brain:
         _print_brain(console, brain)
+
+
+def availability_text(dpc: Mapping[str, Any] | None, now: float | None = None) -> str:
+    """A query's results as ``peer status`` shows them: exact, or tentative since when and
+    missing what, with the corrections so far (issue 16)."""
+    if not dpc:
+        return "exact"
+    done = f"{dpc.get('corrections', 0)} corrections, {dpc.get('corrected_tuples', 0)} taken back"
+    since = dpc.get("tentative_since")
+    if not dpc.get("tentative") or not isinstance(since, int | float):
+        return f"exact ({done})" if dpc.get("corrections") else "exact"
+    age = (time.time() if now is None else now) - since
+    missing = ", ".join(dpc.get("missing_inputs") or ()) or "an input"
+    return f"TENTATIVE for {age:.0f} s (missing {missing}); {done}"
 
 
 def _print_replication(console: Console, replication: Mapping[str, Any]) -> None:

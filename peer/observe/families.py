@@ -109,6 +109,31 @@ COLLECTED: tuple[Family, ...] = (
         "Newest event time seen by a fragment minus its watermark (event-time seconds)",
         "fragment",
     ),
+    _f(
+        "fragment_tentative",
+        "gauge",
+        "1 while a fragment runs without a missing input and writes tentative results",
+        "fragment",
+    ),
+    _f(
+        "tentative_tuples_total",
+        "counter",
+        "Tentative result tuples a query here has written (its input missing beyond its "
+        "availability bound)",
+        "query",
+    ),
+    _f(
+        "corrections_total",
+        "counter",
+        "Undo entries a query here has written, each taking its tentative results back",
+        "query",
+    ),
+    _f(
+        "corrected_tuples_total",
+        "counter",
+        "Tentative result tuples a query here has taken back",
+        "query",
+    ),
     _f("state_rows", "gauge", "Rows in a fragment's Spark state store", "fragment"),
     _f("state_bytes", "gauge", "Memory used by a fragment's Spark state store", "fragment"),
     _f(
@@ -223,6 +248,12 @@ def build(snapshot: Snapshot) -> list[Metric]:
     for query in status.get("queries") or ():
         name = str(query.get("name"))
         add("fragment_running", [name], 1 if query.get("active") else 0)
+        dpc = query.get("availability")
+        if isinstance(dpc, Mapping):
+            add("fragment_tentative", [name], 1 if dpc.get("tentative") else 0)
+            add("tentative_tuples_total", [name], dpc.get("tentative_tuples"))
+            add("corrections_total", [name], dpc.get("corrections"))
+            add("corrected_tuples_total", [name], dpc.get("corrected_tuples"))
     _fragments(snapshot.fragments, add)
     for stream in status.get("streams") or ():
         add("stream_latest_offset", [str(stream.get("name"))], stream.get("latest_offset"))

@@ -114,3 +114,23 @@ def test_every_flag_has_help_and_shows_its_default() -> None:
                 hidden_default.append(f"{path} {name}")
     assert not missing, f"flags without help: {missing}"
     assert not hidden_default, f"defaults not shown: {hidden_default}"
+
+
+def test_status_shows_tentative_queries_since_when_and_their_corrections() -> None:
+    from peer.cli.render import availability_text
+
+    assert availability_text(None) == "exact"
+    assert availability_text({"tentative": False, "corrections": 0}) == "exact"
+    text = availability_text(
+        {
+            "tentative": True,
+            "tentative_since": 100.0,
+            "missing_inputs": ["cars_g"],
+            "corrections": 1,
+            "corrected_tuples": 12,
+        },
+        now=130.0,
+    )
+    assert text == "TENTATIVE for 30 s (missing cars_g); 1 corrections, 12 taken back"
+    done = {"tentative": False, "corrections": 2, "corrected_tuples": 5}
+    assert availability_text(done) == "exact (2 corrections, 5 taken back)"

@@ -29,7 +29,21 @@ def status() -> dict[str, Any]:
     return {
         "peer": "127.0.0.1:7700",
         "streams": [{"name": "ticks", "latest_offset": 41}, {"name": "out", "latest_offset": 3}],
-        "queries": [{"name": "win", "status": "RUNNING", "active": True, "rows_out": 9}],
+        "queries": [
+            {
+                "name": "win",
+                "status": "RUNNING",
+                "active": True,
+                "rows_out": 9,
+                "availability": {
+                    "tentative": True,
+                    "tentative_since": 1.0,
+                    "tentative_tuples": 7,
+                    "corrections": 2,
+                    "corrected_tuples": 5,
+                },
+            }
+        ],
         "overlay": {
             "node_id": NODE.hex(),
             "participant": "acme",
@@ -159,6 +173,10 @@ def test_the_figures_are_the_peers() -> None:
     assert value("fedstream_contract_price", participant="globex") == 20
     assert value("fedstream_refused_requests", code="unavailable") == 1
     assert value("fedstream_moves", direction="out", outcome="ok") == 1
+    assert value("fedstream_fragment_tentative", fragment="win") == 1
+    assert value("fedstream_tentative_tuples", query="win") == 7
+    assert value("fedstream_corrections", query="win") == 2
+    assert value("fedstream_corrected_tuples", query="win") == 5
     latency = [s for s in found["fedstream_result_latency_seconds"].samples]
     assert any(s.name.endswith("_sum") and s.value == 1.5 for s in latency)
 

@@ -158,8 +158,15 @@ function render(view) {
       peer.error ? el("span", {class: "error"}, ` ${peer.error}`) : null);
     const rows = (status.queries || []).map((q) => {
       const running = q.status === "RUNNING" && q.active === true;
-      return el("tr", {"data-fragment": q.name, "data-running": running},
+      // results while an input is missing beyond the query's availability bound (issue 16)
+      const dpc = q.availability || null;
+      const tentative = dpc !== null && dpc.tentative === true;
+      const results = dpc === null ? "exact"
+        : (tentative ? `TENTATIVE since ${when(dpc.tentative_since)} (missing ${(dpc.missing_inputs || []).join(", ")})` : "exact")
+          + (dpc.corrections ? `; ${dpc.corrections} corrections, ${dpc.corrected_tuples} taken back` : "");
+      return el("tr", {"data-fragment": q.name, "data-running": running, "data-tentative": tentative},
         td(q.name), td(q.status, {class: `running-${running}`}),
+        td(results, {class: `tentative-${tentative}`}),
         td(num((sample.out_rate || {})[q.name]) + "/s", {class: "num rate-out", "data-value": (sample.out_rate || {})[q.name]}),
         td(q.rows_out === undefined ? "–" : q.rows_out, {class: "num"}),
         td(num((sample.latency_s || {})[q.name], 2) + " s", {class: "num"}),
@@ -168,7 +175,7 @@ function render(view) {
         td(q.error || "", {class: "error"}));
     });
     const table = el("table", {class: "fragments"},
-      el("thead", {}, el("tr", {}, ...["fragment", "status", "out rate", "tuples out", "latency", "batch time", "batches", ""].map((h) => el("th", {}, h)))),
+      el("thead", {}, el("tr", {}, ...["fragment", "status", "results", "out rate", "tuples out", "latency", "batch time", "batches", ""].map((h) => el("th", {}, h)))),
       el("tbody", {}, ...rows));
     const kept = series.get(peer.node_id) || [];
     const charts = el("div", {class: "charts"},
