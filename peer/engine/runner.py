@@ -21,7 +21,7 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -124,6 +124,8 @@ class Engine:
         # A tentative fork wrote a result batch (query, stream, offset, rows): on Spark's
         # callback thread (peer.engine.tentative).
         self.on_tentative: Callable[[str, str, int, int], None] | None = None
+        # Stops a query's tentative fork, if it has one (set by peer.engine.tentative).
+        self.stop_forks: Callable[[str], Awaitable[None]] | None = None
 
     async def _call(self, fn: Callable[[], T]) -> T:
         loop = asyncio.get_running_loop()
@@ -328,7 +330,11 @@ class Engine:
         running = RunningQuery(name, incarnation, compiled, handle, readers, checked)
         return running
 
-    async def stop_query(self, name: str) -> None:
+    async def stop_query(self, name: str, *, forks: bool = True) -> None:
+        """Stop the query (and, unless ``forks`` is false, a tentative fork running in its
+        stead, whose results are taken back: peer.engine.tentative)."""
+        if forks and self.stop_forks is not None:
+            await self.stop_forks(name)
         if name in self.lane.members:
             await self._call(lambda: self.lane.remove(name))
             return

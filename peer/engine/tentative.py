@@ -166,6 +166,17 @@ class Availability:
         self.on_tentative: Callable[[str, int], None] | None = None
         self.on_correction: Callable[[str, int], None] | None = None
         engine.on_tentative = self._wrote
+        engine.stop_forks = self._stop_fork
+        self._lock = asyncio.Lock()  # one fork, correction or release at a time
+
+    async def _stop_fork(self, name: str) -> None:
+        """The query stops (a status change, a move): its fork goes, its results back."""
+        fork = self.forks.get(name)
+        if fork is not None:
+            async with self._lock:
+                await self._drop_fork(name)
+                await self._undo(name, fork.running.checked.outputs)
+                self.states.setdefault(name, FragmentState()).tentative_since = None
 
     def _lead(self, name: str) -> float:
         """How long before the bound to fork: what the last fork took to its first result
@@ -216,10 +227,11 @@ class Availability:
             state = self.states.setdefault(name, FragmentState())
             state.missing = tuple(sorted(missing))
             try:
-                if missing and name not in self.forks:
-                    await self.fork(checked, incarnation, missing)
-                elif not missing and name in self.forks:
-                    await self.correct(checked, incarnation)
+                async with self._lock:
+                    if missing and name not in self.forks and name in self.engine.running:
+                        await self.fork(checked, incarnation, missing)
+                    elif not missing and name in self.forks:
+                        await self.correct(checked, incarnation)
             except EngineError as exc:
                 log.error("query %s: %s", name, exc.message)
 
@@ -232,7 +244,7 @@ class Availability:
         committed = {s: self.spools.get(s).committed(r) for s, r in stable.readers if s}
         state = self.states.setdefault(name, FragmentState())
         state.fork_started, state.first_result_s = time.time(), None
-        await engine.stop_query(name)
+        await engine.stop_query(name, forks=False)
         log.info("query %s: stable stopped for a fork", name)
         token = uuid.uuid4().hex[:8]
         key = f"{query_key(name, incarnation)}-t{token}"
@@ -359,9 +371,10 @@ class Availability:
 
     async def release(self, name: str, outputs: Collection[str]) -> None:
         """The query stops or goes: its fork goes too, and its results are taken back."""
-        if name in self.forks:
-            await self._drop_fork(name)
-            await self._undo(name, outputs)
+        async with self._lock:
+            if name in self.forks:
+                await self._drop_fork(name)
+                await self._undo(name, outputs)
         self.states.pop(name, None)
         self._detectors.pop(name, None)
         self._recovered.discard(name)
