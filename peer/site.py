@@ -104,6 +104,8 @@ class LocalSite:
         # the highest offset of a stream that may be trimmed (a replica still lacks the rest)
         self.trim_limit: Callable[[str], int | None] = lambda _stream: None
         self.availability: Availability | None = None  # tentative forks, made with the engine
+        # whether a stream's upstream is reachable (the federation knows; alone: always)
+        self.upstream_reachable: Callable[[str], bool] = lambda _stream: True
 
     # lifecycle
     async def resume_queries(self, skip: Collection[str] = ()) -> None:
@@ -139,6 +141,7 @@ class LocalSite:
             from peer.engine.tentative import Availability  # pyspark: peers with an engine
 
             self.availability = Availability(self.engine, self.spools)
+            self.availability.reachable = self.upstream_reachable
         entries = [self.catalog.query(n) for n in self.catalog.query_names()]
         bounded = [
             (self.checked(e.query), e.incarnation)

@@ -75,6 +75,16 @@ class Federation:
         self.requests.after_status = self.fragments.after_status
         self.coordinator.primary_of = self._primary_hex
         self.status_parts: dict[str, StatusPart] = {}  # more of `peer status` (the brain's)
+        site.upstream_reachable = self._upstream_reachable
+
+    def _upstream_reachable(self, stream: str) -> bool:
+        """Whether the peer a mirrored stream comes from is alive in gossip's view (a stream
+        hosted here, or whose source is unknown, counts as reachable)."""
+        source = self.site.catalog.replicas().get(stream)
+        if source is None:
+            return True
+        state = self.overlay.state_of(bytes.fromhex(source))
+        return state is None or state == "alive"
 
     @property
     def node_id(self) -> bytes:
