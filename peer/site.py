@@ -30,10 +30,11 @@ from peer.model.limits import ContentLimits
 from peer.model.plan import CheckedQuery, check_query
 from peer.model.query import Query, parse_query, query_to_dict
 from peer.model.schema import Schema, check_name, parse_schema, to_arrow_schema
+from peer.model.tentative import UNDO
 from peer.model.tuples import batch_from_wire
 from peer.protocol.api import QUERY_STATUSES, READY, START_POSITIONS
 from peer.storage.catalog import LocalCatalog, QueryEntry
-from peer.storage.feed import after_offset, trimmed_gap, wire_entries
+from peer.storage.feed import after_offset, open_tentative, trimmed_gap, wire_entries
 from peer.storage.replica_state import ReplicaState
 from peer.storage.spool import Spool, SpoolSet
 from peer.storage.spool_format import Quarantine, TrimmedError
@@ -366,9 +367,10 @@ class LocalSite:
         }
 
     async def append_mirrored(
-        self, stream: str, origin: str, batches: tuple[tuple[int, bytes], ...]
+        self, stream: str, origin: str, batches: tuple[tuple[int, bytes, str], ...]
     ) -> dict[str, Any]:
-        """Append mirrored batches of a replica (each fsynced; replays dropped by seq)."""
+        """Append mirrored batches of a replica (each fsynced; replays dropped by seq), with
+        their status (an undo names this log's own first tentative offset)."""
         entry = self.catalog.stream(stream)
         if stream not in self.catalog.replicas():
             raise Conflict(f"stream {stream} is not mirrored to this peer", stream=stream)
@@ -376,12 +378,15 @@ class LocalSite:
 
         def land() -> int:
             kept = 0
-            for seq, body in batches:
+            for seq, body, status in batches:
                 table = batch_from_wire(
                     entry.schema, {"arrow": body}, stream=stream, max_bytes=self.max_push_bytes
                 )
-                if spool.append(table, origin=origin, seq=seq) is not None:
-                    kept += 1
+                undo = open_tentative(spool) if status == UNDO else None
+                if status == UNDO and undo is None:
+                    continue  # nothing tentative here to take back (a replay)
+                at = spool.append(table, origin=origin, seq=seq, status=status, undo=undo)
+                kept += at is not None
             return kept
 
         if stream in self._frozen:

@@ -242,7 +242,7 @@ class Mirrors:
                 last = batches[-1][0]
                 self.sent_batches += len(batches)
                 self.sent_bytes[stream] = self.sent_bytes.get(stream, 0) + sum(
-                    len(body) for _offset, body in batches
+                    len(body) for _offset, body, _status in batches
                 )
                 await self._record(spool, reader, last, stream, target)
                 async with self._acked:
@@ -274,16 +274,17 @@ class Mirrors:
                 delay = min(RETRY_MAX_S, delay * 2)
 
 
-def _read_chunk(spool: Spool, start: int) -> list[tuple[int, bytes]]:
-    """The batches after ``start``: at most MAX_BATCHES_PER_REQUEST and about
-    MAX_BYTES_PER_REQUEST (always at least one)."""
+def _read_chunk(spool: Spool, start: int) -> list[tuple[int, bytes, str]]:
+    """The entries after ``start`` (tentative results and undos with their status, so
+    that a fragment downstream can go on with them): at most MAX_BATCHES_PER_REQUEST and
+    about MAX_BYTES_PER_REQUEST (always at least one)."""
     end = min(spool.latest, start + MAX_BATCHES_PER_REQUEST)
-    out: list[tuple[int, bytes]] = []
+    out: list[tuple[int, bytes, str]] = []
     size = 0
-    for offset, table in spool.read(start, end, skip_trimmed=True):
+    for offset, status, _undo, table in spool.read_entries(start, end, skip_trimmed=True):
         body = arrow_bytes(table)
         if out and size + len(body) > MAX_BYTES_PER_REQUEST:
             break
-        out.append((offset, body))
+        out.append((offset, body, status))
         size += len(body)
     return out

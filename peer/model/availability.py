@@ -11,8 +11,10 @@ could be computed). The threshold is X less ``lead_s``, the time the caller need
 processing without the input, so that the first tentative results come within X (but at
 least X / 2).
 
-A missing input stays missing until it makes progress again while its upstream is reachable:
-then it has *returned*, and the caller corrects. The caller feeds :meth:`MissingInputs.observe`
+A missing input stays missing until its upstream is reachable and it makes progress again,
+or every other input has been quiet for the threshold too (nothing shows any more that it is
+missing rather than at its end, as every input may be): then it has *returned*, and the
+caller corrects. The caller feeds :meth:`MissingInputs.observe`
 with each input's position (its log's end: any number that grows with progress), whether its
 upstream is reachable, and the time (monotonic seconds); :meth:`MissingInputs.missing` says
 which inputs are missing at that time. No I/O, no clock of its own.
@@ -65,8 +67,9 @@ class MissingInputs:
         """The inputs missing at ``now`` (marking newly missing ones, freeing returned ones)."""
         for name, state in self._inputs.items():
             if state.missing_since is not None:
-                back = state.changed_at > state.missing_since and state.unreachable_since is None
-                if back:
+                if state.unreachable_since is None and (
+                    state.changed_at > state.missing_since or self._all_quiet(name, now)
+                ):
                     state.missing_since = None
                 continue
             if self._is_missing(name, state, now):
@@ -83,6 +86,15 @@ class MissingInputs:
             return False
         return any(
             other.position is not None and other.changed_at > state.changed_at
+            for n, other in self._inputs.items()
+            if n != name
+        )
+
+    def _all_quiet(self, name: str, now: float) -> bool:
+        """Whether no other input has made progress for the threshold: then nothing shows
+        that ``name`` is missing rather than done (the end of every input)."""
+        return all(
+            now - other.changed_at >= self.threshold_s
             for n, other in self._inputs.items()
             if n != name
         )

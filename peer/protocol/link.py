@@ -20,6 +20,7 @@ from typing import Any, ClassVar, TypeAlias
 from peer.errors import InvalidInput
 from peer.model.query import Query, parse_query, query_to_dict
 from peer.model.schema import Schema, parse_schema
+from peer.model.tentative import STABLE, STATUSES
 from peer.protocol.replica import (
     REPLICA_TYPES,
     ControlHeartbeat,
@@ -232,19 +233,27 @@ class StopMirror:
 
 @dataclass(frozen=True)
 class MirrorAppend:
-    """Mirrored batches of ``stream``: (offset at the sender = seq, Arrow IPC bytes)."""
+    """Mirrored batches of ``stream``: (offset at the sender = seq, Arrow IPC bytes, status).
+
+    ``status`` is ``stable``, ``tentative`` (a tentative result) or ``undo`` (an entry
+    without rows taking back the tentative entries since the previous undo:
+    peer.model.tentative); on the wire a stable batch is ``[offset, bytes]`` and the others
+    ``[offset, bytes, status]``."""
 
     OP: ClassVar[str] = "mirror_append"
     stream: str
     origin: str
-    batches: tuple[tuple[int, bytes], ...]
+    batches: tuple[tuple[int, bytes, str], ...]
 
     def to_wire(self) -> Frame:
         return {
             "op": self.OP,
             "stream": self.stream,
             "origin": self.origin,
-            "batches": [[offset, body] for offset, body in self.batches],
+            "batches": [
+                [offset, body] if status == STABLE else [offset, body, status]
+                for offset, body, status in self.batches
+            ],
         }
 
     @classmethod
@@ -257,12 +266,16 @@ class MirrorAppend:
         for item in raw:
             if (
                 not isinstance(item, list)
-                or len(item) != 2
+                or len(item) not in (2, 3)
                 or not isinstance(item[0], int)
                 or not isinstance(item[1], bytes)
+                or (len(item) == 3 and item[2] not in STATUSES)
             ):
-                raise InvalidInput("mirror_append: each batch is [offset, arrow bytes]")
-            out.append((item[0], item[1]))
+                raise InvalidInput(
+                    "mirror_append: each batch is [offset, arrow bytes] or "
+                    f"[offset, arrow bytes, status] (status one of {', '.join(STATUSES)})"
+                )
+            out.append((item[0], item[1], item[2] if len(item) == 3 else STABLE))
         return cls(stream, origin, tuple(out))
 
 

@@ -11,10 +11,30 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
+
 from peer.errors import NotFound
 from peer.model.tentative import TENTATIVE, UNDO, visible_to
 from peer.model.tuples import batch_to_wire
+from peer.storage import spool_format as fmt
 from peer.storage.spool import Spool
+from peer.storage.spool_marks import entry_mark
+
+
+def open_tentative(spool: Spool) -> int | None:
+    """The first tentative offset of ``spool`` since its last undo (what an undo appended
+    now must name), None if there is none: read from file footers, newest first."""
+    first = None
+    for offset in range(spool.latest, spool.earliest - 1, -1):
+        try:
+            status, _undo = entry_mark(fmt.file_metadata(fmt.offset_path(spool.directory, offset)))
+        except (OSError, ValueError, pa.ArrowException):
+            break  # trimmed meanwhile: nothing older is kept
+        if status == UNDO:
+            break
+        if status == TENTATIVE:
+            first = offset
+    return first
 
 
 def wire_entries(spool: Spool, start: int, end: int, tentative: bool) -> list[dict[str, Any]]:

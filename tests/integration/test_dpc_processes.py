@@ -24,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,75 +32,19 @@ from typing import Any
 import pytest
 
 from peer.client import Client
+from peer.examples.partition import (
+    partition_query,
+    partition_reference,
+    partition_schema,
+    reports,
+    window_key,
+)
 from peer.testing import LocalFederation, make_participants, participant_args, stream_name_on
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
 
 PARTITION_S = float(os.environ.get("FEDSTREAM_DPC_PARTITION_S", "30"))
 BOUND_S = 5.0
-SIZE = 10
-SCHEMA = {
-    "name": "tick",
-    "fields": [
-        {"name": "k", "type": "int"},
-        {"name": "t", "type": "long"},
-        {"name": "v", "type": "long"},
-    ],
-}
-
-
-def query(name: str, a: str, g: str, bound: float | None) -> dict[str, Any]:
-    q: dict[str, Any] = {
-        "name": name,
-        "boxes": [
-            {
-                "name": "both",
-                "type": "union",
-                "node": "acme",
-                "inputs": [a, g],
-                "outputs": [f"{name}_u"],
-            },
-            {
-                "name": "tolls",
-                "type": "aggregate",
-                "node": "acme",
-                "inputs": [f"{name}_u"],
-                "outputs": [f"{name}_out"],
-                "params": {
-                    "aggregate-function.0": "sum(v)",
-                    "aggregate-function-output-name.0": "total",
-                    "aggregate-function.1": "count()",
-                    "aggregate-function-output-name.1": "n",
-                    "window-size-by": "VALUES",
-                    "window-size": str(SIZE),
-                    "advance": str(SIZE),
-                    "order-on-field": "t",
-                    "group-by": "k",
-                },
-            },
-        ],
-    }
-    if bound is not None:
-        q["availability_bound"] = bound
-    return q
-
-
-def ticks(first: int, last: int, origin: int) -> list[dict[str, Any]]:
-    return [{"k": t % 3, "t": t, "v": origin * 10_000 + t} for t in range(first, last)]
-
-
-def reference(rows: list[dict[str, Any]], watermark: int) -> Counter[tuple[int, ...]]:
-    """Plain Python: the tumbling windows whose end the watermark has reached."""
-    groups: dict[tuple[int, int], list[int]] = defaultdict(list)
-    for r in rows:
-        start = r["t"] // SIZE * SIZE
-        if start + SIZE <= watermark:
-            groups[(start, r["k"])].append(r["v"])
-    return Counter((s, s + SIZE, k, sum(vs), len(vs)) for (s, k), vs in groups.items())
-
-
-def key(row: dict[str, Any]) -> tuple[int, ...]:
-    return (row["window_start"], row["window_end"], row["k"], row["total"], row["n"])
 
 
 @pytest.fixture
@@ -150,11 +94,11 @@ def test_a_frozen_participant_gives_tentative_results_then_the_exact_ones(
             async with asyncio.timeout(60):
                 while len((await at_acme.status())["overlay"]["members"]) < 2:
                     await asyncio.sleep(0.2)
-            await at_acme.create_schema(SCHEMA)
+            await at_acme.create_schema(partition_schema("tick"))
             await at_acme.create_stream(a, "tick")
             await at_acme.create_stream(g, "tick")
             for name, bound in (("bounded", BOUND_S), ("plain", None)):
-                await at_acme.create_query(query(name, a, g, bound))
+                await at_acme.create_query(partition_query(name, a, g, bound_s=bound, node="acme"))
                 await at_acme.start_query(name)
 
             async def read(name: str) -> None:
@@ -170,8 +114,8 @@ def test_a_frozen_participant_gives_tentative_results_then_the_exact_ones(
                 pushed.extend(rows)
 
             for t in range(0, 40, 5):  # both sides flow
-                await push(at_acme, a, ticks(t, t + 5, 1))
-                await push(at_globex, g, ticks(t, t + 5, 2))
+                await push(at_acme, a, reports(t, t + 5, 1))
+                await push(at_globex, g, reports(t, t + 5, 2))
                 await asyncio.sleep(0.5)
             t = 40
             assert globex.proc is not None
@@ -182,23 +126,23 @@ def test_a_frozen_participant_gives_tentative_results_then_the_exact_ones(
                     line.get("_status") == "tentative" for _, line in cli.lines
                 ):
                     assert time.monotonic() - times["frozen"] < 180, "no tentative result"
-                    await push(at_acme, a, ticks(t, t + 5, 1))
+                    await push(at_acme, a, reports(t, t + 5, 1))
                     t += 5
                     await asyncio.sleep(1.0)
             finally:
                 os.killpg(globex.proc.pid, signal.SIGCONT)
             times["thawed"] = time.monotonic()
             # globex's producer sends what it held back, then both sides flow again
-            await push(at_globex, g, ticks(40, t, 2))
+            await push(at_globex, g, reports(40, t, 2))
             end = t + 40
             for u in range(t, end, 5):
-                await push(at_acme, a, ticks(u, u + 5, 1))
-                await push(at_globex, g, ticks(u, u + 5, 2))
+                await push(at_acme, a, reports(u, u + 5, 1))
+                await push(at_globex, g, reports(u, u + 5, 2))
                 await asyncio.sleep(0.5)
-            want = reference(pushed, end - 1)
+            want = partition_reference(pushed, end - 1)
             deadline = time.monotonic() + 240
             while time.monotonic() < deadline:
-                done = all(Counter(map(key, rows)) == want for rows in stable.values())
+                done = all(Counter(map(window_key, rows)) == want for rows in stable.values())
                 if done and any("_undo" in line for _, line in cli.lines):
                     break
                 await asyncio.sleep(1.0)
@@ -234,8 +178,8 @@ def test_a_frozen_participant_gives_tentative_results_then_the_exact_ones(
     want = expected
     assert want, "no window closed: the scenario did not run"
     # stable subscribers of both queries: exactly plain Python's windows over all tuples
-    assert Counter(map(key, stable["bounded"])) == want
-    assert Counter(map(key, stable["plain"])) == want
+    assert Counter(map(window_key, stable["bounded"])) == want
+    assert Counter(map(window_key, stable["plain"])) == want
     # the CLI subscriber with --tentative: tentative windows while globex was frozen, an
     # undo after it thawed, then the stable ones; applying the undos leaves plain Python's
     tentative_at = [at for at, line in cli.lines if line.get("_status") == "tentative"]
@@ -248,10 +192,10 @@ def test_a_frozen_participant_gives_tentative_results_then_the_exact_ones(
         if "_undo" in line:
             pending = []
         elif line["_status"] == "tentative":
-            pending.append(key(line))
+            pending.append(window_key(line))
         else:
             assert line["_status"] == "stable"
-            kept.append(key(line))
+            kept.append(window_key(line))
     assert pending == [] and Counter(kept) == want
     print(
         f"first tentative result {min(tentative_at) - times['frozen']:.1f} s after the freeze; "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,67 +15,18 @@ import pytest
 
 from peer.client import Client
 from peer.client.payload import Batch
+from peer.examples.partition import (
+    partition_query,
+    partition_reference,
+    partition_schema,
+    reports,
+    window_key,
+)
 from peer.model.tentative import STABLE, TENTATIVE, UNDO, Entry, TentativeView
 from peer.node import PeerConfig
 from peer.testing import PeerThread
 
 pytestmark = pytest.mark.spark
-
-SCHEMA = {
-    "name": "tick",
-    "fields": [
-        {"name": "k", "type": "int"},
-        {"name": "t", "type": "long"},
-        {"name": "v", "type": "long"},
-    ],
-}
-SIZE = 10
-
-
-def query(name: str, a: str, g: str, out: str, bound: float | None) -> dict[str, Any]:
-    q: dict[str, Any] = {
-        "name": name,
-        "boxes": [
-            {"name": "u", "type": "union", "inputs": [a, g], "outputs": [f"{out}_u"]},
-            {
-                "name": "w",
-                "type": "aggregate",
-                "inputs": [f"{out}_u"],
-                "outputs": [out],
-                "params": {
-                    "aggregate-function.0": "sum(v)",
-                    "aggregate-function-output-name.0": "total",
-                    "aggregate-function.1": "count()",
-                    "aggregate-function-output-name.1": "n",
-                    "window-size-by": "VALUES",
-                    "window-size": str(SIZE),
-                    "advance": str(SIZE),
-                    "order-on-field": "t",
-                    "group-by": "k",
-                },
-            },
-        ],
-    }
-    if bound is not None:
-        q["availability_bound"] = bound
-    return q
-
-
-def ticks(first: int, last: int, origin: int) -> list[dict[str, Any]]:
-    return [{"k": t % 2, "t": t, "v": origin * 1000 + t} for t in range(first, last)]
-
-
-def reference(rows: list[dict[str, Any]], closed_below: int) -> Counter[tuple[int, ...]]:
-    groups: dict[tuple[int, int], list[int]] = defaultdict(list)
-    for r in rows:
-        start = r["t"] // SIZE * SIZE
-        if start + SIZE <= closed_below:
-            groups[(start, r["k"])].append(r["v"])
-    return Counter((s, s + SIZE, k, sum(vs), len(vs)) for (s, k), vs in groups.items())
-
-
-def as_key(row: dict[str, Any]) -> tuple[int, ...]:
-    return (row["window_start"], row["window_end"], row["k"], row["total"], row["n"])
 
 
 @pytest.fixture(scope="module")
@@ -100,20 +51,20 @@ def entries(batches: list[tuple[float, Batch]]) -> list[Entry]:
         if b.undo is not None:
             out.append(Entry(b.offset, UNDO, undo=b.undo))
         else:
-            out.append(Entry(b.offset, b.status, tuple(as_key(r) for r in b.rows())))
+            out.append(Entry(b.offset, b.status, tuple(window_key(r) for r in b.rows())))
     return out
 
 
 async def scenario(port: int, name: str, bound: float | None) -> dict[str, Any]:
-    a, g, out = f"{name}_a", f"{name}_g", f"{name}_out"
+    a, g, out = f"{name}_a", f"{name}_g", f"{name}_out"  # the query writes <name>_out
     pushed: list[dict[str, Any]] = []
     tentative_seen: list[tuple[float, Batch]] = []
     stable_seen: list[tuple[float, Batch]] = []
     async with Client("127.0.0.1", port, timeout_s=120) as c:
-        await c.create_schema(SCHEMA)
+        await c.create_schema(partition_schema("tick"))
         await c.create_stream(a, "tick")
         await c.create_stream(g, "tick")
-        await c.create_query(query(name, a, g, out, bound))
+        await c.create_query(partition_query(name, a, g, bound_s=bound))
         await c.start_query(name)
 
         async def push(stream: str, rows: list[dict[str, Any]]) -> None:
@@ -126,8 +77,8 @@ async def scenario(port: int, name: str, bound: float | None) -> dict[str, Any]:
         ]
         # both inputs flow: t 0..29
         for t in range(0, 30, 5):
-            await push(a, ticks(t, t + 5, 1))
-            await push(g, ticks(t, t + 5, 2))
+            await push(a, reports(t, t + 5, 1))
+            await push(g, reports(t, t + 5, 2))
             await asyncio.sleep(0.3)
         # g falls silent while a goes on, one batch a second, for at least 12 s and until a
         # tentative result has come (a fork's first batch takes seconds on a busy machine)
@@ -137,20 +88,22 @@ async def scenario(port: int, name: str, bound: float | None) -> dict[str, Any]:
             bound is not None and not any(b.status == TENTATIVE for _, b in tentative_seen)
         ):
             assert time.monotonic() - silent_at < 120, "no tentative result in 120 s"
-            await push(a, ticks(t, t + 5, 1))
+            await push(a, reports(t, t + 5, 1))
             t += 5
             await asyncio.sleep(1.0)
         status = await c.status()
         during = next(q for q in status["queries"] if q["name"] == name)
         healed_at = time.monotonic()
         # g comes back with its late tuples, then both go on for 30 more
-        await push(g, ticks(30, t, 2))
+        await push(g, reports(30, t, 2))
         end = t + 30
         for u in range(t, end, 5):
-            await push(a, ticks(u, u + 5, 1))
-            await push(g, ticks(u, u + 5, 2))
+            await push(a, reports(u, u + 5, 1))
+            await push(g, reports(u, u + 5, 2))
             await asyncio.sleep(0.5)
-        want = reference(pushed, end - 1)  # the watermark is the last t: windows below it closed
+        want = partition_reference(
+            pushed, end - 1
+        )  # the watermark is the last t: windows below it closed
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             got = Counter(k for e in entries(stable_seen) for k in e.rows)

@@ -50,9 +50,9 @@ class FakeFed:
         try:
             await self.open.wait()
             self.calls += 1
-            for seq, body in message.batches:
+            for seq, body, status in message.batches:
                 t = pa.ipc.open_stream(body).read_all()
-                self.receiver.append(t, origin=message.origin, seq=seq)
+                self.receiver.append(t, origin=message.origin, seq=seq, status=status)
             if self.calls in self.lose_ack_on:
                 raise Unavailable("the acknowledgement was lost")
             return {"last": message.batches[-1][0]}
@@ -169,3 +169,19 @@ def test_a_dead_receiver_stops_holding_back_the_writers_but_keeps_its_batches(
     assert mirrors.on_member(bytes(range(1, 21)), alive=False) == []  # not a receiver here
     assert mirrors.on_member(TARGET, alive=True) == ["s"]
     assert spool.backlog() == 5
+
+
+def test_mirror_append_carries_tentative_entries_and_undos_on_the_wire() -> None:
+    import pytest
+
+    from peer.errors import InvalidInput
+
+    message = MirrorAppend(
+        "s", "m:x", ((3, b"a", "stable"), (4, b"b", "tentative"), (5, b"", "undo"))
+    )
+    wire = message.to_wire()
+    assert wire["batches"] == [[3, b"a"], [4, b"b", "tentative"], [5, b"", "undo"]]
+    assert MirrorAppend.from_wire(wire) == message
+    bad = {**wire, "batches": [[3, b"a", "maybe"]]}
+    with pytest.raises(InvalidInput, match="status one of"):
+        MirrorAppend.from_wire(bad)

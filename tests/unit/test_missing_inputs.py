@@ -22,10 +22,24 @@ def test_a_silent_input_is_missing_once_the_others_progressed_for_the_bound() ->
         assert feed(d, float(t), a=t, g=0) == frozenset()
     assert feed(d, 4.9, a=5, g=0) == frozenset()
     assert feed(d, 5.0, a=6, g=0) == {"g"}
-    # it stays missing while silent, also when a goes quiet too
-    assert feed(d, 20.0, a=6, g=0) == {"g"}
+    # it stays missing while silent and a goes on
+    assert feed(d, 8.0, a=7, g=0) == {"g"}
     # it returns once it progresses
-    assert feed(d, 21.0, a=7, g=1) == frozenset()
+    assert feed(d, 9.0, a=8, g=1) == frozenset()
+
+
+def test_a_missing_input_returns_once_every_input_is_quiet() -> None:
+    """At the end of every input, a quiet input must not hold the query in its fork."""
+    d = MissingInputs(["a", "g"], bound_s=2.0)
+    feed(d, 0.0, a=0, g=0)
+    assert feed(d, 2.0, a=1, g=0) == {"g"}
+    assert feed(d, 3.9, a=1, g=0) == {"g"}  # a last moved at 2.0: not yet quiet for 2 s
+    assert feed(d, 4.0, a=1, g=0) == frozenset()
+    # but not while g's upstream is unreachable
+    d.observe("g", 0, 5.0, reachable=False)
+    assert d.missing(7.0) == {"g"}
+    d.observe("g", 0, 9.0, reachable=False)
+    assert d.missing(20.0) == {"g"}
 
 
 def test_inputs_that_are_all_quiet_miss_nothing() -> None:
@@ -92,6 +106,7 @@ def test_never_missing_before_the_bound_and_always_after_a_long_silence(
                 assert now - last[name] >= bound  # newly missing: silent for the bound
             if name in missing and last[name] == now:
                 raise AssertionError(f"{name} progressed now and is still missing")
-            if now - last[name] >= bound and last[other] > last[name]:
+            recent = now - last[other] < bound  # the other input still goes on
+            if now - last[name] >= bound and last[other] > last[name] and recent:
                 assert name in missing
         before = missing

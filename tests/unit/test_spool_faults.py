@@ -463,7 +463,7 @@ class Receiver:
         self.spool = spool
 
     async def call(self, _target: bytes, message: MirrorAppend) -> dict[str, Any]:
-        for seq, body in message.batches:
+        for seq, body, _status in message.batches:
             t = pa.ipc.open_stream(body).read_all()
             self.spool.append(t, origin=message.origin, seq=seq)
         return {"last": message.batches[-1][0]}
