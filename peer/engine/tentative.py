@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from peer.engine.runner import Engine, RunningQuery, query_key
+from peer.engine.tentative_inputs import InputLog, feed_copy, start_copy
 from peer.errors import EngineError
 from peer.model.availability import MissingInputs
 from peer.model.plan import CheckedQuery
@@ -113,6 +114,9 @@ class Fork:
     inputs_dir: Path
     missing: frozenset[str]
     since: float  # wall-clock time it started
+    # inputs that are tentative themselves: stream -> (copy directory, last offset copied,
+    # undos in its log when the fork started)
+    feeds: dict[str, tuple[Path, int, int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -158,6 +162,7 @@ class Availability:
         self.forks: dict[str, Fork] = {}
         self.states: dict[str, FragmentState] = {}
         self._detectors: dict[str, MissingInputs] = {}
+        self._logs: dict[str, InputLog] = {}  # the input logs looked at, by stream
         self._recovered: set[str] = set()
         self._marks = _Marks()
         # Whether a stream's upstream is reachable (the federation sets it; default: yes).
@@ -217,25 +222,53 @@ class Availability:
                 detector = MissingInputs(checked.inputs, bound)
                 self._detectors[name] = detector
             detector.set_lead(self._lead(name))
+            logs: dict[str, InputLog] = {}
             for stream in checked.inputs:
-                try:
-                    position = self.spools.get(stream).latest
-                except KeyError:
+                if stream not in self.spools:
                     continue
-                detector.observe(stream, position, now, reachable=self.reachable(stream))
+                logs[stream] = input_log = self._logs.setdefault(stream, InputLog())
+                await asyncio.to_thread(input_log.scan, self.spools.get(stream))
+                reachable = self.reachable(stream)
+                detector.observe(stream, input_log.stable_end, now, reachable=reachable)
             missing = detector.missing(now)
+            # an input whose upstream writes tentative results makes this query tentative
+            # at once (the upstream has waited its bound already)
+            fed = frozenset(s for s, log_ in logs.items() if log_.open_from is not None)
             state = self.states.setdefault(name, FragmentState())
-            state.missing = tuple(sorted(missing))
+            state.missing = tuple(sorted(missing | fed))
             try:
                 async with self._lock:
-                    if missing and name not in self.forks and name in self.engine.running:
-                        await self.fork(checked, incarnation, missing)
-                    elif not missing and name in self.forks:
+                    fork = self.forks.get(name)
+                    if fork is None:
+                        if (missing or fed) and name in self.engine.running:
+                            await self.fork(checked, incarnation, missing - fed, fed)
+                    elif not (missing or fed) or not await self._feed(fork, logs):
                         await self.correct(checked, incarnation)
             except EngineError as exc:
                 log.error("query %s: %s", name, exc.message)
 
-    async def fork(self, checked: CheckedQuery, incarnation: str, missing: Collection[str]) -> None:
+    async def _feed(self, fork: Fork, logs: dict[str, InputLog]) -> bool:
+        """Extend the copies of the fork's tentative inputs; False when one of them has
+        taken its tentative entries back since the fork started (correct and fork again)."""
+        for stream, (dest, copied, undos) in list(fork.feeds.items()):
+            if logs[stream].undos != undos:
+                return False
+            spool = self.spools.get(stream)
+            last, undone = await asyncio.to_thread(feed_copy, spool, dest, copied, first=False)
+            if undone:
+                return False
+            fork.feeds[stream] = (dest, last, undos)
+        return True
+
+    async def fork(
+        self,
+        checked: CheckedQuery,
+        incarnation: str,
+        missing: Collection[str],
+        fed: Collection[str] = (),
+    ) -> None:
+        """Stop the stable query and start a fork from its checkpoint that reads a
+        heartbeat for each ``missing`` input and the tentative entries of each ``fed`` one."""
         name = checked.query.name
         engine = self.engine
         stable = engine.running.get(name)
@@ -264,10 +297,18 @@ class Availability:
                 row = heartbeat_table(schema, row_fields)
                 missing_copy(self.spools, stream, committed.get(stream, -1), dest, row)
                 elsewhere[stream] = dest
+            for stream in fed:
+                dest = inputs_dir / fmt.stream_dirname(stream)
+                spool, after = self.spools.get(stream), committed.get(stream, -1)
+                start_copy(spool, dest, after)
+                feeds[stream] = (dest, feed_copy(spool, dest, after, first=True)[0], undos[stream])
+                elsewhere[stream] = dest
             return engine.start_streaming(
                 checked, incarnation, key, checkpoint, origin, status=TENTATIVE, elsewhere=elsewhere
             )
 
+        feeds: dict[str, tuple[Path, int, int]] = {}
+        undos = {s: self._logs[s].undos if s in self._logs else 0 for s in fed}
         with self._marks.lock:
             self._marks.rows[name] = 0
         try:
@@ -278,12 +319,16 @@ class Availability:
             shutil.rmtree(inputs_dir, ignore_errors=True)
             await engine.run_query(checked, incarnation, resume=True, placement="own")
             raise EngineError(f"query {name}: no tentative fork ({exc})", query=name) from exc
-        self.forks[name] = Fork(running, checkpoint, inputs_dir, frozenset(missing), time.time())
+        self.forks[name] = Fork(
+            running, checkpoint, inputs_dir, frozenset(missing), time.time(), feeds
+        )
         state.tentative_since, state.forks = state.fork_started, state.forks + 1
         log.warning(
-            "query %s: input %s missing beyond its availability bound; tentative results",
+            "query %s: input %s missing beyond its availability bound, %s tentative; "
+            "tentative results",
             name,
-            ", ".join(sorted(missing)),
+            ", ".join(sorted(missing)) or "none",
+            ", ".join(sorted(fed)) or "none",
         )
 
     async def _drop_fork(self, name: str) -> None:

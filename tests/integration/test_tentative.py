@@ -55,17 +55,52 @@ def entries(batches: list[tuple[float, Batch]]) -> list[Entry]:
     return out
 
 
+def chained(name: str, source: str, bound: float | None) -> dict[str, Any]:
+    """A second query over the first one's windows: 20 s of them per segment."""
+    params = {
+        "aggregate-function.0": "sum(total)",
+        "aggregate-function-output-name.0": "total",
+        "aggregate-function.1": "count()",
+        "aggregate-function-output-name.1": "n",
+        "window-size-by": "VALUES",
+        "window-size": "20",
+        "advance": "20",
+        "order-on-field": "window_start",
+        "group-by": "k",
+    }
+    box = {"name": "w20", "type": "aggregate", "inputs": [source], "outputs": [f"{name}_out"]}
+    query: dict[str, Any] = {"name": name, "boxes": [{**box, "params": params}]}
+    if bound is not None:
+        query["availability_bound"] = bound
+    return query
+
+
+def chained_reference(windows: Counter[tuple[int, ...]]) -> Counter[tuple[int, ...]]:
+    groups: dict[tuple[int, int], list[int]] = {}
+    for (start, _end, k, total, _n), count in windows.items():
+        groups.setdefault((start // 20 * 20, k), []).extend([total] * count)
+    top = max(w[0] for w in windows)  # the second query's watermark: the newest window start
+    return Counter(
+        (s, s + 20, k, sum(ts), len(ts)) for (s, k), ts in groups.items() if s + 20 <= top
+    )
+
+
 async def scenario(port: int, name: str, bound: float | None) -> dict[str, Any]:
     a, g, out = f"{name}_a", f"{name}_g", f"{name}_out"  # the query writes <name>_out
+    second = f"{name}c"  # reads <name>_out, writes <name>c_out
     pushed: list[dict[str, Any]] = []
     tentative_seen: list[tuple[float, Batch]] = []
     stable_seen: list[tuple[float, Batch]] = []
+    chain_tentative: list[tuple[float, Batch]] = []
+    chain_stable: list[tuple[float, Batch]] = []
     async with Client("127.0.0.1", port, timeout_s=120) as c:
         await c.create_schema(partition_schema("tick"))
         await c.create_stream(a, "tick")
         await c.create_stream(g, "tick")
         await c.create_query(partition_query(name, a, g, bound_s=bound))
+        await c.create_query(chained(second, out, bound))
         await c.start_query(name)
+        await c.start_query(second)
 
         async def push(stream: str, rows: list[dict[str, Any]]) -> None:
             await c.push(stream, rows)
@@ -74,6 +109,8 @@ async def scenario(port: int, name: str, bound: float | None) -> dict[str, Any]:
         tasks = [
             asyncio.create_task(record(c, out, True, tentative_seen)),
             asyncio.create_task(record(c, out, False, stable_seen)),
+            asyncio.create_task(record(c, f"{second}_out", True, chain_tentative)),
+            asyncio.create_task(record(c, f"{second}_out", False, chain_stable)),
         ]
         # both inputs flow: t 0..29
         for t in range(0, 30, 5):
@@ -104,10 +141,12 @@ async def scenario(port: int, name: str, bound: float | None) -> dict[str, Any]:
         want = partition_reference(
             pushed, end - 1
         )  # the watermark is the last t: windows below it closed
+        want_chain = chained_reference(want)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             got = Counter(k for e in entries(stable_seen) for k in e.rows)
-            if got == want:
+            got_chain = Counter(k for e in entries(chain_stable) for k in e.rows)
+            if got == want and got_chain == want_chain:
                 break
             await asyncio.sleep(0.5)
         await asyncio.sleep(2.0)
@@ -115,8 +154,12 @@ async def scenario(port: int, name: str, bound: float | None) -> dict[str, Any]:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         status = await c.status()
+        await c.set_query_status(second, "DELETED")
         await c.set_query_status(name, "DELETED")
     return {
+        "want_chain": want_chain,
+        "chain_stable": entries(chain_stable),
+        "chain_tentative": entries(chain_tentative),
         "want": want,
         "stable": entries(stable_seen),
         "tentative": entries(tentative_seen),
@@ -157,6 +200,18 @@ def test_a_silent_input_gives_tentative_results_then_an_undo_and_the_exact_ones(
     assert run["during"]["availability"]["missing_inputs"] == ["dpc1_g"]
     print("fork to first tentative result:", dpc["fork_first_result_s"], "s")
     assert dpc["tentative_tuples"] >= dpc["corrected_tuples"] > 0
+    # the chain: the second query, fed tentative windows, was tentative too and corrected
+    want_chain = run["want_chain"]
+    assert want_chain
+    assert all(e.status == STABLE for e in run["chain_stable"])
+    assert Counter(k for e in run["chain_stable"] for k in e.rows) == want_chain
+    chain = run["chain_tentative"]
+    assert any(e.status == TENTATIVE for e in chain), "the second query was never tentative"
+    assert any(e.status == UNDO for e in chain)
+    view = TentativeView()
+    for entry in chain:
+        view.apply(entry)
+    assert view.tentative_rows() == [] and Counter(view.rows()) == want_chain
 
 
 def test_without_a_bound_the_query_waits_and_stays_exact(peer: PeerThread) -> None:
@@ -164,3 +219,7 @@ def test_without_a_bound_the_query_waits_and_stays_exact(peer: PeerThread) -> No
     assert run["tentative_at"] == [] and run["undo_at"] == []
     assert Counter(k for e in run["stable"] for k in e.rows) == run["want"]
     assert Counter(k for e in run["tentative"] for k in e.rows) == run["want"]
+    assert run["chain_tentative"] == run["chain_stable"] or all(
+        e.status == STABLE for e in run["chain_tentative"]
+    )
+    assert Counter(k for e in run["chain_stable"] for k in e.rows) == run["want_chain"]
