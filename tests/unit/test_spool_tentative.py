@@ -60,3 +60,44 @@ def test_an_undo_file_is_a_valid_replica_entry_and_junk_marks_are_not(tmp_path: 
     empty = fmt.file_bytes(rows().slice(0, 0))
     with pytest.raises(ValueError, match="0 rows"):
         fmt.check_file_bytes(empty, SCHEMA)
+
+
+def test_a_mirrored_undo_names_the_receivers_own_first_tentative_offset(tmp_path: Path) -> None:
+    """A replica's offsets need not be its host's: an undo is translated on arrival."""
+    import asyncio
+
+    from peer.model.schema import parse_schema
+    from peer.site import LocalSite, SiteConfig
+
+    def body(*values: int) -> bytes:
+        sink = pa.BufferOutputStream()
+        table = pa.table({"v": pa.array(values, pa.int64())})
+        with pa.ipc.new_stream(sink, table.schema) as out:
+            out.write_table(table)
+        return sink.getvalue().to_pybytes()
+
+    async def go() -> list[tuple[int, str, int | None, int]]:
+        site = LocalSite(SiteConfig(data_dir=tmp_path))
+        schema = parse_schema({"name": "s", "fields": [{"name": "v", "type": "long"}]})
+        await site.add_schema(schema)
+        await site.add_replica("r", schema, "ab" * 20)
+        spool = site.spools.get("r")
+        spool.append(rows(0))  # the replica's own offset 0: its offsets differ by one
+        batches = ((10, body(1), STABLE), (11, body(101), TENTATIVE), (12, body(102), TENTATIVE))
+        await site.append_mirrored("r", "m:host", batches)
+        empty = body()
+        await site.append_mirrored("r", "m:host", ((13, empty, UNDO), (14, body(2), STABLE)))
+        # a replayed undo finds nothing open and is not kept twice
+        await site.append_mirrored("r", "m:host", ((13, empty, UNDO),))
+        out = [(o, s, u, t.num_rows) for o, s, u, t in spool.read_entries(-1, spool.latest)]
+        await site.close()
+        return out
+
+    assert asyncio.run(go()) == [
+        (0, STABLE, None, 1),
+        (1, STABLE, None, 1),
+        (2, TENTATIVE, None, 1),
+        (3, TENTATIVE, None, 1),
+        (4, UNDO, 2, 0),
+        (5, STABLE, None, 1),
+    ]
