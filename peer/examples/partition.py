@@ -19,6 +19,8 @@ __all__ = [
     "partition_reference",
     "partition_schema",
     "reports",
+    "second_box",
+    "second_reference",
     "window_key",
 ]
 
@@ -90,3 +92,38 @@ def partition_reference(rows: list[dict[str, Any]], watermark: int) -> Counter[t
 def window_key(row: dict[str, Any]) -> tuple[int, ...]:
     """A result row as :func:`partition_reference` counts it."""
     return (row["window_start"], row["window_end"], row["k"], row["total"], row["n"])
+
+
+def second_box(source: str, out: str, *, node: str | None = None) -> dict[str, Any]:
+    """A box over :func:`partition_query`'s windows: 20 s of them per segment (``sum(total)``
+    as ``total``, ``count()`` as ``n``), for chains of fragments."""
+    return {
+        "name": "per_20s",
+        "type": "aggregate",
+        **({"node": node} if node is not None else {}),
+        "inputs": [source],
+        "outputs": [out],
+        "params": {
+            "aggregate-function.0": "sum(total)",
+            "aggregate-function-output-name.0": "total",
+            "aggregate-function.1": "count()",
+            "aggregate-function-output-name.1": "n",
+            "window-size-by": "VALUES",
+            "window-size": str(2 * SIZE),
+            "advance": str(2 * SIZE),
+            "order-on-field": "window_start",
+            "group-by": "k",
+        },
+    }
+
+
+def second_reference(windows: Counter[tuple[int, ...]]) -> Counter[tuple[int, ...]]:
+    """What :func:`second_box` emits over ``windows`` (its watermark: the newest start)."""
+    size = 2 * SIZE
+    groups: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for (start, _end, k, total, _n), count in windows.items():
+        groups[(start // size * size, k)].extend([total] * count)
+    top = max((w[0] for w in windows), default=0)
+    return Counter(
+        (s, s + size, k, sum(ts), len(ts)) for (s, k), ts in groups.items() if s + size <= top
+    )

@@ -37,8 +37,11 @@ from peer.examples.partition import (
     partition_reference,
     partition_schema,
     reports,
+    second_box,
+    second_reference,
     window_key,
 )
+from peer.model.tentative import UNDO, Entry, TentativeView
 from peer.testing import LocalFederation, make_participants, participant_args, stream_name_on
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -202,4 +205,127 @@ def test_a_frozen_participant_gives_tentative_results_then_the_exact_ones(
         f"undo {min(undo_at) - times['thawed']:.1f} s after the thaw; "
         f"{len([1 for _, line in cli.lines if line.get('_status') == 'tentative'])} tentative "
         f"windows, {len(undo_at)} undo(s)"
+    )
+
+
+@pytest.fixture
+def three(tmp_path: Path) -> Iterator[LocalFederation]:
+    keys = make_participants(tmp_path, ("acme", "globex", "initech"))
+    trust = tmp_path / "trust"
+    args = {
+        "acme": [*participant_args("acme", keys["acme"], trust), "--spark-master", "local[1]"],
+        "globex": [*participant_args("globex", keys["globex"], trust), "--no-engine"],
+        "initech": [
+            *participant_args("initech", keys["initech"], trust),
+            "--spark-master",
+            "local[1]",
+        ],
+    }
+    with LocalFederation(tmp_path, args) as fed:
+        yield fed
+
+
+def test_a_chain_is_tentative_and_corrected_on_a_third_peer(three: LocalFederation) -> None:
+    """acme's fragment (union and 10 s windows) feeds initech's (20 s of those windows) over
+    a mirror; while globex is frozen both write tentative results, and after the thaw both
+    take them back; initech's stable output is plain Python's."""
+    acme, globex, initech = (three.procs[n] for n in ("acme", "globex", "initech"))
+    ids = [bytes.fromhex(p.node_id) for p in (acme, globex, initech)]
+    a = stream_name_on(ids[0], ids, "chain_a")
+    g = stream_name_on(ids[1], ids, "chain_g")
+    query = partition_query("chain", a, g, bound_s=BOUND_S, node="acme")
+    query["boxes"].append(second_box("chain_out", "chain_final", node="initech"))
+    pushed: list[dict[str, Any]] = []
+    seen: list[tuple[float, Any]] = []
+    stable: list[dict[str, Any]] = []
+    times: dict[str, float] = {}
+    expected: Counter[tuple[int, ...]] = Counter()
+
+    async def run() -> None:
+        async with (
+            Client("127.0.0.1", acme.port, timeout_s=120) as at_acme,
+            Client("127.0.0.1", globex.port, timeout_s=120) as at_globex,
+            Client("127.0.0.1", initech.port, timeout_s=120) as at_initech,
+        ):
+            async with asyncio.timeout(60):
+                while len((await at_acme.status())["overlay"]["members"]) < 3:
+                    await asyncio.sleep(0.2)
+            await at_acme.create_schema(partition_schema("tick"))
+            await at_acme.create_stream(a, "tick")
+            await at_acme.create_stream(g, "tick")
+            made = await at_acme.create_query(query)
+            assert {f["site"] for f in made["fragments"]} == {acme.node_id, initech.node_id}
+            await at_acme.start_query("chain")
+
+            async def read(tentative: bool) -> None:
+                sub = await at_initech.subscribe("chain_final", "earliest", tentative=tentative)
+                async with sub:
+                    async for batch in sub:
+                        if tentative:
+                            seen.append((time.monotonic(), batch))
+                        else:
+                            stable.extend(batch.rows())
+
+            readers = [asyncio.create_task(read(True)), asyncio.create_task(read(False))]
+
+            async def push(client: Client, stream: str, rows: list[dict[str, Any]]) -> None:
+                await client.push(stream, rows)
+                pushed.extend(rows)
+
+            for t in range(0, 60, 5):
+                await push(at_acme, a, reports(t, t + 5, 1))
+                await push(at_globex, g, reports(t, t + 5, 2))
+                await asyncio.sleep(0.5)
+            t = 60
+            assert globex.proc is not None
+            os.killpg(globex.proc.pid, signal.SIGSTOP)
+            times["frozen"] = time.monotonic()
+            try:
+                while time.monotonic() - times["frozen"] < PARTITION_S or not any(
+                    b.status == "tentative" for _, b in seen
+                ):
+                    assert time.monotonic() - times["frozen"] < 240, "no tentative result"
+                    await push(at_acme, a, reports(t, t + 5, 1))
+                    t += 5
+                    await asyncio.sleep(1.0)
+            finally:
+                os.killpg(globex.proc.pid, signal.SIGCONT)
+            times["thawed"] = time.monotonic()
+            await push(at_globex, g, reports(60, t, 2))
+            end = t + 50
+            for u in range(t, end, 5):
+                await push(at_acme, a, reports(u, u + 5, 1))
+                await push(at_globex, g, reports(u, u + 5, 2))
+                await asyncio.sleep(0.5)
+            want = second_reference(partition_reference(pushed, end - 1))
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline:
+                if Counter(map(window_key, stable)) == want and any(
+                    b.undo is not None for _, b in seen
+                ):
+                    break
+                await asyncio.sleep(1.0)
+            await asyncio.sleep(3.0)
+            expected.update(want)
+            for task in readers:
+                task.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
+
+    asyncio.run(run())
+    assert expected, "no window closed: the scenario did not run"
+    assert Counter(map(window_key, stable)) == expected
+    tentative_at = [at for at, b in seen if b.status == "tentative"]
+    undo_at = [at for at, b in seen if b.undo is not None]
+    assert tentative_at and times["frozen"] < min(tentative_at) < times["thawed"]
+    assert undo_at and min(undo_at) > times["thawed"]
+    view = TentativeView()
+    for _at, b in seen:
+        if b.undo is not None:
+            view.apply(Entry(b.offset, UNDO, undo=b.undo))
+        else:
+            view.apply(Entry(b.offset, b.status, tuple(map(window_key, b.rows()))))
+    assert view.tentative_rows() == [] and Counter(view.rows()) == expected
+    print(
+        f"chain: first tentative result at initech {min(tentative_at) - times['frozen']:.1f} s "
+        f"after the freeze; undo {min(undo_at) - times['thawed']:.1f} s after the thaw"
     )

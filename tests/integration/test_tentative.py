@@ -20,6 +20,8 @@ from peer.examples.partition import (
     partition_reference,
     partition_schema,
     reports,
+    second_box,
+    second_reference,
     window_key,
 )
 from peer.model.tentative import STABLE, TENTATIVE, UNDO, Entry, TentativeView
@@ -55,36 +57,6 @@ def entries(batches: list[tuple[float, Batch]]) -> list[Entry]:
     return out
 
 
-def chained(name: str, source: str, bound: float | None) -> dict[str, Any]:
-    """A second query over the first one's windows: 20 s of them per segment."""
-    params = {
-        "aggregate-function.0": "sum(total)",
-        "aggregate-function-output-name.0": "total",
-        "aggregate-function.1": "count()",
-        "aggregate-function-output-name.1": "n",
-        "window-size-by": "VALUES",
-        "window-size": "20",
-        "advance": "20",
-        "order-on-field": "window_start",
-        "group-by": "k",
-    }
-    box = {"name": "w20", "type": "aggregate", "inputs": [source], "outputs": [f"{name}_out"]}
-    query: dict[str, Any] = {"name": name, "boxes": [{**box, "params": params}]}
-    if bound is not None:
-        query["availability_bound"] = bound
-    return query
-
-
-def chained_reference(windows: Counter[tuple[int, ...]]) -> Counter[tuple[int, ...]]:
-    groups: dict[tuple[int, int], list[int]] = {}
-    for (start, _end, k, total, _n), count in windows.items():
-        groups.setdefault((start // 20 * 20, k), []).extend([total] * count)
-    top = max(w[0] for w in windows)  # the second query's watermark: the newest window start
-    return Counter(
-        (s, s + 20, k, sum(ts), len(ts)) for (s, k), ts in groups.items() if s + 20 <= top
-    )
-
-
 async def scenario(port: int, name: str, bound: float | None) -> dict[str, Any]:
     a, g, out = f"{name}_a", f"{name}_g", f"{name}_out"  # the query writes <name>_out
     second = f"{name}c"  # reads <name>_out, writes <name>c_out
@@ -98,7 +70,10 @@ async def scenario(port: int, name: str, bound: float | None) -> dict[str, Any]:
         await c.create_stream(a, "tick")
         await c.create_stream(g, "tick")
         await c.create_query(partition_query(name, a, g, bound_s=bound))
-        await c.create_query(chained(second, out, bound))
+        chain: dict[str, Any] = {"name": second, "boxes": [second_box(out, f"{second}_out")]}
+        if bound is not None:
+            chain["availability_bound"] = bound
+        await c.create_query(chain)
         await c.start_query(name)
         await c.start_query(second)
 
@@ -141,7 +116,7 @@ async def scenario(port: int, name: str, bound: float | None) -> dict[str, Any]:
         want = partition_reference(
             pushed, end - 1
         )  # the watermark is the last t: windows below it closed
-        want_chain = chained_reference(want)
+        want_chain = second_reference(want)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             got = Counter(k for e in entries(stable_seen) for k in e.rows)

@@ -74,7 +74,8 @@ def test_a_mirrored_undo_names_the_receivers_own_first_tentative_offset(tmp_path
         table = pa.table({"v": pa.array(values, pa.int64())})
         with pa.ipc.new_stream(sink, table.schema) as out:
             out.write_table(table)
-        return sink.getvalue().to_pybytes()
+        data: bytes = sink.getvalue().to_pybytes()
+        return data
 
     async def go() -> list[tuple[int, str, int | None, int]]:
         site = LocalSite(SiteConfig(data_dir=tmp_path))
