@@ -24,7 +24,9 @@ The parts, each a module:
 - :mod:`peer.demo.feed`: the input cut into batches and pushed on a schedule;
 - :mod:`peer.demo.board` and :mod:`peer.demo.view`: what the demo knows, and shows, live;
 - :mod:`peer.demo.check`: the verdict against the plain-Python reference;
-- :mod:`peer.demo.spike`: ``peer demo --spike``, a load spike and boxes moving under contract.
+- :mod:`peer.demo.spike`: ``peer demo --spike``, a load spike and boxes moving under contract;
+- :mod:`peer.demo.partition`: ``peer demo --partition``, a participant cut off: tentative
+  results, then their corrections (issue 16).
 
 The peers themselves are :mod:`peer.cluster`'s local federation.
 """

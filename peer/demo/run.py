@@ -90,6 +90,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "contract partner (3 peers; --duration is the spike's length, default 40 s)",
     )
     p.add_argument(
+        "--partition",
+        action="store_true",
+        help="a participant cut off: globex frozen while acme goes on; tentative tolls, "
+        "then their corrections, checked against plain Python (2 peers; --duration is the "
+        "freeze's length, default 30 s)",
+    )
+    p.add_argument(
         "--summary", metavar="FILE", help="with --spike: write what happened as JSON to FILE"
     )
     p.add_argument(
@@ -100,6 +107,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.partition:
+        from peer.demo.partition import run_partition
+
+        return run_partition(freeze_s=args.duration, keep=args.keep)
     return run_demo(
         peers=args.peers,
         duration_s=args.duration,
