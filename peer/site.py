@@ -144,14 +144,9 @@ class LocalSite:
             self.availability = Availability(self.engine, self.spools)
             self.availability.reachable = self.upstream_reachable
         entries = [self.catalog.query(n) for n in self.catalog.query_names()]
-        bounded = [
-            (self.checked(e.query), e.incarnation)
-            for e in entries
-            if e.status == "RUNNING" and e.query.availability_bound_s is not None
-        ]
-        await self.availability.tick(
-            [(c, i) for c, i in bounded if not self.replicated_outputs(c.query)]
-        )
+        bounded = [e for e in entries if e.query.availability_bound_s and e.status == "RUNNING"]
+        unreplicated = [e for e in bounded if not self.replicated_outputs(e.query)]
+        await self.availability.tick([(self.checked(e.query), e.incarnation) for e in unreplicated])
 
     async def close(self) -> None:
         if self.availability is not None:
@@ -310,10 +305,8 @@ class LocalSite:
             await self._run(entry)
         elif status in ("STOPPED", "SETUP") and entry.status == "RUNNING":
             assert self.engine is not None
-            await self._release_fork(entry.query)
-            await self.engine.stop_query(name)
+            await self.engine.stop_query(name)  # (and its tentative fork)
         elif status == "DELETED":
-            await self._release_fork(entry.query)
             if self.engine is not None:
                 await self.engine.drop_query(name, entry.incarnation)
             await asyncio.to_thread(self.catalog.remove_query, name)
@@ -321,11 +314,6 @@ class LocalSite:
             return {"query": name, "status": "DELETED"}
         await asyncio.to_thread(self.catalog.set_status, name, status)
         return {"query": name, "status": status}
-
-    async def _release_fork(self, query: Query) -> None:
-        if self.availability is not None:
-            outputs = [s for box in query.boxes for s in box.outputs]
-            await self.availability.release(query.name, outputs)
 
     # tuples in
     async def push_here(

@@ -414,16 +414,6 @@ class Availability:
         if name not in self.forks and any(first is not None for first in owed.values()):
             await self._undo(name, checked.outputs)
 
-    async def release(self, name: str, outputs: Collection[str]) -> None:
-        """The query stops or goes: its fork goes too, and its results are taken back."""
-        async with self._lock:
-            if name in self.forks:
-                await self._drop_fork(name)
-                await self._undo(name, outputs)
-        self.states.pop(name, None)
-        self._detectors.pop(name, None)
-        self._recovered.discard(name)
-
     def describe(self, name: str) -> dict[str, Any] | None:
         state = self.states.get(name)
         return None if state is None else state.to_dict()
