@@ -63,6 +63,7 @@ log = logging.getLogger(__name__)
 # What starting a fork takes to its first result before one was measured (then the last
 # measured time is used): detection comes this much before the bound (or at 0 s).
 FORK_LEAD_S = 2.0
+RESUME_RETRY_S = 5.0
 # Order values of a heartbeat: far ahead of any real tuple, small enough for microseconds.
 _AHEAD = {
     "int": 2**31 - 1,
@@ -163,6 +164,7 @@ class Availability:
         self.states: dict[str, FragmentState] = {}
         self._detectors: dict[str, MissingInputs] = {}
         self._logs: dict[str, InputLog] = {}  # the input logs looked at, by stream
+        self._owed: dict[str, float] = {}  # stable queries to start again: not before then
         self._recovered: set[str] = set()
         self._marks = _Marks()
         # Whether a stream's upstream is reachable (the federation sets it; default: yes).
@@ -212,7 +214,11 @@ class Availability:
         for checked, incarnation in queries:
             name = checked.query.name
             bound = checked.query.availability_bound_s
-            if bound is None or not (name in self.engine.running or name in self.forks):
+            if bound is None:
+                continue
+            if name in self._owed and name not in self.engine.running:
+                await self._resume(checked, incarnation)  # a restart that failed: again
+            if not (name in self.engine.running or name in self.forks):
                 continue
             if name not in self._recovered:
                 self._recovered.add(name)
@@ -317,7 +323,7 @@ class Availability:
             log.exception("query %s: the tentative fork did not start", name)
             shutil.rmtree(checkpoint, ignore_errors=True)
             shutil.rmtree(inputs_dir, ignore_errors=True)
-            await engine.run_query(checked, incarnation, resume=True, placement="own")
+            await self._resume(checked, incarnation)
             raise EngineError(f"query {name}: no tentative fork ({exc})", query=name) from exc
         self.forks[name] = Fork(
             running, checkpoint, inputs_dir, frozenset(missing), time.time(), feeds
@@ -364,8 +370,22 @@ class Availability:
         state = self.states.setdefault(name, FragmentState())
         state.tentative_since = None
         if restart:
-            await self.engine.run_query(checked, incarnation, resume=True, placement="own")
+            await self._resume(checked, incarnation)
             log.warning("query %s: inputs back; tentative results taken back", name)
+
+    async def _resume(self, checked: CheckedQuery, incarnation: str) -> None:
+        """Start the stable query again from its checkpoint; if Spark refuses, it is owed
+        and tried again at the next looks, at most every RESUME_RETRY_S."""
+        name = checked.query.name
+        if time.monotonic() < self._owed.get(name, 0.0):
+            return
+        try:
+            await self.engine.run_query(checked, incarnation, resume=True, placement="own")
+        except EngineError as exc:
+            self._owed[name] = time.monotonic() + RESUME_RETRY_S
+            log.error("query %s: the stable query did not start again: %s", name, exc.message)
+            return
+        self._owed.pop(name, None)
 
     async def _undo(self, name: str, outputs: Collection[str]) -> None:
         with self._marks.lock:
