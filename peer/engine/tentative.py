@@ -248,10 +248,31 @@ class Availability:
                     if fork is None:
                         if (missing or fed) and name in self.engine.running:
                             await self.fork(checked, incarnation, missing - fed, fed)
-                    elif not (missing or fed) or not await self._feed(fork, logs):
+                    elif (
+                        not (missing or fed)
+                        or not await self._feed(fork, logs)
+                        or not await self._alive(fork)
+                    ):
                         await self.correct(checked, incarnation)
             except EngineError as exc:
                 log.error("query %s: %s", name, exc.message)
+
+    async def _alive(self, fork: Fork) -> bool:
+        """Whether the fork's streaming query still runs (Spark may fail it, e.g. when its
+        Python source runner cannot reach the JVM on a starved machine): a dead fork is
+        corrected, and forked again at the next look if the input is still missing."""
+        handle = fork.running.handle
+
+        def ask() -> str | None:
+            if handle.isActive:
+                return None
+            exc = handle.exception()
+            return "stopped" if exc is None else str(exc).strip().splitlines()[0][:300]
+
+        reason = await self.engine.call(ask)
+        if reason is not None:
+            log.error("query %s: its tentative fork failed: %s", fork.running.name, reason)
+        return reason is None
 
     async def _feed(self, fork: Fork, logs: dict[str, InputLog]) -> bool:
         """Extend the copies of the fork's tentative inputs; False when one of them has
