@@ -22,6 +22,12 @@ MissingInputs`. When an input is missing for the bound (less the time a fork tak
    It reads the late tuples with the rest and writes the stable results, which equal those
    of a run without the failure: the stable entries of a log are never taken back.
 
+A query whose input is itself tentative (a chain: its upstream fragment forked) forks at
+once and reads that input through a copy that counts its live tentative entries
+(``peer.engine.tentative_inputs``); an undo upstream corrects it, and it forks again if its
+input is still tentative. A fork that Spark fails is corrected and forked again at the next
+look; a stable query that Spark refuses to start again is retried every few seconds.
+
 A crash while tentative loses the fork: the stable query resumes from its checkpoint on the
 restart, and the first look at a query's result logs (:meth:`Availability.recover`) writes
 the undo a fork left owing. Only queries with their own streaming query and local result
