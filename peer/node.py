@@ -1,18 +1,13 @@
 """One peer, wired together: configuration in, objects built, one TaskGroup running them.
 
-This module is the composition root and nothing else. The rooms it wires, each using only
-the ones below it (docs/architecture.md):
-
-* :class:`peer.site.LocalSite`: streams, queries and the Spark engine of this peer;
-* :class:`peer.federation.Federation` (with an overlay): where things live in the
-  federation, and how requests get there;
-* :class:`peer.move.Mover` and :class:`peer.brain.Brain` (with contracts): moving fragments
-  to partners under the bounded-price mechanism;
-* the client API server (:mod:`peer.server`), serving the site (a lone peer) or the
-  federation;
-* with ``http``, the observer and its HTTP server (:mod:`peer.observe`): ``/metrics``,
-  ``/status`` and the dashboard, fed at the seams this module already holds (the client
-  service, the brain's port, the engine's result seam, the catalog's lookups).
+The composition root and nothing else. The rooms it wires, each using only the ones below
+it (docs/architecture.md): :class:`peer.site.LocalSite` (streams, queries and the Spark
+engine of this peer); :class:`peer.federation.Federation` (with an overlay: where things
+live in the federation, and how requests get there); :class:`peer.move.Mover` and
+:class:`peer.brain.Brain` (with contracts: moving fragments to partners under the
+bounded-price mechanism); the client API server (:mod:`peer.server`), serving the site or
+the federation; with ``http``, the observer and its HTTP server (:mod:`peer.observe`), fed
+at the seams this module holds (client service, brain port, engine result seam, lookups).
 """
 
 from __future__ import annotations
@@ -21,7 +16,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,7 +30,7 @@ from peer.federation.plane import ReplicationSettings
 from peer.model.limits import ContentLimits
 from peer.protocol.link import Raw
 from peer.server import AnnouncedBatches, ApiServer, PeerService, api_server_tls, is_loopback
-from peer.site import LocalSite, SiteConfig
+from peer.site import AVAILABILITY_S, LocalSite, SiteConfig
 
 if TYPE_CHECKING:
     from contracts.book import ContractBook
@@ -79,7 +74,6 @@ class PeerConfig:
     relay_streams_per_address: int = 32
     decode_workers: int = 1
     maintenance_interval_s: float = 2.0
-    availability_interval_s: float = 0.25  # how often queries with a bound are looked at
     # How long a stream no query reads (a result stream) keeps its tuples for late subscribers.
     retention_s: float = 600.0
     fsync: bool = True
@@ -379,8 +373,9 @@ class Peer:
         """Serve until stop() is called (SIGINT/SIGTERM in the CLI), then close."""
         try:
             async with asyncio.TaskGroup() as tg:
-                tg.create_task(self._maintenance())
-                tg.create_task(self._availability())
+                tg.create_task(self._every(self.config.maintenance_interval_s, self._maintenance))
+                if self.site is not None:  # queries with an availability bound (issue 16)
+                    tg.create_task(self._every(AVAILABILITY_S, self.site.check_availability))
                 if self.overlay is not None and self.fed is not None:
                     tg.create_task(self.overlay.run())
                     tg.create_task(self.fed.run())
@@ -420,25 +415,18 @@ class Peer:
             self.site = None
 
     async def _maintenance(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.maintenance_interval_s)
-            try:
-                if self.overlay is not None:
-                    self.overlay.set_load(self._load_figures())
-                if self.site is not None:
-                    await self.site.maintain()
-            except Exception:  # housekeeping must never take the peer down
-                log.exception("peer maintenance failed; retrying next round")
+        if self.overlay is not None:
+            self.overlay.set_load(self._load_figures())
+        if self.site is not None:
+            await self.site.maintain()
 
-    async def _availability(self) -> None:
-        """Tentative forks and their corrections (issue 16), looked at 4 times a second."""
-        while True:
-            await asyncio.sleep(self.config.availability_interval_s)
+    async def _every(self, interval_s: float, step: Callable[[], Awaitable[None]]) -> None:
+        while True:  # housekeeping: a failed round never takes the peer down
+            await asyncio.sleep(interval_s)
             try:
-                if self.site is not None:
-                    await self.site.check_availability()
+                await step()
             except Exception:
-                log.exception("availability check failed; retrying next round")
+                log.exception("peer housekeeping (%s) failed; retrying next round", step)
 
     def _load_figures(self) -> dict[str, float]:
         """What this peer gossips about its load: the share of one core its process used

@@ -390,14 +390,8 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-_TYPE_NAMES = {
-    str: "a string",
-    dict: "a map",
-    list: "an array",
-    bytes: "binary",
-    int: "an integer",
-    bool: "a boolean",
-}
+_TYPE_NAMES = {str: "a string", dict: "a map", list: "an array", bytes: "binary", int: "an integer"}
+_TYPE_NAMES[bool] = "a boolean"
 
 
 def _arg(frame: Frame, name: str, *kinds: type, required: bool = True) -> Any:
