@@ -103,6 +103,25 @@ def test_a_frozen_participant_gives_tentative_results_then_the_exact_ones(
             for name, bound in (("bounded", BOUND_S), ("plain", None)):
                 await at_acme.create_query(partition_query(name, a, g, bound_s=bound, node="acme"))
                 await at_acme.start_query(name)
+            cli_proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "peer.cli",
+                    "subscribe",
+                    "bounded_out",
+                    "--tentative",
+                    "--start",
+                    "earliest",
+                    "--peer",
+                    f"127.0.0.1:{acme.port}",
+                ],
+                stdout=subprocess.PIPE,
+                stderr=(tmp_path / "subscribe.err").open("wb"),
+                env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            )
+            clis.append(LineReader(cli_proc))
+            cli = clis[0]
 
             async def read(name: str) -> None:
                 async with await at_acme.subscribe(f"{name}_out", "earliest") as sub:
@@ -155,29 +174,14 @@ def test_a_frozen_participant_gives_tentative_results_then_the_exact_ones(
                 task.cancel()
             await asyncio.gather(*readers, return_exceptions=True)
 
-    cli_proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "peer.cli",
-            "subscribe",
-            "bounded_out",
-            "--tentative",
-            "--start",
-            "earliest",
-            "--peer",
-            f"127.0.0.1:{acme.port}",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=(tmp_path / "subscribe.err").open("wb"),
-        env=dict(os.environ, PYTHONUNBUFFERED="1"),
-    )
-    cli = LineReader(cli_proc)
+    clis: list[LineReader] = []
     try:
         asyncio.run(run())
     finally:
-        cli_proc.terminate()
-        cli_proc.wait(30)
+        for reader in clis:
+            reader.proc.terminate()
+            reader.proc.wait(30)
+    cli = clis[0]
     want = expected
     assert want, "no window closed: the scenario did not run"
     # stable subscribers of both queries: exactly plain Python's windows over all tuples
