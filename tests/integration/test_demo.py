@@ -70,6 +70,20 @@ def test_intrusion_demo_on_one_peer_matches_the_reference() -> None:
     assert "every peer sees 1 alive" in proc.stdout
 
 
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_partition_demo_shows_tentative_tolls_then_the_corrections() -> None:
+    proc = run_demo("--partition", "--duration", "10")
+    out = proc.stdout
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{out[-6000:]}\n{proc.stderr[-3000:]}"
+    frozen, thawed = out.index("globex frozen (SIGSTOP)"), out.index("globex thawed (SIGCONT)")
+    assert "TENTATIVE" in out[frozen:thawed] or "TENTATIVE" in out[thawed : out.index("UNDO")]
+    assert out.index("UNDO") > thawed
+    assert re.search(r"^MATCH: (\d+) stable toll windows against plain Python's \1;", out, re.M)
+    assert "left open" in out and ", 0 left open" in out
+
+
 def test_a_bad_option_is_refused_before_anything_starts() -> None:
     proc = run_demo("--peers", "0", timeout_s=60)
     assert proc.returncode == 2
