@@ -21,7 +21,6 @@ which raise :class:`~overlay.errors.RemoteProtocolError` for a frame that breaks
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias
@@ -29,6 +28,7 @@ from typing import Any, ClassVar, TypeAlias
 from overlay.errors import RemoteProtocolError
 from overlay.wire import HEADER_BYTES, MESSAGE_CHARS, clip, encode_frame
 from peer.errors import FedstreamError, InvalidInput, from_wire
+from peer.protocol.producer import check_producer
 
 __all__ = [
     "BATCH_ENCODINGS",
@@ -63,8 +63,6 @@ PROTOCOL_VERSION = 1
 QUERY_STATUSES = ("SETUP", "RUNNING", "STOPPED", "DELETED")
 START_POSITIONS = ("latest", "earliest")
 BATCH_ENCODINGS = ("columns", "rows", "arrow")
-MAX_PRODUCER_CHARS = 256  # a producer id (it is kept with each batch it pushed)
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 MAX_CREDIT = 1 << 20  # a subscription's unused credit stops here (a client may grant past it)
 # What a peer's subscription iterator yields first, once its start position is fixed (maybe on
 # another peer): the server sends the ``subscribe`` reply only then (peer.server).
@@ -217,15 +215,7 @@ class Push:
                     raise InvalidInput(
                         f"push to {stream!r}: row {i} must be a map", stream=stream, row=i
                     )
-        producer = _arg(frame, "producer", str, required=False)
-        if producer is not None and (
-            not producer or len(producer) > MAX_PRODUCER_CHARS or _CONTROL.search(producer)
-        ):
-            raise InvalidInput(
-                f"push: 'producer' must be 1-{MAX_PRODUCER_CHARS} characters without control "
-                "characters",
-                argument="producer",
-            )
+        producer = check_producer(_arg(frame, "producer", str, required=False))
         seq = _arg(frame, "seq", int, required=False)
         if seq is not None and seq < 0:
             raise InvalidInput("push: 'seq' must not be negative", argument="seq")

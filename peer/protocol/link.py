@@ -21,6 +21,7 @@ from peer.errors import InvalidInput
 from peer.model.query import Query, parse_query, query_to_dict
 from peer.model.schema import Schema, parse_schema
 from peer.model.tentative import STABLE, STATUSES
+from peer.protocol.producer import check_producer
 from peer.protocol.replica import (
     REPLICA_TYPES,
     ControlHeartbeat,
@@ -94,7 +95,7 @@ class PushBatch:
         seq = frame.get("seq")
         if seq is not None and (not isinstance(seq, int) or isinstance(seq, bool)):
             raise InvalidInput("push: seq must be an integer", stream=stream)
-        return cls(stream, arrow, _opt_str(frame, "producer"), seq)
+        return cls(stream, arrow, check_producer(_opt_str(frame, "producer")), seq)
 
 
 @dataclass(frozen=True)

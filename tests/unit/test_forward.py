@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from peer.errors import TupleError
+from peer.errors import InvalidInput, TupleError
 from peer.federation.forward import INLINE_CHECK_BYTES, MAX_FORWARD_SLOTS, Forwarder, checked_body
 from peer.model.schema import parse_schema, to_arrow_schema
 from peer.model.tuples import arrow_bytes, batch_from_wire
@@ -172,3 +172,15 @@ def test_a_push_with_its_own_event_id_takes_no_slot() -> None:
 
     router = asyncio.run(go())
     assert [(m.producer, m.seq) for m in router.sent] == [("cli:abc", 41)]
+
+
+@pytest.mark.parametrize("producer", ["", "a\nb", "tab\there", "x" * 257, "\u2028"])
+def test_a_forwarded_push_with_a_bad_producer_id_is_refused(producer: str) -> None:
+    frame = {"op": "push", "stream": "s", "arrow": b"", "producer": producer, "seq": 1}
+    with pytest.raises(InvalidInput, match="producer"):
+        PushBatch.from_wire(frame)
+
+
+def test_a_forwarded_push_keeps_a_good_producer_id() -> None:
+    frame = {"op": "push", "stream": "s", "arrow": b"", "producer": "pusher-1", "seq": 1}
+    assert PushBatch.from_wire(frame).producer == "pusher-1"
