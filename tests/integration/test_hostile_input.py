@@ -14,11 +14,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from contracts.keys import generate
 from peer.client import Client
 from peer.errors import FedstreamError, InvalidInput, NotFound, QueryError, TupleError
 from peer.protocol.api import Push
-from peer.testing import PeerProcess
+from peer.testing import PeerProcess, make_participants, participant_args
 from peer.testing.hostile import (
     Watch,
     arrow_bomb,
@@ -35,25 +34,20 @@ GROWTH = 300 * 1024 * 1024
 @pytest.fixture(scope="module")
 def peers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, PeerProcess]]:
     root = tmp_path_factory.mktemp("hostile")
+    keys = make_participants(root, ("acme", "globex"))
     trust = root / "trust"
-    trust.mkdir()
-    keys = {}
-    for name in ("acme", "globex"):
-        key, pub = generate(name, root / "keys")
-        (trust / pub.name).write_bytes(pub.read_bytes())
-        keys[name] = key
-    common = ("--no-engine", "--trust", str(trust), "--http", "off")
-    a = PeerProcess(root / "a", "--participant", "acme", "--key", str(keys["acme"]), *common)
+    a = PeerProcess(
+        root / "a", *participant_args("acme", keys["acme"], trust), "--no-engine", "--http", "off"
+    )
     a.start()
     b = PeerProcess(
         root / "b",
-        "--participant",
-        "globex",
-        "--key",
-        str(keys["globex"]),
+        *participant_args("globex", keys["globex"], trust),
         "--bootstrap",
         a.overlay_addr,
-        *common,
+        "--no-engine",
+        "--http",
+        "off",
     )
     try:
         b.start()

@@ -20,13 +20,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from kademlia.network import Server
 from kademlia.node import Node
 
-from contracts.keys import generate, load_private
+from contracts.keys import load_private
 from overlay.identity import NodeIdentity, TrustStore
 from overlay.link import LinkError, LinkPool
 from overlay.records import DOMAIN, decode, dht_key, encode, sign_record
 from peer.client import Client
 from peer.errors import AlreadyExists, NotFound
-from peer.testing import PeerProcess
+from peer.testing import PeerProcess, make_participants, participant_args
 
 SCHEMA = {"name": "reading", "fields": [{"name": "x", "type": "int"}]}
 
@@ -34,25 +34,16 @@ SCHEMA = {"name": "reading", "fields": [{"name": "x", "type": "int"}]}
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     root = tmp_path_factory.mktemp("attacks")
+    keys = make_participants(root, ("acme", "globex"))
     trust = root / "trust"
-    trust.mkdir()
-    keys = {}
-    for name in ("acme", "globex"):
-        key, pub = generate(name, root / "keys")
-        (trust / pub.name).write_bytes(pub.read_bytes())
-        keys[name] = key
-    common = ("--no-engine", "--trust", str(trust))
-    a = PeerProcess(root / "a", "--participant", "acme", "--key", str(keys["acme"]), *common)
+    a = PeerProcess(root / "a", *participant_args("acme", keys["acme"], trust), "--no-engine")
     a.start()
     b = PeerProcess(
         root / "b",
-        "--participant",
-        "globex",
-        "--key",
-        str(keys["globex"]),
+        *participant_args("globex", keys["globex"], trust),
         "--bootstrap",
         a.overlay_addr,
-        *common,
+        "--no-engine",
     )
     try:
         b.start()
