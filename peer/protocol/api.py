@@ -384,6 +384,10 @@ _TYPE_NAMES = {str: "a string", dict: "a map", list: "an array", bytes: "binary"
 _TYPE_NAMES[bool] = "a boolean"
 
 
+_NAME_ARGS = frozenset({"name", "stream"})
+MAX_NAME_ARG_CHARS = 1024  # names are at most 256 characters (peer.model.schema)
+
+
 def _arg(frame: Frame, name: str, *kinds: type, required: bool = True) -> Any:
     """``frame[name]`` checked against ``kinds``; InvalidInput naming the argument if not."""
     op = frame["type"]
@@ -402,6 +406,13 @@ def _arg(frame: Frame, name: str, *kinds: type, required: bool = True) -> Any:
         )
     if isinstance(value, str) and required and not value:
         raise InvalidInput(f"{op}: argument {name!r} must not be empty", op=op, argument=name)
+    if name in _NAME_ARGS and isinstance(value, str) and len(value) > MAX_NAME_ARG_CHARS:
+        raise InvalidInput(  # refused before any work on it (hashing, lookups, messages)
+            f"{op}: argument {name!r} is too long ({len(value)} characters; a name has at "
+            f"most {MAX_NAME_ARG_CHARS})",
+            op=op,
+            argument=name,
+        )
     return value
 
 

@@ -12,6 +12,7 @@ from overlay.errors import RemoteProtocolError
 from overlay.wire import FrameDecoder
 from peer.errors import InvalidInput, NotFound
 from peer.protocol.api import (
+    MAX_NAME_ARG_CHARS,
     BatchFrame,
     CreateQuery,
     CreateSchema,
@@ -175,3 +176,10 @@ def test_a_batch_too_big_for_one_frame_comes_in_parts_that_fit() -> None:
         batch_frames(1, "s", 7, {"name": ["x" * 5000]}, max_frame_bytes=4096)
     with pytest.raises(RemoteProtocolError, match="batch frame lacks"):
         BatchFrame.from_wire({"type": "batch", "subscription": 1, "offset": "7"})
+
+
+def test_a_name_argument_over_the_name_limit_is_refused_before_any_work() -> None:
+    long = "n" * (MAX_NAME_ARG_CHARS + 1)
+    with pytest.raises(InvalidInput, match=r"too long \(1025 characters"):
+        Lookup.from_wire({"type": "lookup", "id": 1, "name": long})
+    assert Lookup.from_wire({"type": "lookup", "id": 1, "name": "n" * 256}).name == "n" * 256
