@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import shutil
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -82,6 +83,7 @@ async def warm_up(engine: Engine, *, timeout_s: float = 120.0) -> float | None:
     schema = parse_schema(SCHEMA)
     checked = check_query(parse_query(QUERY), {"warm_in": schema})
     emitted = asyncio.Event()
+    done = threading.Event()  # the same, for Spark's callback thread
     loop = asyncio.get_running_loop()
     handle: Any = None
 
@@ -97,7 +99,12 @@ async def warm_up(engine: Engine, *, timeout_s: float = 120.0) -> float | None:
             return read_stream(spark, spool.directory, spark_ddl(in_schema), NAME)
 
         def sink(df: DataFrame, _batch_id: int) -> None:
+            # Once it has emitted, later batches do no work: the stop that follows would
+            # interrupt a collect under way (a py4j error in the log, and nothing gained).
+            if done.is_set():
+                return
             if df.toArrow().num_rows:
+                done.set()
                 loop.call_soon_threadsafe(emitted.set)
 
         frame = compile_query(checked, source).frame
