@@ -147,10 +147,13 @@ class ControlClient:
         first = [self.leader] if self.leader in self.voters else []
         return [*first, *(v for v in self.voters if v != self.leader)]
 
-    async def _ask_voters(self, message: Request, timeout_s: float, what: str) -> Frame:
-        """``message``'s answer from the first voter that gives one (the leader first)."""
+    async def _ask_voters(
+        self, message: Request, timeout_s: float, what: str, *, to: list[str] | None = None
+    ) -> tuple[str, Frame]:
+        """``message``'s answer, and who gave it: the first voter that gives one (the leader
+        first), or the first of ``to``."""
         errors = []
-        for voter in self._candidates():
+        for voter in self._candidates() if to is None else to:
             try:
                 reply = await asyncio.wait_for(
                     self.router.ask(bytes.fromhex(voter), message), timeout_s
@@ -159,7 +162,7 @@ class ControlClient:
                 errors.append(f"{voter[:12]}: {exc}")
                 continue
             self._absorb(reply)
-            return reply
+            return voter, reply
         detail = f" ({'; '.join(errors)})" if errors else ""
         raise Unavailable(f"{what}: the control plane is unreachable{detail}")
 
@@ -168,11 +171,20 @@ class ControlClient:
         message = (
             command if isinstance(command, ControlJoin) else ControlSubmit(command_to_wire(command))
         )
-        return await self._ask_voters(message, SUBMIT_TIMEOUT_S, "submit")
+        return (await self._ask_voters(message, SUBMIT_TIMEOUT_S, "submit"))[1]
 
     async def read(self, stream: str) -> StreamState | None:
         """The stream's state from a voter (and learnt here); None if it is not replicated."""
-        reply = await self._ask_voters(ControlRead(stream), HEARTBEAT_TIMEOUT_S, stream)
+        message = ControlRead(stream)
+        voter, reply = await self._ask_voters(message, HEARTBEAT_TIMEOUT_S, stream)
+        leader = reply.get("leader")
+        if isinstance(leader, str) and leader != voter and leader in self.voters:
+            # a follower applies what the leader committed a little later: a stream created
+            # (or failed over) a moment ago may not be there yet, so the leader is asked too
+            with contextlib.suppress(Unavailable):
+                voter, reply = await self._ask_voters(
+                    message, HEARTBEAT_TIMEOUT_S, stream, to=[leader]
+                )
         raw = reply.get("stream")
         if raw is None:
             self._plain[stream] = time.monotonic() + PLAIN_S

@@ -91,6 +91,12 @@ def test_a_move_cut_short_at_any_step_leaves_one_running_copy(
         config = dataclasses.replace(peer.config, bootstrap=[("127.0.0.1", overlay_of(b).port)])
         again = PeerThread(config, spark).__enter__()
         restarted.append(again)
+        # it listens on a new port: b sends it nothing before gossip has told b where
+        port = overlay_of(again).port
+        wait_for(
+            "the partner to learn the restarted peer's address",
+            lambda: (info := overlay_of(b).member(a_id)) is not None and info.overlay[1] == port,
+        )
         return again
 
     def move(peer: PeerThread, to: bytes) -> dict[str, Any]:

@@ -1,0 +1,52 @@
+"""A peer's read of a stream's state goes to the leader when a follower may lag it (pure)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from peer.control import StreamState
+from peer.federation.control import ControlClient
+from peer.protocol.replica import ControlRead, state_to_wire
+
+ME, LEADER, FOLLOWER = "a" * 40, "b" * 40, "c" * 40
+STATE = StreamState("ticks", 1, ME, (ME, LEADER), (ME, LEADER), 1, 1)
+
+
+class Voters:
+    """Two voters: the leader has applied the stream's creation, the follower not yet."""
+
+    node_id = bytes.fromhex(ME)
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    async def ask(self, node: bytes, message: ControlRead) -> dict[str, Any]:
+        who = node.hex()
+        self.asked.append(who)
+        known = who == LEADER
+        return {
+            "stream": state_to_wire(STATE) if known else None,
+            "voters": [FOLLOWER, LEADER],
+            "leader": LEADER,
+        }
+
+
+def read(first: str | None) -> tuple[StreamState | None, list[str]]:
+    voters = Voters()
+    client = ControlClient(voters, lambda: {})  # type: ignore[arg-type]
+    client.set_voters([FOLLOWER, LEADER], first)
+    state = asyncio.run(client.read("ticks"))
+    return state, voters.asked
+
+
+def test_a_read_answered_by_a_follower_is_asked_of_the_leader_it_names() -> None:
+    state, asked = read(first=None)  # the leader unknown here: the first voter is asked
+    assert asked == [FOLLOWER, LEADER]
+    assert state == STATE
+
+
+def test_a_read_answered_by_the_leader_is_not_asked_again() -> None:
+    state, asked = read(first=LEADER)
+    assert asked == [LEADER]
+    assert state == STATE
