@@ -37,7 +37,7 @@ from overlay.link import Link, LinkError, LinkPool, LinkServer, LinkSettings
 from overlay.membership import Event, MemberInfo, Membership, MemberState, rank, stream_target
 from overlay.neighbours import load_neighbours, save_neighbours
 from overlay.record_policy import record_refusal
-from overlay.records import Record
+from overlay.records import DhtError, Record
 from overlay.tls import TlsContexts
 
 __all__ = ["NotAdmitted", "Overlay", "OverlayConfig", "OverlayError", "PeerHandler"]
@@ -433,7 +433,9 @@ class Overlay:
         """Alone though we had seeds (a failed first gossip, a stall): try them all again."""
 
         async def seed(addr: tuple[str, int]) -> None:
-            with contextlib.suppress(LinkError, OverlayError, OSError, TimeoutError):
+            # a seed that does not answer (its DHT or its links) is tried again next round:
+            # being alone must never end the peer
+            with contextlib.suppress(LinkError, OverlayError, DhtError, OSError, TimeoutError):
                 if not self._dht().routing_size():
                     await self._dht().bootstrap([addr])
                 await self._gossip_with(addr, None)

@@ -47,10 +47,19 @@ __all__ = [
 class PeerProcess:
     """``peer join`` as a separate process on an ephemeral loopback port."""
 
-    def __init__(self, data_dir: Path, *extra: str, log_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *extra: str,
+        log_path: Path | None = None,
+        host: str = "127.0.0.1",
+        prefix: Sequence[str] = (),
+    ) -> None:
         self.data_dir = data_dir
         self.extra = extra
         self.log_path = log_path or data_dir.with_suffix(".log")
+        self.host = host  # the address it listens on (API and overlay, ephemeral ports)
+        self.prefix = tuple(prefix)  # runs the command (e.g. ip netns exec NAME)
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
         self.overlay_port = 0
@@ -69,6 +78,7 @@ class PeerProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
             [
+                *self.prefix,
                 sys.executable,
                 "-m",
                 "peer.cli",
@@ -76,7 +86,7 @@ class PeerProcess:
                 "--data-dir",
                 str(self.data_dir),
                 "--listen",
-                "127.0.0.1:0",
+                f"{self.host}:0",
                 *self.extra,
             ],
             stdout=log,
@@ -113,7 +123,7 @@ class PeerProcess:
 
     @property
     def overlay_addr(self) -> str:
-        return f"127.0.0.1:{self.overlay_port}"
+        return f"{self.host}:{self.overlay_port}"
 
     def kill(self) -> None:
         """SIGKILL the peer and the JVM it started (its process group)."""
@@ -211,11 +221,22 @@ class LocalFederation:
 
     ``args`` gives, in start order, each participant's ``peer join`` options (its identity,
     see :func:`participant_args`, and anything else); the federation adds ``--bootstrap``.
+    ``hosts`` and ``prefixes`` place some of them elsewhere than loopback (see
+    :class:`PeerProcess`; :mod:`peer.testing.netns` makes such places).
     """
 
-    def __init__(self, work: Path, args: Mapping[str, Sequence[str]]) -> None:
+    def __init__(
+        self,
+        work: Path,
+        args: Mapping[str, Sequence[str]],
+        *,
+        hosts: Mapping[str, str] | None = None,
+        prefixes: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
         self.work = work
         self.args = dict(args)
+        self.hosts = dict(hosts or {})
+        self.prefixes = dict(prefixes or {})
         self.procs: dict[str, PeerProcess] = {}
 
     @property
@@ -238,7 +259,12 @@ class LocalFederation:
         for name, options in self.args.items():
             extra = ["--bootstrap", first.overlay_addr] if first is not None else []
             proc = PeerProcess(
-                self.work / name, *options, *extra, log_path=self.work / f"{name}.log"
+                self.work / name,
+                *options,
+                *extra,
+                log_path=self.work / f"{name}.log",
+                host=self.hosts.get(name, "127.0.0.1"),
+                prefix=self.prefixes.get(name, ()),
             )
             self.procs[name] = proc.launch()
             if first is None:  # the others bootstrap through it: start them once it is up

@@ -119,6 +119,12 @@ class Forwarder:
         while True:
             host = await self.hosting.host_of(batch.stream, fresh=fresh)
             if host == self.router.node_id:
+                if batch.stream not in self.hosting.hosted and not self.hosting.replicated(
+                    batch.stream
+                ):
+                    # responsible for a source stream whose host is gone: take it over, as a
+                    # push another peer forwards here does (peer.federation.requests)
+                    await self.hosting.take_over(batch.stream)
                 return await self.site.push_here(
                     batch.stream, {"arrow": batch.arrow}, batch.producer, batch.seq
                 )

@@ -1,10 +1,13 @@
 """Delay, Process and Correct across a partition (issue 16), with real processes: two peers
 of two participants (``peer join``), acme running a union and a windowed aggregate over one
-stream hosted on each side, globex's peer frozen with SIGSTOP while pushes go on at acme.
+stream hosted on each side (globex's mirrored to acme), globex's peer cut off while pushes go
+on at acme: frozen with
+SIGSTOP, or (run as root) partitioned, its peer in a network namespace whose link to acme's
+silently drops every frame (:mod:`peer.testing.netns`).
 
 Two queries read the same two streams: one with an availability bound of 5 s, one without.
 acme's ``peer subscribe --tentative`` (a real CLI process) of the bounded query's output gets
-tentative windows while globex is frozen; after SIGCONT an undo, then the stable windows.
+tentative windows while globex is cut off; once it is back an undo, then the stable windows.
 Stable subscribers of both outputs get exactly plain Python's windows over all tuples, and
 the query without a bound writes no tentative tuple at all.
 
@@ -17,6 +20,7 @@ batch takes several seconds on a busy 2-core machine): how fast is measured by
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -42,7 +46,15 @@ from peer.examples.partition import (
     window_key,
 )
 from peer.model.tentative import UNDO, Entry, TentativeView
-from peer.testing import LocalFederation, make_participants, participant_args, stream_name_on
+from peer.testing import (
+    LocalFederation,
+    PeerProcess,
+    make_participants,
+    netns,
+    participant_args,
+    stream_name_on,
+)
+from peer.testing.netns import Island
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -50,16 +62,80 @@ PARTITION_S = float(os.environ.get("FEDSTREAM_DPC_PARTITION_S", "30"))
 BOUND_S = 5.0
 
 
-@pytest.fixture
-def federation(tmp_path: Path) -> Iterator[LocalFederation]:
+class Fault:
+    """How globex is cut off from acme: frozen (SIGSTOP), or partitioned (its peer in a
+    network namespace whose link to acme's silently drops every frame)."""
+
+    def __init__(
+        self, kind: str, island: Island | None, keys: dict[str, Path], trust: Path
+    ) -> None:
+        self.kind = kind
+        self.island = island
+        self.keys = keys
+        self.trust = trust
+        self.proc: PeerProcess | None = None
+
+    def client(self, name: str, proc: PeerProcess) -> Client:
+        """A client of participant ``name``'s peer: over TLS, as that participant, when the
+        peer listens off loopback (as it must across hosts)."""
+        if self.island is None:
+            return Client(proc.host, proc.port, timeout_s=120)
+        key = self.keys[name]
+        return Client(
+            proc.host, proc.port, timeout_s=120, participant=name, key_path=key,
+            trust_dir=self.trust,
+        )  # fmt: skip
+
+    def cli(self, name: str) -> list[str]:
+        """The same, as ``peer`` command options."""
+        if self.island is None:
+            return []
+        return ["--participant", name, "--key", str(self.keys[name]), "--trust", str(self.trust)]
+
+    def begin(self) -> None:
+        if self.island is not None:
+            self.island.cut()
+        else:
+            assert self.proc is not None and self.proc.proc is not None
+            os.killpg(self.proc.proc.pid, signal.SIGSTOP)
+
+    def end(self) -> None:
+        if self.island is not None:
+            self.island.heal()
+        else:
+            assert self.proc is not None and self.proc.proc is not None
+            os.killpg(self.proc.proc.pid, signal.SIGCONT)
+
+
+@pytest.fixture(params=["freeze", "partition"])
+def federation(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[tuple[LocalFederation, Fault]]:
     keys = make_participants(tmp_path, ("acme", "globex"))
     trust = tmp_path / "trust"
+    # globex runs an engine too, so that streams are placed on it (hosts are chosen among
+    # peers with an engine): its stream reaches acme's query over a mirror, which the fault cuts
     args = {
         "acme": [*participant_args("acme", keys["acme"], trust), "--spark-master", "local[2]"],
-        "globex": [*participant_args("globex", keys["globex"], trust), "--no-engine"],
+        "globex": [
+            *participant_args("globex", keys["globex"], trust),
+            "--spark-master",
+            "local[1]",
+            "--no-warm-up",
+        ],
     }
-    with LocalFederation(tmp_path, args) as fed:
-        yield fed
+    with contextlib.ExitStack() as stack:
+        island = None
+        if request.param == "partition":
+            if not netns.available():
+                pytest.skip("a partition in network namespaces needs root and iproute2")
+            island = stack.enter_context(Island())
+        fault = Fault(request.param, island, keys, trust)
+        hosts = {} if island is None else {"acme": island.outside, "globex": island.inside}
+        prefixes = {} if island is None else {"globex": island.prefix}
+        fed = stack.enter_context(LocalFederation(tmp_path, args, hosts=hosts, prefixes=prefixes))
+        fault.proc = fed.procs["globex"]
+        yield fed, fault
 
 
 class LineReader:
@@ -77,10 +153,11 @@ class LineReader:
             self.lines.append((time.monotonic(), json.loads(raw)))
 
 
-def test_a_frozen_participant_gives_tentative_results_then_the_exact_ones(
-    federation: LocalFederation, tmp_path: Path
+def test_a_participant_cut_off_gives_tentative_results_then_the_exact_ones(
+    federation: tuple[LocalFederation, Fault], tmp_path: Path
 ) -> None:
-    acme, globex = federation.procs["acme"], federation.procs["globex"]
+    fed, fault = federation
+    acme, globex = fed.procs["acme"], fed.procs["globex"]
     ids = [bytes.fromhex(acme.node_id), bytes.fromhex(globex.node_id)]
     a = stream_name_on(ids[0], ids, "cars_a")
     g = stream_name_on(ids[1], ids, "cars_g")
@@ -91,8 +168,8 @@ def test_a_frozen_participant_gives_tentative_results_then_the_exact_ones(
 
     async def run() -> None:
         async with (
-            Client("127.0.0.1", acme.port, timeout_s=120) as at_acme,
-            Client("127.0.0.1", globex.port, timeout_s=120) as at_globex,
+            fault.client("acme", acme) as at_acme,
+            fault.client("globex", globex) as at_globex,
         ):
             async with asyncio.timeout(60):
                 while len((await at_acme.status())["overlay"]["members"]) < 2:
@@ -100,6 +177,7 @@ def test_a_frozen_participant_gives_tentative_results_then_the_exact_ones(
             await at_acme.create_schema(partition_schema("tick"))
             await at_acme.create_stream(a, "tick")
             await at_acme.create_stream(g, "tick")
+            assert (await at_acme.lookup_object(g))["host"] == globex.node_id
             for name, bound in (("bounded", BOUND_S), ("plain", None)):
                 await at_acme.create_query(partition_query(name, a, g, bound_s=bound, node="acme"))
                 await at_acme.start_query(name)
@@ -114,7 +192,8 @@ def test_a_frozen_participant_gives_tentative_results_then_the_exact_ones(
                     "--start",
                     "earliest",
                     "--peer",
-                    f"127.0.0.1:{acme.port}",
+                    f"{acme.host}:{acme.port}",
+                    *fault.cli("acme"),
                 ],
                 stdout=subprocess.PIPE,
                 stderr=(tmp_path / "subscribe.err").open("wb"),
@@ -140,8 +219,7 @@ def test_a_frozen_participant_gives_tentative_results_then_the_exact_ones(
                 await push(at_globex, g, reports(t, t + 5, 2))
                 await asyncio.sleep(0.5)
             t = 40
-            assert globex.proc is not None
-            os.killpg(globex.proc.pid, signal.SIGSTOP)
+            fault.begin()
             times["frozen"] = time.monotonic()
             try:
                 while time.monotonic() - times["frozen"] < PARTITION_S or not any(
@@ -152,11 +230,17 @@ def test_a_frozen_participant_gives_tentative_results_then_the_exact_ones(
                     t += 5
                     await asyncio.sleep(1.0)
             finally:
-                os.killpg(globex.proc.pid, signal.SIGCONT)
+                fault.end()
             times["thawed"] = time.monotonic()
-            # globex's producer sends what it held back, then both sides flow again
+            # globex's producer sends what it held back once globex's peer sees acme's again
+            # (the mirror of g to acme sends its backlog by itself)
+            async with asyncio.timeout(60):
+                while any(
+                    m["state"] != "alive" for m in (await at_globex.status())["overlay"]["members"]
+                ):
+                    await asyncio.sleep(0.2)
             await push(at_globex, g, reports(40, t, 2))
-            end = t + 40
+            end = t + 40  # then both sides flow again
             for u in range(t, end, 5):
                 await push(at_acme, a, reports(u, u + 5, 1))
                 await push(at_globex, g, reports(u, u + 5, 2))
