@@ -10,15 +10,22 @@ Usage (from the repository root)::
 
 What runs
 ---------
-Two ``peer join`` processes of two participants on loopback (``peer.cluster.LocalFederation``):
-acme with a Spark session (``local[2]``), globex without (``--no-engine``): it hosts its
-stream. For each (bound, partition) pair, in turn: two new streams, one on each peer, and at
-acme the workload of ``peer.examples.partition`` (a union of both into a 10 s tumbling window
-per segment) with that availability bound. Both sides push one batch of five reports (five
-seconds of event time) every ``--interval`` seconds; after ``--warmup`` batches, globex's
-peer is frozen with SIGSTOP for the partition while acme's pushes go on; then SIGCONT,
-globex's producer sends what it held back, both go on for ``--after`` batches, and the run
-waits until a stable subscriber at acme holds exactly plain Python's windows.
+Two ``peer join`` processes of two participants (``peer.cluster.LocalFederation``): acme with a
+Spark session (``local[2]``), globex with one too (``local[1]``, so that its stream is placed
+on it and reaches acme's query over a mirror). For each (bound, partition) pair, in turn: two
+new streams, one on each peer, and at acme the workload of ``peer.examples.partition`` (a union
+of both into a 10 s tumbling window per segment) with that availability bound. Both sides push
+one batch of five reports (five seconds of event time) every ``--interval`` seconds; after
+``--warmup`` batches, globex's peer is cut off for the partition while acme's pushes go on;
+then the cut heals, globex's producer sends what it held back (once globex's peer sees acme's
+again), both go on for ``--after`` batches, and the run waits until a stable subscriber at acme
+holds exactly plain Python's windows.
+
+The cut (``--fault``): ``partition`` (the default when run as root with iproute2) puts globex's
+peer in a network namespace whose veth link to acme's silently drops every frame while cut
+(``peer.testing.netns``): a real partition, each side declaring the other dead; clients then
+speak TLS as their participant, as a peer listening off loopback requires. ``freeze`` stops
+globex's peer with SIGSTOP instead (both on loopback).
 
 Figures (a window's *close* is the push that took the slowest input it waits for past its
 end: both inputs before the freeze, acme's alone during it; its *delay* is from its close to
@@ -31,7 +38,7 @@ its first result at a ``tentative`` subscriber, tentative or stable):
   plus a micro-batch; here also plus the time a fork needs to start, which the first fork
   measures and later detections subtract);
 - first tentative result after the freeze; tentative tuples and undo entries written;
-- heal to last stable result: from SIGCONT to the moment the stable subscriber holds every
+- heal to last stable result: from the heal to the moment the stable subscriber holds every
   window plain Python expects.
 
 Everything started here is stopped on the way out (also on Ctrl-C).
@@ -65,13 +72,58 @@ from peer.examples.partition import (
     reports,
     window_key,
 )
-from peer.testing import LocalFederation, make_participants, participant_args, stream_name_on
+from peer.testing import (
+    LocalFederation,
+    PeerProcess,
+    make_participants,
+    netns,
+    participant_args,
+    stream_name_on,
+)
+from peer.testing.netns import Island
 
 STEP = 5  # seconds of event time per pushed batch
 
 
+class Cut:
+    """How globex is cut off: its peer in a namespace whose link drops everything (island),
+    or frozen with SIGSTOP (no island)."""
+
+    def __init__(self, island: Island | None, keys: dict[str, Path], trust: Path) -> None:
+        self.island = island
+        self.keys = keys
+        self.trust = trust
+
+    def client(self, name: str, proc: PeerProcess) -> Client:
+        if self.island is None:
+            return Client(proc.host, proc.port, timeout_s=120)
+        return Client(
+            proc.host, proc.port, timeout_s=120, participant=name, key_path=self.keys[name],
+            trust_dir=self.trust,
+        )  # fmt: skip
+
+    def begin(self, proc: PeerProcess) -> None:
+        if self.island is not None:
+            self.island.cut()
+        else:
+            assert proc.proc is not None
+            os.killpg(proc.proc.pid, signal.SIGSTOP)
+
+    def end(self, proc: PeerProcess) -> None:
+        if self.island is not None:
+            self.island.heal()
+        else:
+            assert proc.proc is not None
+            os.killpg(proc.proc.pid, signal.SIGCONT)
+
+
 async def one_run(
-    fed: LocalFederation, bound: float, partition_s: float, args: argparse.Namespace, n: int
+    fed: LocalFederation,
+    cut: Cut,
+    bound: float,
+    partition_s: float,
+    args: argparse.Namespace,
+    n: int,
 ) -> dict[str, Any]:
     acme, globex = fed.procs["acme"], fed.procs["globex"]
     ids = [bytes.fromhex(acme.node_id), bytes.fromhex(globex.node_id)]
@@ -84,8 +136,8 @@ async def one_run(
     stable: list[tuple[int, ...]] = []
     stable_at: list[float] = []
     async with (
-        Client("127.0.0.1", acme.port, timeout_s=120) as at_acme,
-        Client("127.0.0.1", globex.port, timeout_s=120) as at_globex,
+        cut.client("acme", acme) as at_acme,
+        cut.client("globex", globex) as at_globex,
     ):
         await at_acme.create_stream(mine, "report")
         await at_acme.create_stream(theirs, "report")
@@ -120,8 +172,7 @@ async def one_run(
             t += STEP
             await asyncio.sleep(args.interval)
         g_last = t
-        assert globex.proc is not None
-        os.killpg(globex.proc.pid, signal.SIGSTOP)
+        cut.begin(globex)
         frozen = time.monotonic()
         try:
             while time.monotonic() - frozen < partition_s:
@@ -129,8 +180,13 @@ async def one_run(
                 t += STEP
                 await asyncio.sleep(args.interval)
         finally:
-            os.killpg(globex.proc.pid, signal.SIGCONT)
+            cut.end(globex)
         healed = time.monotonic()
+        async with asyncio.timeout(60):  # globex's producer waits until its peer sees acme's
+            while any(
+                m["state"] != "alive" for m in (await at_globex.status())["overlay"]["members"]
+            ):
+                await asyncio.sleep(0.2)
         await push(at_globex, theirs, g_last, t, 2)
         for _ in range(args.after):
             await push(at_acme, mine, t, t + STEP, 1)
@@ -195,26 +251,44 @@ def main() -> int:
     parser.add_argument("--settle-timeout", type=float, default=120.0)
     parser.add_argument("--work", type=Path, help="directory for the peers (default: a temp)")
     parser.add_argument("--json", type=Path, help="write the figures here too")
+    parser.add_argument(
+        "--fault",
+        choices=("partition", "freeze"),
+        default="partition" if netns.available() else "freeze",
+        help="cut globex off by a network partition (root) or by SIGSTOP",
+    )
     args = parser.parse_args()
     if args.quick:
         args.bounds, args.partitions = [5.0], [10.0]
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_dpc-"))
     keys = make_participants(work, ("acme", "globex"))
     trust = work / "trust"
+    island = Island().__enter__() if args.fault == "partition" else None
+    cut = Cut(island, keys, trust)
     fed = LocalFederation(
         work,
         {
             "acme": [*participant_args("acme", keys["acme"], trust), "--spark-master", "local[2]"],
-            "globex": [*participant_args("globex", keys["globex"], trust), "--no-engine"],
+            "globex": [
+                *participant_args("globex", keys["globex"], trust),
+                "--spark-master",
+                "local[1]",
+                "--no-warm-up",
+            ],
         },
+        hosts={} if island is None else {"acme": island.outside, "globex": island.inside},
+        prefixes={} if island is None else {"globex": island.prefix},
     )
     runs: list[dict[str, Any]] = []
-    print(f"machine: {bc.machine_info()}  load average: {bc.load_average()}", flush=True)
+    print(
+        f"machine: {bc.machine_info()}  load average: {bc.load_average()}  fault: {args.fault}",
+        flush=True,
+    )
     try:
         fed.start(timeout_s=180)
 
         async def setup() -> None:
-            async with Client("127.0.0.1", fed.procs["acme"].port, timeout_s=120) as c:
+            async with cut.client("acme", fed.procs["acme"]) as c:
                 async with asyncio.timeout(60):
                     while len((await c.status())["overlay"]["members"]) < 2:
                         await asyncio.sleep(0.2)
@@ -225,12 +299,15 @@ def main() -> int:
         for partition_s in args.partitions:
             for bound in args.bounds:
                 n += 1
-                run = asyncio.run(one_run(fed, bound, partition_s, args, n))
+                run = asyncio.run(one_run(fed, cut, bound, partition_s, args, n))
+                run["fault"] = args.fault
                 run["load_average"] = bc.load_average()
                 runs.append(run)
                 print(json.dumps(run), flush=True)
     finally:
         fed.stop()
+        if island is not None:
+            island.remove()
     cols = (
         "bound_s",
         "partition_s",
