@@ -39,7 +39,6 @@ reach the network only through this module, and only as :class:`~overlay.stream.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import socket
@@ -50,6 +49,7 @@ from typing import Any, Protocol, TypeAlias
 
 from overlay.admission import Admission, Slot
 from overlay.refusals import RefusalLog
+from overlay.sockopts import tune
 from overlay.stream import FrameStream, memory_stream_pair
 from overlay.wire import DEFAULT_BUDGET, DEFAULT_MAX_FRAME_BYTES, DecodeBudget
 
@@ -113,6 +113,7 @@ class _Tcp:
     ) -> FrameStream:
         """Connect (callers bound the wait with ``asyncio.timeout``); see the module notes."""
         reader, writer = await asyncio.open_connection(host, port, ssl=tls)
+        tune(writer.get_extra_info("socket"))
         return FrameStream(reader, writer, max_frame_bytes=max_frame_bytes)
 
 
@@ -415,11 +416,7 @@ class Listener:
         """The accepted socket as a frame stream, after its TLS handshake if we have TLS;
         None (socket closed, reason logged) if the handshake fails."""
         loop = asyncio.get_running_loop()
-        # Frames are whole messages: send each at once. (asyncio sets this only on sockets
-        # whose proto is IPPROTO_TCP, which an accepted socket does not report; without it,
-        # Nagle and delayed ACKs hold back small frames such as credit by ~40 ms.)
-        with contextlib.suppress(OSError):
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        tune(conn)  # (asyncio sets TCP_NODELAY only where proto reports IPPROTO_TCP: not here)
         reader = asyncio.StreamReader()
         protocol = asyncio.StreamReaderProtocol(reader)
         try:

@@ -187,6 +187,7 @@ async def one_run(
                 m["state"] != "alive" for m in (await at_globex.status())["overlay"]["members"]
             ):
                 await asyncio.sleep(0.2)
+        back = time.monotonic()
         await push(at_globex, theirs, g_last, t, 2)
         for _ in range(args.after):
             await push(at_acme, mine, t, t + STEP, 1)
@@ -235,6 +236,7 @@ async def one_run(
         "corrections": dpc.get("corrections"),
         "corrected_tuples": dpc.get("corrected_tuples"),
         "fork_first_result_s": dpc.get("fork_first_result_s"),
+        "heal_to_peer_back_s": round(back - healed, 2),
         "heal_to_last_stable_s": round(last_stable - healed, 2) if last_stable else None,
         "exact": exact,
     }
