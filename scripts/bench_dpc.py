@@ -49,8 +49,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import signal
 import statistics
 import sys
 import tempfile
@@ -74,52 +72,19 @@ from peer.examples.partition import (
 )
 from peer.testing import (
     LocalFederation,
-    PeerProcess,
     make_participants,
     netns,
     participant_args,
     stream_name_on,
 )
-from peer.testing.netns import Island
+from peer.testing.netns import Cutoff, Island, whole_again
 
 STEP = 5  # seconds of event time per pushed batch
 
 
-class Cut:
-    """How globex is cut off: its peer in a namespace whose link drops everything (island),
-    or frozen with SIGSTOP (no island)."""
-
-    def __init__(self, island: Island | None, keys: dict[str, Path], trust: Path) -> None:
-        self.island = island
-        self.keys = keys
-        self.trust = trust
-
-    def client(self, name: str, proc: PeerProcess) -> Client:
-        if self.island is None:
-            return Client(proc.host, proc.port, timeout_s=120)
-        return Client(
-            proc.host, proc.port, timeout_s=120, participant=name, key_path=self.keys[name],
-            trust_dir=self.trust,
-        )  # fmt: skip
-
-    def begin(self, proc: PeerProcess) -> None:
-        if self.island is not None:
-            self.island.cut()
-        else:
-            assert proc.proc is not None
-            os.killpg(proc.proc.pid, signal.SIGSTOP)
-
-    def end(self, proc: PeerProcess) -> None:
-        if self.island is not None:
-            self.island.heal()
-        else:
-            assert proc.proc is not None
-            os.killpg(proc.proc.pid, signal.SIGCONT)
-
-
 async def one_run(
     fed: LocalFederation,
-    cut: Cut,
+    cut: Cutoff,
     bound: float,
     partition_s: float,
     args: argparse.Namespace,
@@ -182,11 +147,7 @@ async def one_run(
         finally:
             cut.end(globex)
         healed = time.monotonic()
-        async with asyncio.timeout(60):  # globex's producer waits until its peer sees acme's
-            while any(
-                m["state"] != "alive" for m in (await at_globex.status())["overlay"]["members"]
-            ):
-                await asyncio.sleep(0.2)
+        await whole_again(at_globex)  # globex's producer waits until its peer sees acme's
         back = time.monotonic()
         await push(at_globex, theirs, g_last, t, 2)
         for _ in range(args.after):
@@ -266,7 +227,7 @@ def main() -> int:
     keys = make_participants(work, ("acme", "globex"))
     trust = work / "trust"
     island = Island().__enter__() if args.fault == "partition" else None
-    cut = Cut(island, keys, trust)
+    cut = Cutoff(island, keys, trust)
     fed = LocalFederation(
         work,
         {
@@ -278,8 +239,7 @@ def main() -> int:
                 "--no-warm-up",
             ],
         },
-        hosts={} if island is None else {"acme": island.outside, "globex": island.inside},
-        prefixes={} if island is None else {"globex": island.prefix},
+        **cut.places("globex", ["acme"]),
     )
     runs: list[dict[str, Any]] = []
     print(

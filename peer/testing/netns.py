@@ -16,20 +16,30 @@ partition. :meth:`Island.heal` removes the pinned entries; ARP finds the real ad
 and TCP's retransmissions carry on. (Taking the link down instead would fail every send at
 once with ENETUNREACH, a kinder fault than a partition.)
 
-It needs root and ``ip`` (iproute2); :func:`available` says whether this machine has both.
+:class:`Cutoff` drives either fault (this partition, or SIGSTOP) for a test or benchmark of a
+``LocalFederation``. It needs root and ``ip`` (iproute2); :func:`available` says whether
+this machine has both.
 Everything made is removed on exit, also when a step of making it failed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import os
 import shutil
+import signal
 import subprocess
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 from types import TracebackType
+from typing import Any
 
-__all__ = ["Island", "available"]
+from peer.client import Client
+from peer.cluster import PeerProcess
+
+__all__ = ["Cutoff", "Island", "available", "whole_again"]
 
 NOBODY_MAC = "02:00:00:00:00:01"  # locally administered; no interface here has it
 _serial = itertools.count()
@@ -103,3 +113,59 @@ class Island:
         tb: TracebackType | None,
     ) -> None:
         self.remove()
+
+
+class Cutoff:
+    """How a test or benchmark cuts one participant's peer off from the others, and speaks to
+    the peers meanwhile: partitioned (``island``: that peer runs on it, the others listen on
+    its outside address) or, with no island, frozen with SIGSTOP (everyone on loopback).
+    Clients of peers off loopback speak TLS as their participant, as such peers require."""
+
+    def __init__(self, island: Island | None, keys: Mapping[str, Path], trust: Path) -> None:
+        self.island = island
+        self.keys = keys
+        self.trust = trust
+
+    def places(self, cut: str, others: Iterable[str]) -> dict[str, Any]:
+        """``LocalFederation``'s ``hosts`` and ``prefixes``: participant ``cut`` on the island."""
+        if self.island is None:
+            return {"hosts": {}, "prefixes": {}}
+        hosts = {name: self.island.outside for name in others}
+        hosts[cut] = self.island.inside
+        return {"hosts": hosts, "prefixes": {cut: self.island.prefix}}
+
+    def client(self, name: str, proc: PeerProcess) -> Client:
+        """A client of participant ``name``'s peer ``proc``."""
+        if self.island is None:
+            return Client(proc.host, proc.port, timeout_s=120)
+        return Client(
+            proc.host, proc.port, timeout_s=120, participant=name, key_path=self.keys[name],
+            trust_dir=self.trust,
+        )  # fmt: skip
+
+    def cli(self, name: str) -> list[str]:
+        """The same, as ``peer`` command options."""
+        if self.island is None:
+            return []
+        return ["--participant", name, "--key", str(self.keys[name]), "--trust", str(self.trust)]
+
+    def begin(self, proc: PeerProcess) -> None:
+        if self.island is not None:
+            self.island.cut()
+        else:
+            assert proc.proc is not None
+            os.killpg(proc.proc.pid, signal.SIGSTOP)
+
+    def end(self, proc: PeerProcess) -> None:
+        if self.island is not None:
+            self.island.heal()
+        else:
+            assert proc.proc is not None
+            os.killpg(proc.proc.pid, signal.SIGCONT)
+
+
+async def whole_again(client: Client, timeout_s: float = 60) -> None:
+    """Wait until the peer ``client`` speaks to sees every member alive again."""
+    async with asyncio.timeout(timeout_s):
+        while any(m["state"] != "alive" for m in (await client.status())["overlay"]["members"]):
+            await asyncio.sleep(0.2)

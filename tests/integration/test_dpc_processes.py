@@ -48,13 +48,12 @@ from peer.examples.partition import (
 from peer.model.tentative import UNDO, Entry, TentativeView
 from peer.testing import (
     LocalFederation,
-    PeerProcess,
     make_participants,
     netns,
     participant_args,
     stream_name_on,
 )
-from peer.testing.netns import Island
+from peer.testing.netns import Cutoff, Island, whole_again
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -62,55 +61,10 @@ PARTITION_S = float(os.environ.get("FEDSTREAM_DPC_PARTITION_S", "30"))
 BOUND_S = 5.0
 
 
-class Fault:
-    """How globex is cut off from acme: frozen (SIGSTOP), or partitioned (its peer in a
-    network namespace whose link to acme's silently drops every frame)."""
-
-    def __init__(
-        self, kind: str, island: Island | None, keys: dict[str, Path], trust: Path
-    ) -> None:
-        self.kind = kind
-        self.island = island
-        self.keys = keys
-        self.trust = trust
-        self.proc: PeerProcess | None = None
-
-    def client(self, name: str, proc: PeerProcess) -> Client:
-        """A client of participant ``name``'s peer: over TLS, as that participant, when the
-        peer listens off loopback (as it must across hosts)."""
-        if self.island is None:
-            return Client(proc.host, proc.port, timeout_s=120)
-        key = self.keys[name]
-        return Client(
-            proc.host, proc.port, timeout_s=120, participant=name, key_path=key,
-            trust_dir=self.trust,
-        )  # fmt: skip
-
-    def cli(self, name: str) -> list[str]:
-        """The same, as ``peer`` command options."""
-        if self.island is None:
-            return []
-        return ["--participant", name, "--key", str(self.keys[name]), "--trust", str(self.trust)]
-
-    def begin(self) -> None:
-        if self.island is not None:
-            self.island.cut()
-        else:
-            assert self.proc is not None and self.proc.proc is not None
-            os.killpg(self.proc.proc.pid, signal.SIGSTOP)
-
-    def end(self) -> None:
-        if self.island is not None:
-            self.island.heal()
-        else:
-            assert self.proc is not None and self.proc.proc is not None
-            os.killpg(self.proc.proc.pid, signal.SIGCONT)
-
-
 @pytest.fixture(params=["freeze", "partition"])
 def federation(
     request: pytest.FixtureRequest, tmp_path: Path
-) -> Iterator[tuple[LocalFederation, Fault]]:
+) -> Iterator[tuple[LocalFederation, Cutoff]]:
     keys = make_participants(tmp_path, ("acme", "globex"))
     trust = tmp_path / "trust"
     # globex runs an engine too, so that streams are placed on it (hosts are chosen among
@@ -130,12 +84,9 @@ def federation(
             if not netns.available():
                 pytest.skip("a partition in network namespaces needs root and iproute2")
             island = stack.enter_context(Island())
-        fault = Fault(request.param, island, keys, trust)
-        hosts = {} if island is None else {"acme": island.outside, "globex": island.inside}
-        prefixes = {} if island is None else {"globex": island.prefix}
-        fed = stack.enter_context(LocalFederation(tmp_path, args, hosts=hosts, prefixes=prefixes))
-        fault.proc = fed.procs["globex"]
-        yield fed, fault
+        cutoff = Cutoff(island, keys, trust)
+        places = cutoff.places("globex", ["acme"])
+        yield stack.enter_context(LocalFederation(tmp_path, args, **places)), cutoff
 
 
 class LineReader:
@@ -154,7 +105,7 @@ class LineReader:
 
 
 def test_a_participant_cut_off_gives_tentative_results_then_the_exact_ones(
-    federation: tuple[LocalFederation, Fault], tmp_path: Path
+    federation: tuple[LocalFederation, Cutoff], tmp_path: Path
 ) -> None:
     fed, fault = federation
     acme, globex = fed.procs["acme"], fed.procs["globex"]
@@ -219,7 +170,7 @@ def test_a_participant_cut_off_gives_tentative_results_then_the_exact_ones(
                 await push(at_globex, g, reports(t, t + 5, 2))
                 await asyncio.sleep(0.5)
             t = 40
-            fault.begin()
+            fault.begin(globex)
             times["frozen"] = time.monotonic()
             try:
                 while time.monotonic() - times["frozen"] < PARTITION_S or not any(
@@ -230,15 +181,11 @@ def test_a_participant_cut_off_gives_tentative_results_then_the_exact_ones(
                     t += 5
                     await asyncio.sleep(1.0)
             finally:
-                fault.end()
+                fault.end(globex)
             times["thawed"] = time.monotonic()
             # globex's producer sends what it held back once globex's peer sees acme's again
             # (the mirror of g to acme sends its backlog by itself)
-            async with asyncio.timeout(60):
-                while any(
-                    m["state"] != "alive" for m in (await at_globex.status())["overlay"]["members"]
-                ):
-                    await asyncio.sleep(0.2)
+            await whole_again(at_globex)
             await push(at_globex, g, reports(40, t, 2))
             end = t + 40  # then both sides flow again
             for u in range(t, end, 5):
