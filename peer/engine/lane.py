@@ -1,4 +1,5 @@
-"""The stateless lane: every per-tuple query of a peer in one Spark streaming query.
+"""The lane: a peer's per-tuple queries and small windowed aggregates in one Spark streaming
+query.
 
 Theory of operation
 -------------------
@@ -6,6 +7,8 @@ Each Spark streaming query runs its own micro-batch loop on the driver (planning
 commit logs: ~0.3 s of driver time per batch, shared/notes/spark.md), so a peer that ran one
 streaming query per hosted query would fall behind as soon as it hosted a dozen. Queries made
 only of filter, map and union boxes need no state, so they can share one loop: the lane.
+Windowed aggregates fed by such boxes share it too: the statement gives them their rows, and
+each keeps its own windows and watermark on the driver (``peer.engine.lanewin``).
 
 The lane's streaming plan is just ``fedlane source -> foreachBatch``. The source reads the
 spools of every stream some member query reads (one wide row per tuple, tagged with its
@@ -18,12 +21,14 @@ Adding a member whose streams the lane already reads changes nothing in Spark: t
 the member set at every batch, and the new member sees the tuples from the lane's current
 position on: it takes the batches Spark plans after it joined (``first_batch``), never a
 re-run of an older one. A member that needs a new stream restarts the lane on the same
-checkpoint with a wider source. That is safe because the lane holds no state. A batch re-run
+checkpoint with a wider source. That is safe because the lane holds no Spark state (the
+windowed members' state is saved per batch id, and a re-run batch starts from the state of
+the batch before it). A batch re-run
 after a restart or a crash has the same offsets and the same batch id, and every member's
 output is appended tagged (member incarnation, lane batch id), so the spool keeps it once.
 A member that is stopped misses the tuples that arrive while it is stopped, as a consumer
-detached from a live stream would; a restarted peer resumes the lane, with all its members,
-from its checkpoint.
+detached from a live stream would (a windowed member also drops its open windows); a
+restarted peer resumes the lane, with all its members, from its checkpoint.
 """
 
 from __future__ import annotations
@@ -38,8 +43,16 @@ from typing import TYPE_CHECKING, Any
 
 from peer.engine.compile import OUT, unfold
 from peer.engine.lane_source import SOURCE_NAME, shapes
-from peer.engine.lanesql import VIEW, lane_statement, member_sql, slot_of
-from peer.model.plan import CheckedQuery, FilterSpec, MapSpec, UnionSpec
+from peer.engine.lanesql import (
+    VIEW,
+    MemberSql,
+    lane_statement,
+    member_sql,
+    slot_of,
+    window_member_sql,
+)
+from peer.engine.lanewin import WindowState, narrow_schema, prefix_query, window_box
+from peer.model.plan import AggregateSpec, CheckedQuery, FilterSpec, MapSpec, UnionSpec
 from peer.model.schema import Schema
 from peer.storage.spool import SpoolSet
 
@@ -64,12 +77,46 @@ def is_stateless(checked: CheckedQuery) -> bool:
     return all(isinstance(b.spec, FilterSpec | MapSpec | UnionSpec) for b in checked.boxes)
 
 
+def lane_kind(checked: CheckedQuery) -> str | None:
+    """What the lane runs ``checked`` as: "stateless" (per-tuple boxes), "window" (per-tuple
+    boxes then a windowed aggregate with its own watermark, ``peer.engine.lanewin``), or
+    None: it needs its own streaming query."""
+    if is_stateless(checked):
+        return "stateless"
+    return "window" if window_box(checked) is not None else None
+
+
 @dataclass
 class LaneMember:
     checked: CheckedQuery
     origin: str
     first_batch: int  # lane batches before this one were planned before the member joined
     rows_out: int = 0
+    window: WindowState | None = None  # a windowed aggregate's open windows and watermark
+
+    @classmethod
+    def make(cls, checked: CheckedQuery, origin: str, first_batch: int) -> LaneMember:
+        member = cls(checked, origin, first_batch)
+        box = window_box(checked)
+        if box is not None and not is_stateless(checked):
+            assert isinstance(box.spec, AggregateSpec)
+            member.window = WindowState(box.spec, narrow_schema(box), box.output_schemas[0])
+        return member
+
+    def sql(self, j: int, layout: dict[str, tuple[int, int]]) -> MemberSql:
+        if self.window is None:
+            return member_sql(self.checked, j, layout)
+        box = window_box(self.checked)
+        assert box is not None and self.window.spec.order_on is not None
+        prefix = prefix_query(self.checked, box)
+        return window_member_sql(prefix, self.window.narrow, self.window.spec.order_on, j, layout)
+
+    @property
+    def fed(self) -> list[tuple[str, Schema]]:
+        """What the lane's statement gives this member: its results, or its aggregate's rows."""
+        if self.window is not None:
+            return [(self.window.narrow.name, self.window.narrow)]
+        return self.outputs
 
     @property
     def outputs(self) -> list[tuple[str, Schema]]:
@@ -95,6 +142,10 @@ class Lane:
         self.layout: dict[str, tuple[int, int]] = {}  # stream -> (index, shape) in the source
         self.phase_s: dict[str, float] = {}  # the last batch: building, collecting, appending
         self._lock = threading.Lock()  # members are read by the sink on a py4j thread
+        # Windowed members' states: loaded from the files at the first batch with such
+        # members, then kept in memory; ``_windows_batch`` is the batch they reflect.
+        self._windows_loaded = False
+        self._windows_batch = -1
 
     def add(
         self, spark: SparkSession, checked: CheckedQuery, incarnation: str, *, resume: bool = False
@@ -104,7 +155,7 @@ class Lane:
         name = checked.query.name
         first = 0 if resume else self._planned() + 1
         with self._lock:
-            self.members[name] = LaneMember(checked, f"query:{name}:{incarnation}", first)
+            self.members[name] = LaneMember.make(checked, f"query:{name}:{incarnation}", first)
         needed = self._needed()
         if self.handle is None or not set(needed) <= set(self.streams):
             try:
@@ -177,7 +228,8 @@ class Lane:
             .load()
         )
         self.handle = (
-            frame.writeStream.queryName("fedstream-lane")
+            # One name per peer: peers in one process (tests) may share a Spark session.
+            frame.writeStream.queryName(f"fedstream-lane-{_digest(str(self.root))}")
             .option("checkpointLocation", str(self.root / "checkpoint"))
             .trigger(processingTime=f"{self.trigger_s} seconds")
             .foreachBatch(self._sink)
@@ -205,6 +257,9 @@ class Lane:
             ]
         if not members:
             return
+        windows = [m for m in members if m.window is not None]
+        if windows and (not self._windows_loaded or batch_id <= self._windows_batch):
+            self._load_windows(batch_id)  # a fresh start, or Spark runs a batch again
         # Several members scan the batch: cache it, and fill the cache before the statement
         # runs (a cache is filled lazily, so the statement's branches would each read the
         # source again: 16 members made a batch 16 source reads, ~4 s). One member scans it
@@ -223,11 +278,22 @@ class Lane:
                 cached.unpersist()
         collected = time.monotonic()
         for j, member in enumerate(members):
+            if member.window is not None:
+                narrow = member.window.narrow
+                rows = _member_output(table, j, 0, narrow, slots[slot_of(narrow)])
+                closed = member.window.take(rows) if rows is not None else None
+                if closed is not None:
+                    out = member.checked.outputs[0]
+                    self.spools.get(out).append(closed, origin=member.origin, seq=batch_id)
+                    member.rows_out += closed.num_rows
+                continue
             for k, (stream, schema) in enumerate(member.outputs):
                 part = _member_output(table, j, k, schema, slots[slot_of(schema)])
                 if part is not None:
                     self.spools.get(stream).append(part, origin=member.origin, seq=batch_id)
                     member.rows_out += part.num_rows
+        if windows:
+            self._save_windows(batch_id, windows)
         self.batches += 1
         done = time.monotonic()
         self.last_batch_s = done - started
@@ -243,9 +309,62 @@ class Lane:
         """The SQL of these members over these streams, translated once and then reused."""
         key = (tuple(m.origin for m in members), tuple(layout))
         if key != self._statement_key:
-            translated = [member_sql(m.checked, j, layout) for j, m in enumerate(members)]
+            translated = [m.sql(j, layout) for j, m in enumerate(members)]
             self._statement_key, self._statement_sql = key, lane_statement(translated)
         return self._statement_sql
+
+    # ------------------------------------------------------------------ windowed members' state
+    def _state_dir(self) -> Path:
+        return self.root / "windows"
+
+    def _state_files(self) -> list[tuple[int, Path]]:
+        directory = self._state_dir()
+        if not directory.is_dir():
+            return []
+        found = [(int(p.stem), p) for p in directory.glob("*.msgpack") if p.stem.isdigit()]
+        return sorted(found)
+
+    def _load_windows(self, batch_id: int) -> None:
+        """Every windowed member's state as it was after the newest batch before
+        ``batch_id`` (none: empty windows)."""
+        import msgpack
+
+        earlier = [path for n, path in self._state_files() if n < batch_id]
+        states: dict[str, Any] = {}
+        if earlier:
+            states = msgpack.unpackb(earlier[-1].read_bytes(), strict_map_key=False)
+        with self._lock:
+            members = list(self.members.values())
+        for member in members:
+            if member.window is None:
+                continue
+            member.window.reset()
+            if member.origin in states:
+                member.window.load(states[member.origin])
+        self._windows_loaded = True
+        self._windows_batch = batch_id - 1
+        log.info("lane: windowed state of batch %d restored", batch_id - 1)
+
+    def _save_windows(self, batch_id: int, members: list[LaneMember]) -> None:
+        """Write the windowed members' states after ``batch_id`` (fsynced, renamed into
+        place); keep the previous file, which a re-run of this batch starts from."""
+        import os
+
+        import msgpack
+
+        states = {m.origin: m.window.to_state() for m in members if m.window is not None}
+        directory = self._state_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{batch_id:020d}.msgpack"
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            f.write(msgpack.packb(states, use_bin_type=True))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        self._windows_batch = batch_id
+        for _, old in self._state_files()[:-2]:
+            old.unlink(missing_ok=True)
 
     def member_names(self) -> list[str]:
         with self._lock:
@@ -261,6 +380,15 @@ class Lane:
             "lane": True,
             "batches": self.batches,
             "rows_out": member.rows_out,
+            **(
+                {
+                    "watermark_ms": member.window.watermark_ms,
+                    "open_groups": len(member.window.groups),
+                    "late": member.window.late,
+                }
+                if member.window is not None
+                else {}
+            ),
             "last_batch_s": round(self.last_batch_s, 4),
             "phase_s": {k: round(v, 4) for k, v in self.phase_s.items()},
         }
@@ -274,6 +402,12 @@ class Lane:
             return None
         exc = self.handle.exception()
         return error_line(exc) if exc is not None else "stopped"
+
+
+def _digest(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def _member_output(

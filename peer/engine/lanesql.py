@@ -81,6 +81,23 @@ def member_sql(checked: CheckedQuery, member: int, layout: dict[str, tuple[int, 
     return MemberSql(tuple(ctes), outputs)
 
 
+def window_member_sql(
+    prefix: CheckedQuery,
+    narrow: Schema,
+    order_on: str,
+    member: int,
+    layout: dict[str, tuple[int, int]],
+) -> MemberSql:
+    """A windowed-aggregate member (``peer.engine.lanewin``): its per-tuple boxes, then only
+    the fields its aggregate reads, of the tuples that have an order value."""
+    head = member_sql(prefix, member, layout)
+    ((_, source, _),) = head.outputs
+    name = f"m{member}_w"
+    cols = ", ".join(_q(n) for n in narrow.names)
+    feed = f"{name} AS (SELECT {cols} FROM {source} WHERE {_q(order_on)} IS NOT NULL)"
+    return MemberSql((*head.ctes, feed), ((narrow.name, name, narrow),))
+
+
 def slot_of(schema: Schema) -> str:
     """Results of the same field names and types share one struct column of the envelope."""
     return struct_type(schema)

@@ -1,9 +1,9 @@
 """The peer's Spark engine: one session; a streaming query per stateful query, and the lane.
 
 py4j calls block, so every call into Spark runs on one dedicated thread (``_executor``),
-never on the event loop. A query with a stateful box, and a peer's first per-tuple query, runs
-as its own Structured Streaming query (the later per-tuple queries share the stateless lane,
-``peer.engine.lane``). Such a query's
+never on the event loop. A query with a stateful box, and a peer's first per-tuple query and
+first windowed aggregate, runs as its own Structured Streaming query (the later per-tuple
+queries and small windowed aggregates share the lane, ``peer.engine.lane``). Such a query's
 sources are the spools of its input streams and whose ``foreachBatch`` sink appends each
 result micro-batch to the spools of its result streams, tagged (query incarnation, batch id):
 when Spark re-runs a batch after a crash, the spool recognises the tag and keeps nothing twice.
@@ -32,7 +32,7 @@ from peer.engine.compile import (
     needs_arrival_order,
     split_outputs,
 )
-from peer.engine.lane import Lane, error_line, is_stateless
+from peer.engine.lane import Lane, error_line, lane_kind
 from peer.engine.lane_source import register_lane_source
 from peer.errors import EngineError
 from peer.model.plan import CheckedQuery
@@ -210,9 +210,10 @@ class Engine:
 
     def placement_for(self, checked: CheckedQuery) -> str:
         """Where a query that never ran goes: ``lane`` or ``own`` (its own streaming query)."""
-        if not (self.fuse_stateless and is_stateless(checked)):
+        kind = lane_kind(checked) if self.fuse_stateless else None
+        if kind is None:
             return "own"
-        alone = sum(1 for q in self.running.values() if is_stateless(q.checked))
+        alone = sum(1 for q in self.running.values() if lane_kind(q.checked) == kind)
         return "lane" if alone >= self.lane_after else "own"
 
     async def run_query(

@@ -220,3 +220,145 @@ def test_the_lane_source_reads_each_stream_to_its_watermark(spark: Any, tmp_path
     with lock:
         assert sorted(k for s, k in seen if s == 0) == sorted([0, 1, 2, 3] * 5)
         assert len(seen) == 40
+
+
+# ---------------------------------------------------------------- windowed aggregates in the lane
+
+WIN = {
+    "name": "wev",
+    "fields": [
+        {"name": "k", "type": "int"},
+        {"name": "v", "type": "long", "nullable": True},
+        {"name": "t", "type": "long"},
+    ],
+}
+
+
+def window_query(name: str, src: str, out: str, size: int, advance: int, fn: list[str]) -> Any:
+    params = {
+        "window-size-by": "VALUES",
+        "order-on-field": "t",
+        "window-size": str(size),
+        "advance": str(advance),
+        "slack": "2",
+        "group-by": "k",
+    }
+    for i, call in enumerate(fn):
+        params[f"aggregate-function.{i}"] = call
+        params[f"aggregate-function-output-name.{i}"] = f"a{i}"
+    return {
+        "name": name,
+        "boxes": [
+            {
+                "name": "f",
+                "type": "filter",
+                "inputs": [src],
+                "outputs": [f"{out}_f"],
+                "params": {"expression.0": "k <> 3"},
+            },
+            {
+                "name": "w",
+                "type": "aggregate",
+                "inputs": [f"{out}_f"],
+                "outputs": [out],
+                "params": params,
+            },
+        ],
+    }
+
+
+def events(rng: random.Random, start: int, end: int, n: int) -> list[dict[str, Any]]:
+    """``n`` tuples with t from start to end, a little out of order (within the slack)."""
+    rows = []
+    for i in range(n):
+        t = start + (end - start) * i // n + rng.choice([0, 0, -1, -2])
+        rows.append({"k": rng.randrange(5), "v": rng.choice([None, *range(20)]), "t": t})
+    return rows
+
+
+def duck(rows: list[dict[str, Any]], size: int, advance: int, aggs: str) -> list[tuple[Any, ...]]:
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute("CREATE TABLE ev (k INTEGER, v BIGINT, t BIGINT)")
+    con.executemany("INSERT INTO ev VALUES (?, ?, ?)", [(r["k"], r["v"], r["t"]) for r in rows])
+    sql = f"""
+        WITH w AS (
+            SELECT CAST(floor(t / {advance}) AS BIGINT) * {advance} - {advance} * i AS s, k, v, t
+            FROM ev, range(0, {size // advance}) AS g(i) WHERE k <> 3
+        )
+        SELECT s, s + {size}, k, {aggs} FROM w WHERE t < s + {size} GROUP BY s, k
+    """
+    return [tuple(r) for r in con.execute(sql).fetchall()]
+
+
+def test_windowed_members_keep_their_own_watermarks_across_a_restart(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Two windowed aggregates in the lane, on streams 100,000 s apart in event time (one
+    Spark query with one watermark would drop every tuple of the stream behind as late).
+    The peer restarts between two halves whose windows overlap; each member's output is
+    DuckDB's over its tuples, tuple for tuple, none twice."""
+    rng = random.Random(11)
+    ahead = events(rng, 100_000, 100_200, 600) + events(rng, 100_200, 100_400, 600)
+    # (From t = 5: Spark's first watermark is the epoch, so a window ending at or before
+    # t = 0 would be late from the start, in the lane as in a query of its own.)
+    behind = events(rng, 5, 200, 600) + events(rng, 200, 400, 600)
+    flush_ahead = {"k": 0, "v": 0, "t": 200_000}
+    flush_behind = {"k": 0, "v": 0, "t": 100_000}
+    fa = ["count()", "sum(v)", "avg(v)", "max(v)"]
+    fb = ["count(v)", "count_distinct(v)", "min(v)"]
+    want_a = duck(ahead, 20, 5, "count(*), sum(v), avg(v), max(v)")
+    want_b = duck(behind, 10, 10, "count(v), count(DISTINCT v), min(v)")
+    config = PeerConfig(data_dir=tmp_path / "p", port=0, maintenance_interval_s=1.0, lane_after=0)
+
+    def cols(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
+        return {f: [r[f] for r in rows] for f in ("k", "v", "t")}
+
+    async def first_half(port: int) -> dict[str, Any]:
+        async with Client("127.0.0.1", port, timeout_s=120) as c:
+            await c.create_schema(WIN)
+            await c.create_stream("wa", "wev")
+            await c.create_stream("wb", "wev")
+            await c.create_query(window_query("qa", "wa", "wa_out", 20, 5, fa))
+            await c.create_query(window_query("qb", "wb", "wb_out", 10, 10, fb))
+            await c.start_query("qa")
+            await c.start_query("qb")
+            for i in range(0, 600, 100):
+                await c.push("wa", {"columns": cols(ahead[i : i + 100])})
+                await c.push("wb", {"columns": cols(behind[i : i + 100])})
+            # Windows that end at or before the newest t - slack are out (no late tuples).
+            closed_a = [w for w in want_a if w[1] <= max(r["t"] for r in ahead[:600]) - 2]
+            got = await collect(c, "wa_out", len(closed_a), timeout_s=90)
+            status = await c.status()
+            return {"lane": {q["name"]: q.get("lane") for q in status["queries"]}, "got": got}
+
+    async def second_half(port: int) -> dict[str, list[dict[str, Any]]]:
+        async with Client("127.0.0.1", port, timeout_s=120) as c:
+            for i in range(600, 1200, 100):
+                await c.push("wa", {"columns": cols(ahead[i : i + 100])})
+                await c.push("wb", {"columns": cols(behind[i : i + 100])})
+            await c.push("wa", {"columns": cols([flush_ahead])})
+            await c.push("wb", {"columns": cols([flush_behind])})
+            got_a = await collect(c, "wa_out", len(want_a), timeout_s=120, settle_s=3)
+            got_b = await collect(c, "wb_out", len(want_b), timeout_s=60, settle_s=3)
+            return {"a": got_a, "b": got_b}
+
+    with PeerThread(config, spark) as peer:
+        first = asyncio.run(first_half(peer.port))
+    assert first["lane"] == {"qa": True, "qb": True}
+    assert first["got"], "no window closed before the restart"
+    with PeerThread(config, spark) as peer:
+        second = asyncio.run(second_half(peer.port))
+
+    def rows(got: list[dict[str, Any]], n: int) -> Counter[tuple[Any, ...]]:
+        keys = ["window_start", "window_end", "k"] + [f"a{i}" for i in range(n)]
+        return Counter(
+            tuple(round(r[f], 9) if isinstance(r[f], float) else r[f] for f in keys) for r in got
+        )
+
+    def want(w: list[tuple[Any, ...]]) -> Counter[tuple[Any, ...]]:
+        return Counter(tuple(round(x, 9) if isinstance(x, float) else x for x in r) for r in w)
+
+    assert rows(second["a"], len(fa)) == want(want_a)
+    assert rows(second["b"], len(fb)) == want(want_b)
