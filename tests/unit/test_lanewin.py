@@ -96,7 +96,7 @@ def reference(
     of advance) that is not closed yet; then the watermark moves to max t - slack, and the
     windows it passed are emitted (whole seconds: the order field is a long)."""
     wm = 0
-    closed: set[int] = set()
+    closed: set[tuple[int, Any]] = set()
     windows: dict[tuple[int, Any], list[dict[str, Any]]] = defaultdict(list)
     out: list[tuple[Any, ...]] = []
     for rows in batches:
