@@ -312,7 +312,8 @@ def add_join_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.add_argument(
         "--no-lane",
         action="store_true",
-        help="run every query as its own Spark streaming query (no shared stateless lane)",
+        help="run every query as its own Spark streaming query (no shared lane for per-tuple "
+        "queries and small windowed aggregates)",
     )
     p.add_argument(
         "--no-warm-up",

@@ -32,7 +32,7 @@ def why_not(site: LocalSite, hosted: Collection[str], name: str) -> str | None:
     if entry.status != "RUNNING":
         return f"fragment {name} is {entry.status}, not RUNNING"
     if site.engine is None or name not in site.engine.running:
-        return f"fragment {name} runs in the shared stateless lane"
+        return f"fragment {name} runs in the shared lane"
     if site.replicated_outputs(entry.query):
         return f"fragment {name} writes replicated streams: it runs where their primary is"
     checked = site.checked(entry.query)
