@@ -249,13 +249,7 @@ def window_query(name: str, src: str, out: str, size: int, advance: int, fn: lis
     return {
         "name": name,
         "boxes": [
-            {
-                "name": "f",
-                "type": "filter",
-                "inputs": [src],
-                "outputs": [f"{out}_f"],
-                "params": {"expression.0": "k <> 3"},
-            },
+            flt(name, src, f"{out}_f", "k <> 3")["boxes"][0],
             {
                 "name": "w",
                 "type": "aggregate",
