@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import sys
@@ -226,27 +227,28 @@ def main() -> int:
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_dpc-"))
     keys = make_participants(work, ("acme", "globex"))
     trust = work / "trust"
-    island = Island().__enter__() if args.fault == "partition" else None
-    cut = Cutoff(island, keys, trust)
-    fed = LocalFederation(
-        work,
-        {
-            "acme": [*participant_args("acme", keys["acme"], trust), "--spark-master", "local[2]"],
-            "globex": [
-                *participant_args("globex", keys["globex"], trust),
-                "--spark-master",
-                "local[1]",
-                "--no-warm-up",
-            ],
-        },
-        **cut.places("globex", ["acme"]),
-    )
     runs: list[dict[str, Any]] = []
     print(
         f"machine: {bc.machine_info()}  load average: {bc.load_average()}  fault: {args.fault}",
         flush=True,
     )
-    try:
+    with contextlib.ExitStack() as stack:  # the peers stop, then the island goes
+        island = stack.enter_context(Island()) if args.fault == "partition" else None
+        cut = Cutoff(island, keys, trust)
+        fed = LocalFederation(
+            work,
+            {
+                "acme": [
+                    *participant_args("acme", keys["acme"], trust), "--spark-master", "local[2]"
+                ],
+                "globex": [
+                    *participant_args("globex", keys["globex"], trust),
+                    "--spark-master", "local[1]", "--no-warm-up",
+                ],
+            },
+            **cut.places("globex", ["acme"]),
+        )  # fmt: skip
+        stack.callback(fed.stop)
         fed.start(timeout_s=180)
 
         async def setup() -> None:
@@ -266,10 +268,6 @@ def main() -> int:
                 run["load_average"] = bc.load_average()
                 runs.append(run)
                 print(json.dumps(run), flush=True)
-    finally:
-        fed.stop()
-        if island is not None:
-            island.remove()
     cols = (
         "bound_s",
         "partition_s",

@@ -92,31 +92,24 @@ class LaneMember:
     origin: str
     first_batch: int  # lane batches before this one were planned before the member joined
     rows_out: int = 0
-    window: WindowState | None = None  # a windowed aggregate's open windows and watermark
+    # A windowed aggregate: its per-tuple part, and its open windows and watermark.
+    prefix: CheckedQuery | None = None
+    window: WindowState | None = None
 
     @classmethod
     def make(cls, checked: CheckedQuery, origin: str, first_batch: int) -> LaneMember:
         member = cls(checked, origin, first_batch)
         box = window_box(checked)
-        if box is not None and not is_stateless(checked):
+        if box is not None:
             assert isinstance(box.spec, AggregateSpec)
+            member.prefix = prefix_query(checked, box)
             member.window = WindowState(box.spec, narrow_schema(box), box.output_schemas[0])
         return member
 
     def sql(self, j: int, layout: dict[str, tuple[int, int]]) -> MemberSql:
-        if self.window is None:
+        if self.window is None or self.prefix is None:
             return member_sql(self.checked, j, layout)
-        box = window_box(self.checked)
-        assert box is not None and self.window.spec.order_on is not None
-        prefix = prefix_query(self.checked, box)
-        return window_member_sql(prefix, self.window.narrow, self.window.spec.order_on, j, layout)
-
-    @property
-    def fed(self) -> list[tuple[str, Schema]]:
-        """What the lane's statement gives this member: its results, or its aggregate's rows."""
-        if self.window is not None:
-            return [(self.window.narrow.name, self.window.narrow)]
-        return self.outputs
+        return window_member_sql(self.prefix, self.window.narrow, self.window.order_on, j, layout)
 
     @property
     def outputs(self) -> list[tuple[str, Schema]]:
@@ -126,9 +119,12 @@ class LaneMember:
 class Lane:
     """Owned by the engine; every method runs on the engine's Spark thread."""
 
-    def __init__(self, spools: SpoolSet, root: Path, *, trigger_s: float, max_rows: int) -> None:
+    def __init__(
+        self, spools: SpoolSet, root: Path, *, name: str, trigger_s: float, max_rows: int
+    ) -> None:
         self.spools = spools
         self.root = root
+        self.name = name  # the streaming query's name in the Spark session
         self.trigger_s = trigger_s
         self.max_rows = max_rows
         self.members: dict[str, LaneMember] = {}
@@ -146,6 +142,7 @@ class Lane:
         # members, then kept in memory; ``_windows_batch`` is the batch they reflect.
         self._windows_loaded = False
         self._windows_batch = -1
+        self._state_paths: list[Path] = []  # the state files on disk, oldest first
 
     def add(
         self, spark: SparkSession, checked: CheckedQuery, incarnation: str, *, resume: bool = False
@@ -228,8 +225,7 @@ class Lane:
             .load()
         )
         self.handle = (
-            # One name per peer: peers in one process (tests) may share a Spark session.
-            frame.writeStream.queryName(f"fedstream-lane-{_digest(str(self.root))}")
+            frame.writeStream.queryName(self.name)
             .option("checkpointLocation", str(self.root / "checkpoint"))
             .trigger(processingTime=f"{self.trigger_s} seconds")
             .foreachBatch(self._sink)
@@ -318,6 +314,7 @@ class Lane:
         return self.root / "windows"
 
     def _state_files(self) -> list[tuple[int, Path]]:
+        """Read from the directory once, at load; then kept by ``_save_windows``."""
         directory = self._state_dir()
         if not directory.is_dir():
             return []
@@ -329,7 +326,9 @@ class Lane:
         ``batch_id`` (none: empty windows)."""
         import msgpack
 
-        earlier = [path for n, path in self._state_files() if n < batch_id]
+        files = self._state_files()
+        self._state_paths = [path for _, path in files]
+        earlier = [path for n, path in files if n < batch_id]
         states: dict[str, Any] = {}
         if earlier:
             states = msgpack.unpackb(earlier[-1].read_bytes(), strict_map_key=False)
@@ -363,8 +362,10 @@ class Lane:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         self._windows_batch = batch_id
-        for _, old in self._state_files()[:-2]:
-            old.unlink(missing_ok=True)
+        if path not in self._state_paths:  # (a re-run batch writes its file again)
+            self._state_paths.append(path)
+        while len(self._state_paths) > 2:
+            self._state_paths.pop(0).unlink(missing_ok=True)
 
     def member_names(self) -> list[str]:
         with self._lock:
@@ -380,15 +381,7 @@ class Lane:
             "lane": True,
             "batches": self.batches,
             "rows_out": member.rows_out,
-            **(
-                {
-                    "watermark_ms": member.window.watermark_ms,
-                    "open_groups": len(member.window.groups),
-                    "late": member.window.late,
-                }
-                if member.window is not None
-                else {}
-            ),
+            **(member.window.describe() if member.window is not None else {}),
             "last_batch_s": round(self.last_batch_s, 4),
             "phase_s": {k: round(v, 4) for k, v in self.phase_s.items()},
         }
@@ -402,12 +395,6 @@ class Lane:
             return None
         exc = self.handle.exception()
         return error_line(exc) if exc is not None else "stopped"
-
-
-def _digest(text: str) -> str:
-    import hashlib
-
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def _member_output(

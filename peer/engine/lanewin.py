@@ -47,6 +47,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from peer.model.plan import (
+    AggregateCall,
     AggregateSpec,
     CheckedBox,
     CheckedQuery,
@@ -137,6 +138,7 @@ class WindowState:
     def __init__(self, spec: AggregateSpec, narrow: Schema, out: Schema) -> None:
         assert spec.order_on is not None
         self.spec = spec
+        self.order_on: str = spec.order_on
         self.narrow = narrow
         self.out = out
         self.order_type = spec.order_type
@@ -145,6 +147,7 @@ class WindowState:
         self.delay_ms = _micros(spec.slack) // 1000
         self.per_tuple = -(-self.size // self.advance)  # windows a tuple falls in
         self.timestamps = {f.name for f in narrow.fields if f.type == TIMESTAMP}
+        self.arrow_aggs = _arrow_aggs(spec.calls)
         self.reset()
 
     def reset(self) -> None:
@@ -153,15 +156,21 @@ class WindowState:
         self.late = 0  # (tuple, window) pairs dropped because the window was emitted
         self.emitted = 0
 
+    def describe(self) -> dict[str, int]:
+        """Counters for the query's status."""
+        return {
+            "watermark_ms": self.watermark_ms,
+            "open_groups": len(self.groups),
+            "late": self.late,
+        }
+
     # ------------------------------------------------------------------ taking a batch
     def take(self, rows: pa.Table) -> pa.Table | None:
         """Merge one batch's rows (``narrow`` fields, order value never NULL) and return the
         windows the batch closes (the output stream's schema), or None."""
         if rows.num_rows == 0:
             return None
-        spec = self.spec
-        assert spec.order_on is not None
-        ts = event_micros(rows.column(spec.order_on), self.order_type)
+        ts = event_micros(rows.column(self.order_on), self.order_type)
         newest_ms = _trunc_div(int(ts.max()), 1000)
         columns = {
             name: rows.column(name).cast(pa.int64())
@@ -174,8 +183,10 @@ class WindowState:
         parts = []
         for k in range(self.per_tuple):
             start = last_start - k * self.advance
-            keep = (start + self.size > ts) & (start + self.size > open_after)
-            self.late += int(np.count_nonzero((start + self.size > ts) & ~keep))
+            end = start + self.size
+            holds = end > ts  # the tuple falls in this window
+            keep = holds & (end > open_after)
+            self.late += int(np.count_nonzero(holds & ~keep))
             if not keep.any():
                 continue
             mask = pa.array(keep)
@@ -189,24 +200,7 @@ class WindowState:
 
     def _merge(self, table: pa.Table) -> None:
         spec = self.spec
-        aggs: list[tuple[Any, ...]] = []
-        for call in spec.calls:
-            arg = call.argument
-            fn = call.function
-            if fn == "count":
-                if arg is None:
-                    aggs.append((WS, "count", pc.CountOptions(mode="all")))
-                else:
-                    aggs.append((arg, "count", pc.CountOptions(mode="only_valid")))
-            elif fn == "count_distinct":
-                aggs.append((arg, "distinct", pc.CountOptions(mode="only_valid")))
-            elif fn == "avg":
-                aggs.append((arg, "sum", pc.ScalarAggregateOptions(min_count=1)))
-                aggs.append((arg, "count", pc.CountOptions(mode="only_valid")))
-            elif fn == "sum":
-                aggs.append((arg, "sum", pc.ScalarAggregateOptions(min_count=1)))
-            else:
-                aggs.append((arg, fn, pc.ScalarAggregateOptions(min_count=1)))
+        aggs = self.arrow_aggs
         keys = [WS, *spec.group_by]
         grouped = table.group_by(keys, use_threads=False).aggregate(aggs)
         cols = [grouped.column(i).to_pylist() for i in range(grouped.num_columns)]
@@ -298,6 +292,27 @@ class WindowState:
             tuple(key): [set(a) if d else a for a, d in zip(acc, distinct, strict=True)]
             for key, acc in state["g"]
         }
+
+
+def _arrow_aggs(calls: Iterable[AggregateCall]) -> list[tuple[Any, ...]]:
+    """Arrow's hash aggregations giving each call's partial state for one batch (avg: a sum
+    and a count)."""
+    valid = pc.CountOptions(mode="only_valid")
+    some = pc.ScalarAggregateOptions(min_count=1)  # NULL, not 0, when no value is present
+    aggs: list[tuple[Any, ...]] = []
+    for call in calls:
+        arg, fn = call.argument, call.function
+        if fn == "count":
+            aggs.append(
+                (WS, "count", pc.CountOptions(mode="all")) if arg is None else (arg, "count", valid)
+            )
+        elif fn == "count_distinct":
+            aggs.append((arg, "distinct", valid))
+        elif fn == "avg":
+            aggs += [(arg, "sum", some), (arg, "count", valid)]
+        else:  # sum, min, max
+            aggs.append((arg, fn, some))
+    return aggs
 
 
 def _add(a: Any, b: Any) -> Any:

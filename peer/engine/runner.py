@@ -106,8 +106,14 @@ class Engine:
         # query alone runs at plain Spark's speed on its own, and the lane's per-batch cost
         # (temp view, SQL, envelope) pays off only once it saves a second streaming query.
         self.lane_after = lane_after
+        lane_root = checkpoint_root / "lane"
         self.lane = Lane(
-            spools, checkpoint_root / "lane", trigger_s=trigger_s, max_rows=max_rows_per_batch
+            spools,
+            lane_root,
+            # one Spark name per peer: peers in one process (tests) may share a session
+            name=query_key(str(lane_root), "lane"),
+            trigger_s=trigger_s,
+            max_rows=max_rows_per_batch,
         )
         # Seams for replicated fragments (peer.federation.fragments), called on Spark's
         # callback thread: ``on_batch(query, batch id, checkpoint)`` before a micro-batch

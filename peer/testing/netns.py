@@ -150,18 +150,17 @@ class Cutoff:
         return ["--participant", name, "--key", str(self.keys[name]), "--trust", str(self.trust)]
 
     def begin(self, proc: PeerProcess) -> None:
-        if self.island is not None:
-            self.island.cut()
-        else:
-            assert proc.proc is not None
-            os.killpg(proc.proc.pid, signal.SIGSTOP)
+        self._fault(proc, on=True)
 
     def end(self, proc: PeerProcess) -> None:
+        self._fault(proc, on=False)
+
+    def _fault(self, proc: PeerProcess, *, on: bool) -> None:
         if self.island is not None:
-            self.island.heal()
-        else:
-            assert proc.proc is not None
-            os.killpg(proc.proc.pid, signal.SIGCONT)
+            (self.island.cut if on else self.island.heal)()
+            return
+        assert proc.proc is not None
+        os.killpg(proc.proc.pid, signal.SIGSTOP if on else signal.SIGCONT)
 
 
 async def whole_again(client: Client, timeout_s: float = 60) -> None:
