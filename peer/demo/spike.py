@@ -5,7 +5,10 @@ alpha-beta (price 20 per unit of load, any box) and beta-gamma (price 1000); no 
 alpha and gamma. alpha offers half a core (``--capacity 0.5``) and runs three windowed
 aggregates over a stream it hosts. Pushes go from a trickle to a spike and back: alpha's load
 rises over its capacity, its brain offers boxes to beta (its only partner), beta takes them
-while its own cost stays under the price, and the fragments move with their state. The live
+while its own cost stays under the price, and the fragments move with their state. alpha's
+first aggregate runs as its own streaming query and is the one that can move; the other two
+share the lane (``peer.engine.lane``), whose members stay on their peer, and whose busy time
+the brain counts apart so that it is not charged to the movable one. The live
 view shows each peer's utilisation, fragments and ledger. At the end every result stream is
 read (through gamma, which runs none of them) and compared tuple for tuple with plain Python.
 

@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# The lane's entry in busy_seconds: object names start with a letter, digit or underscore.
+LANE_BUSY = "(lane)"
 
 
 def query_key(name: str, incarnation: str) -> str:
@@ -405,25 +407,30 @@ class Engine:
 
     async def busy_seconds(self) -> dict[str, float]:
         """Seconds each query with its own streaming query has spent running micro-batches,
-        cumulative while this engine runs (the brain's load per fragment, peer.load). Lane
-        members share one streaming query and cannot move: they are left out.
+        cumulative while this engine runs (the brain's load per fragment, peer.load). The lane
+        counts as one more entry, under :data:`LANE_BUSY` (no query can have that name): its
+        members cannot move, but the time it takes is time no movable fragment used, so the
+        brain must not charge it to them.
 
         Spark keeps the last ``spark.sql.streaming.numRecentProgressUpdates`` (100) progress
         reports per query; each trigger's ``triggerExecution`` time is added once, the newest
         report counted being remembered by its trigger start time and batch id. The time is
         used rather than the batch id alone because an idle trigger reports the id of the
         batch still to come. Between two calls more than 100 triggers go partly uncounted."""
-        running = dict(self.running)  # snapshot on the loop, which owns the dict
+        # name -> what has a streaming query ``handle``; snapshot on the loop, which owns it
+        handles: dict[str, Any] = dict(self.running)
         # Kept on the engine across calls, created on first use: query name -> ((trigger
         # start, batch id) of the newest report counted, seconds so far).
         busy: dict[str, tuple[tuple[str, int], float]] = self.__dict__.setdefault("_busy", {})
 
         def ask() -> dict[str, float]:
+            if self.lane.handle is not None:  # the lane is the Spark thread's
+                handles[LANE_BUSY] = self.lane
             for name in list(busy):
-                if name not in running:
+                if name not in handles:
                     del busy[name]
             out: dict[str, float] = {}
-            for name, query in running.items():
+            for name, query in handles.items():
                 newest, total = busy.get(name, (("", -1), 0.0))
                 try:
                     progress = query.handle.recentProgress

@@ -221,3 +221,32 @@ def test_engine_counts_each_trigger_once(tmp_path: Path) -> None:
     assert second == {"q": pytest.approx(2.005)}
     assert third == {"q": pytest.approx(2.005), "lost": 0.0}
     assert fourth == {"lost": 0.0}
+
+
+def test_engine_counts_the_lane_apart_from_the_fragments(tmp_path: Path) -> None:
+    """The lane's batches are busy time no movable fragment used: counted under LANE_BUSY, so
+    that fragment_loads does not charge the lane's CPU to the fragments that may move."""
+    from peer.brain.load import fragment_loads
+    from peer.engine.runner import LANE_BUSY, Engine
+    from peer.storage.spool import SpoolSet
+
+    engine = Engine(SpoolSet(tmp_path / "spool", fsync=False), tmp_path / "checkpoints")
+    engine.running = {
+        "q": SimpleNamespace(  # type: ignore[dict-item]
+            handle=SimpleNamespace(recentProgress=[progress("2026-01-01T00:00:00.000Z", 0, 500)])
+        ),
+    }
+    engine.lane.handle = SimpleNamespace(  # type: ignore[assignment]
+        recentProgress=[progress("2026-01-01T00:00:00.000Z", 0, 1500)]
+    )
+    try:
+        busy = asyncio.run(engine.busy_seconds())
+    finally:
+        engine._executor.shutdown(wait=True)
+        engine.lane.handle = None
+    assert busy == {"q": pytest.approx(0.5), LANE_BUSY: pytest.approx(1.5)}
+    # Over a 1 s period with 2 cores used, q and the lane side by side: q ran a quarter of the
+    # busy time, so it is charged a quarter (without the lane's entry it would be charged 1.0).
+    loads = fragment_loads(2.0, dict(busy))
+    assert loads["q"] == pytest.approx(0.5)
+    assert fragment_loads(2.0, {"q": busy["q"]})["q"] == pytest.approx(1.0)
