@@ -38,13 +38,14 @@ DEFAULT_CONF: dict[str, str] = {
     # replicated fragments: peer.federation.fragments) smaller.
     "spark.sql.streaming.minBatchesToRetain": "10",
     # Every micro-batch writes its offset-log and commit-log entries through Hadoop. Without
-    # Hadoop's native library (the pip wheel has none) the default FileContext manager spawns
-    # `readlink` and `chmod` processes from the JVM for them (about 2.6 per batch, measured
-    # with strace): ~30 ms per log entry on 2 cores, where a stateless batch takes ~150 ms.
-    # The FileSystem manager spawns about one `chmod` per batch: ~8 ms per entry. Renames stay
-    # POSIX rename(2), atomic as before, and neither manager fsyncs. (The raw local file
-    # system would also drop the .crc side files, but the RocksDB state store refuses it.)
-    # Measured in docs/benchmarks.md.
+    # Hadoop's native library (the pip wheel has none), the default FileContext manager made a
+    # plain PySpark process here spawn `readlink` and `chmod` from the JVM (about 2.5 per batch,
+    # strace): ~30 ms per log entry, a stateless batch 150 ms instead of 104. The FileSystem
+    # manager spawns about one `chmod` per batch. Renames stay POSIX rename(2), atomic as
+    # before; neither manager fsyncs. `peer join`'s own JVM was not seen spawning `readlink`
+    # even before (why was not found): the benchmarks' plain Spark references, which use this
+    # session too, were the ones paying it (docs/benchmarks.md). The raw local file system
+    # would drop the .crc side files as well, but the RocksDB state store refuses it.
     "spark.sql.streaming.checkpointFileManagerClass": (
         "org.apache.spark.sql.execution.streaming.checkpointing."
         "FileSystemBasedCheckpointFileManager"
