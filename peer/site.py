@@ -33,9 +33,9 @@ from peer.model.schema import Schema, check_name, parse_schema, to_arrow_schema
 from peer.model.tentative import UNDO
 from peer.model.tuples import batch_from_wire
 from peer.protocol.api import QUERY_STATUSES, READY, START_POSITIONS
+from peer.replication.fence import ReplicaState
 from peer.storage.catalog import LocalCatalog, QueryEntry
 from peer.storage.feed import after_offset, open_tentative, trimmed_gap, wire_entries
-from peer.storage.replica_state import ReplicaState
 from peer.storage.spool import Spool, SpoolSet
 from peer.storage.spool_format import Quarantine, TrimmedError
 

@@ -108,24 +108,56 @@ PEER_ARGS: list[str] = []  # extra `peer join` options (--peer-args)
 def peer_query(kind: str, name: str) -> dict[str, Any]:
     src, out = f"{name}_in", f"{name}_out"
     if kind == "filter":
-        return {"name": name, "boxes": [
-            {"name": "sel", "type": "filter", "inputs": [src], "outputs": [f"{name}_hot"],
-             "params": {"expression.0": f"v >= {THRESHOLD}"}},
-            {"name": "proj", "type": "map", "inputs": [f"{name}_hot"], "outputs": [out],
-             "params": {"expression.0": "k", "output-field-name.0": "k",
-                        "expression.1": "v", "output-field-name.1": "v",
-                        "expression.2": "sent", "output-field-name.2": "sent"}},
-        ]}
-    return {"name": name, "boxes": [
-        {"name": "agg", "type": "aggregate", "inputs": [src], "outputs": [out],
-         "params": {"aggregate-function.0": "count()", "aggregate-function-output-name.0": "n",
+        return {
+            "name": name,
+            "boxes": [
+                {
+                    "name": "sel",
+                    "type": "filter",
+                    "inputs": [src],
+                    "outputs": [f"{name}_hot"],
+                    "params": {"expression.0": f"v >= {THRESHOLD}"},
+                },
+                {
+                    "name": "proj",
+                    "type": "map",
+                    "inputs": [f"{name}_hot"],
+                    "outputs": [out],
+                    "params": {
+                        "expression.0": "k",
+                        "output-field-name.0": "k",
+                        "expression.1": "v",
+                        "output-field-name.1": "v",
+                        "expression.2": "sent",
+                        "output-field-name.2": "sent",
+                    },
+                },
+            ],
+        }
+    return {
+        "name": name,
+        "boxes": [
+            {
+                "name": "agg",
+                "type": "aggregate",
+                "inputs": [src],
+                "outputs": [out],
+                "params": {
+                    "aggregate-function.0": "count()",
+                    "aggregate-function-output-name.0": "n",
                     "aggregate-function.1": "avg(v)",
                     "aggregate-function-output-name.1": "mean_v",
                     "aggregate-function.2": "max(sent)",
                     "aggregate-function-output-name.2": "max_sent",
-                    "window-size": str(WINDOW_S), "advance": str(WINDOW_S),
-                    "order-on-field": "t", "group-by": "k", "slack": "0"}},
-    ]}
+                    "window-size": str(WINDOW_S),
+                    "advance": str(WINDOW_S),
+                    "order-on-field": "t",
+                    "group-by": "k",
+                    "slack": "0",
+                },
+            },
+        ],
+    }
 
 
 # --------------------------------------------------------------------------- load & results
@@ -196,8 +228,9 @@ class Lane:
             rows += int(c)
         self.result_batches.append((recv, rows))
 
-    def add_agg(self, recv: float, we: list[int], k: list[int], n: list[int],
-                ms: list[int]) -> None:
+    def add_agg(
+        self, recv: float, we: list[int], k: list[int], n: list[int], ms: list[int]
+    ) -> None:
         for w, key, cnt, m in zip(we, k, n, ms, strict=True):
             cell = (int(w), int(key))
             if cell in self.a_rows:
@@ -213,7 +246,9 @@ def analyze(lane: Lane, t0: float, t1: float, max_p99: float) -> dict[str, Any]:
     pushed_rows = sum(p.rows for p in pushes)
     acks = [p.ack - p.sent_us / US for p in pushes if p.ack is not None]
     out: dict[str, Any] = {
-        "lane": lane.name, "push_rate": pushed_rows / span, "pushes": len(pushes),
+        "lane": lane.name,
+        "push_rate": pushed_rows / span,
+        "pushes": len(pushes),
         "ack_p50": bc.quantile(np.array(acks), 0.5) if acks else float("nan"),
         "ack_p99": bc.quantile(np.array(acks), 0.99) if acks else float("nan"),
     }
@@ -228,14 +263,18 @@ def analyze(lane: Lane, t0: float, t1: float, max_p99: float) -> dict[str, Any]:
         expected = sum(wanted.values())
         received = sum(min(lane.f_count.get(s, 0), e) for s, e in wanted.items())
         missing = expected - received
-        delivered_rows = sum(p.rows for p in pushes
-                             if lane.f_count.get(p.sent_us, 0) >= wanted[p.sent_us])
-        samples = np.concatenate([np.repeat(np.array(lat), np.array(weights, dtype=np.int64)),
-                                  np.full(missing, np.inf)])
-        sample_t = np.concatenate([np.repeat(np.array(times), np.array(weights, dtype=np.int64)),
-                                   np.full(missing, t1)])
-        out.update(expected=expected, received=received, achieved=delivered_rows / span,
-                   mismatches=0)
+        delivered_rows = sum(
+            p.rows for p in pushes if lane.f_count.get(p.sent_us, 0) >= wanted[p.sent_us]
+        )
+        samples = np.concatenate(
+            [np.repeat(np.array(lat), np.array(weights, dtype=np.int64)), np.full(missing, np.inf)]
+        )
+        sample_t = np.concatenate(
+            [np.repeat(np.array(times), np.array(weights, dtype=np.int64)), np.full(missing, t1)]
+        )
+        out.update(
+            expected=expected, received=received, achieved=delivered_rows / span, mismatches=0
+        )
     else:
         all_sent = [p.sent_us for p in lane.pushes]  # in push order: increasing
         first, last = math.ceil(t0), math.floor(t1) - WINDOW_S
@@ -275,9 +314,13 @@ def analyze(lane: Lane, t0: float, t1: float, max_p99: float) -> dict[str, Any]:
                 delivered_rows += rows
         samples, sample_t = np.array(lat_l), np.array(time_l)
         missing = expected - received
-        out.update(expected=expected, received=received, windows=len(starts),
-                   achieved=delivered_rows / max(len(starts) * WINDOW_S, 1e-9),
-                   mismatches=mismatches)
+        out.update(
+            expected=expected,
+            received=received,
+            windows=len(starts),
+            achieved=delivered_rows / max(len(starts) * WINDOW_S, 1e-9),
+            mismatches=mismatches,
+        )
     out["p50"] = bc.quantile(samples, 0.5)
     out["p99"] = bc.quantile(samples, 0.99)
     out["max"] = float(samples.max()) if len(samples) else float("nan")
@@ -304,8 +347,10 @@ def judge(stats: dict[str, Any], offered: float, max_p99: float) -> list[str]:
         why.append(f"p99 {bc.fmt_s(stats['p99'])} > {max_p99:g} s")
     growth = stats["p50_last_third"] - stats["p50_first_third"]
     if not growth <= 1.0:
-        why.append(f"latency growing ({bc.fmt_s(stats['p50_first_third'])} -> "
-                   f"{bc.fmt_s(stats['p50_last_third'])})")
+        why.append(
+            f"latency growing ({bc.fmt_s(stats['p50_first_third'])} -> "
+            f"{bc.fmt_s(stats['p50_last_third'])})"
+        )
     if stats.get("mismatches"):
         why.append(f"{stats['mismatches']} windows with wrong counts")
     return why
@@ -314,8 +359,9 @@ def judge(stats: dict[str, Any], offered: float, max_p99: float) -> list[str]:
 # --------------------------------------------------------------------------- load driver
 
 
-async def _push_one(lane: Lane, rec: PushRec, table: pa.Table, sem: asyncio.Semaphore,
-                    errors: list[BaseException]) -> None:
+async def _push_one(
+    lane: Lane, rec: PushRec, table: pa.Table, sem: asyncio.Semaphore, errors: list[BaseException]
+) -> None:
     try:
         await lane.push(table)
         rec.ack = time.time()
@@ -374,9 +420,18 @@ class PointResult:
     tail_s: float
 
 
-async def run_point(lanes: list[Lane], rate: float, *, warm_s: float, measure_s: float,
-                    tail_s: float, inflight: int, server_pid: int, max_p99: float,
-                    label: str) -> PointResult:
+async def run_point(
+    lanes: list[Lane],
+    rate: float,
+    *,
+    warm_s: float,
+    measure_s: float,
+    tail_s: float,
+    inflight: int,
+    server_pid: int,
+    max_p99: float,
+    label: str,
+) -> PointResult:
     stop = asyncio.Event()
     tasks = [asyncio.create_task(pace(lane, rate, inflight, stop)) for lane in lanes]
 
@@ -416,8 +471,18 @@ async def run_point(lanes: list[Lane], rate: float, *, warm_s: float, measure_s:
         if task.exception() is not None:
             raise task.exception()  # type: ignore[misc]
     stats = [analyze(lane, t0, t1, max_p99) for lane in lanes]
-    return PointResult(rate, stats, server_cores, server.breakdown, system_cores, bench_cores,
-                       memory, t0, t1, tail_used)
+    return PointResult(
+        rate,
+        stats,
+        server_cores,
+        server.breakdown,
+        system_cores,
+        bench_cores,
+        memory,
+        t0,
+        t1,
+        tail_used,
+    )
 
 
 # --------------------------------------------------------------------------- the peer
@@ -448,11 +513,12 @@ class PeerSystem:
 
         started = time.monotonic()
         await asyncio.to_thread(self.proc.start, 240)
-        print(f"  peer ready on port {self.proc.port} in {time.monotonic() - started:.1f} s",
-              flush=True)
+        print(
+            f"  peer ready on port {self.proc.port} in {time.monotonic() - started:.1f} s",
+            flush=True,
+        )
         self.ctl = Client("127.0.0.1", self.proc.port, timeout_s=120, client_name="bench-ctl")
-        self.pusher = Client("127.0.0.1", self.proc.port, timeout_s=60,
-                             client_name="bench-push")
+        self.pusher = Client("127.0.0.1", self.proc.port, timeout_s=60, client_name="bench-push")
         self.subs = Client("127.0.0.1", self.proc.port, timeout_s=60, client_name="bench-sub")
         for client in (self.ctl, self.pusher, self.subs):
             await client.connect()
@@ -467,8 +533,10 @@ class PeerSystem:
             self.proc.proc.wait(30)
         log = self.proc.log_path.read_text(errors="replace")
         last = [line.strip() for line in log.splitlines() if line.strip()][-1:]
-        self.crashes.append(f"{type(why).__name__}: {why} / peer exit "
-                            f"{self.proc.proc.returncode}, log: {' '.join(last)[:300]}")
+        self.crashes.append(
+            f"{type(why).__name__}: {why} / peer exit "
+            f"{self.proc.proc.returncode}, log: {' '.join(last)[:300]}"
+        )
         print(f"  PEER DIED ({self.crashes[-1]}); restarting it", flush=True)
         for client in (self.ctl, self.pusher, self.subs):
             with contextlib.suppress(Exception):
@@ -559,9 +627,11 @@ class PeerSystem:
                         continue
                     engine.append(appended - all_sent[i] / US)
                     delivery.append(got[0] - appended)
-        return {"engine_p50": bc.quantile(np.array(engine), 0.5),
-                "delivery_p50": bc.quantile(np.array(delivery), 0.5),
-                "delivery_p99": bc.quantile(np.array(delivery), 0.99)}
+        return {
+            "engine_p50": bc.quantile(np.array(engine), 0.5),
+            "delivery_p50": bc.quantile(np.array(delivery), 0.5),
+            "delivery_p99": bc.quantile(np.array(delivery), 0.99),
+        }
 
     async def micro_batches(self) -> dict[str, int]:
         status = await self.ctl.status()
@@ -608,15 +678,24 @@ class ReferenceSystem:
     async def start(self) -> None:
         started = time.monotonic()
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(Path(__file__).resolve()), "--reference-worker",
-            "--work-dir", str(self.work),
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, cwd=str(ROOT),
-            start_new_session=True, limit=64 * 1024 * 1024,
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--reference-worker",
+            "--work-dir",
+            str(self.work),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            cwd=str(ROOT),
+            start_new_session=True,
+            limit=64 * 1024 * 1024,
         )
         self._reader = asyncio.create_task(self._read())
         ready = await self._reply(240)
-        print(f"  reference Spark {ready.get('version')} ready in "
-              f"{time.monotonic() - started:.1f} s", flush=True)
+        print(
+            f"  reference Spark {ready.get('version')} ready in {time.monotonic() - started:.1f} s",
+            flush=True,
+        )
         self._trimmer = asyncio.create_task(self._trim())
 
     async def _read(self) -> None:
@@ -671,9 +750,16 @@ class ReferenceSystem:
         self.spools[name] = spool
         lane = Lane(name, kind, lambda table: asyncio.to_thread(spool.append, table), load)
         self.lanes[name] = lane
-        await self._send({"op": "start", "name": name, "kind": kind, "spool": str(spool_dir),
-                          "reader": reader,
-                          "checkpoint": str(self.work / "reference-checkpoints" / name)})
+        await self._send(
+            {
+                "op": "start",
+                "name": name,
+                "kind": kind,
+                "spool": str(spool_dir),
+                "reader": reader,
+                "checkpoint": str(self.work / "reference-checkpoints" / name),
+            }
+        )
         return lane
 
     async def drop_query(self, name: str) -> None:
@@ -727,8 +813,9 @@ def reference_worker(work: Path) -> int:
             real_stdout.flush()
 
     sys.stdout = sys.stderr  # anything else printed goes to the log
-    spark = build_session("local[*]", app_name="bench-reference",
-                          warehouse_dir=str(work / "reference-warehouse"))
+    spark = build_session(
+        "local[*]", app_name="bench-reference", warehouse_dir=str(work / "reference-warehouse")
+    )
     register_sources(spark)
     ddl = spark_schema_ddl()
     emit({"ready": True, "version": spark.version})
@@ -750,25 +837,47 @@ def reference_worker(work: Path) -> int:
                 emit({"r": name, "recv": recv, "sent": sent, "cnt": cnt})
         else:
             w = F.window("t", f"{WINDOW_S} seconds")
-            frame = (df.withWatermark("t", "0 seconds").groupBy(w.alias("w"), "k")
-                     .agg(F.count(F.lit(1)).alias("n"), F.avg("v").alias("mean_v"),
-                          F.max("sent").alias("max_sent"))
-                     .select(F.col("w.start").alias("window_start"),
-                             F.col("w.end").alias("window_end"), "k", "n", "mean_v",
-                             "max_sent"))
+            frame = (
+                df.withWatermark("t", "0 seconds")
+                .groupBy(w.alias("w"), "k")
+                .agg(
+                    F.count(F.lit(1)).alias("n"),
+                    F.avg("v").alias("mean_v"),
+                    F.max("sent").alias("max_sent"),
+                )
+                .select(
+                    F.col("w.start").alias("window_start"),
+                    F.col("w.end").alias("window_end"),
+                    "k",
+                    "n",
+                    "mean_v",
+                    "max_sent",
+                )
+            )
 
             def sink(batch: Any, batch_id: int) -> None:
                 table = batch.toArrow()
                 recv = time.time()
                 we = table.column("window_end").cast(pa.int64()).to_pylist()
-                emit({"r": name, "recv": recv, "we": we, "k": table.column("k").to_pylist(),
-                      "n": table.column("n").to_pylist(),
-                      "ms": table.column("max_sent").to_pylist()})
+                emit(
+                    {
+                        "r": name,
+                        "recv": recv,
+                        "we": we,
+                        "k": table.column("k").to_pylist(),
+                        "n": table.column("n").to_pylist(),
+                        "ms": table.column("max_sent").to_pylist(),
+                    }
+                )
 
-        queries[name] = (frame.writeStream.queryName(name)
-                         .option("checkpointLocation", cmd["checkpoint"])
-                         .outputMode("append").trigger(processingTime="0 seconds")
-                         .foreachBatch(sink).start())
+        queries[name] = (
+            frame.writeStream.queryName(name)
+            .option("checkpointLocation", cmd["checkpoint"])
+            .outputMode("append")
+            .trigger(processingTime="0 seconds")
+            .foreachBatch(sink)
+            .start()
+        )
 
     for line in sys.stdin:
         cmd = json.loads(line)
@@ -795,8 +904,9 @@ def reference_worker(work: Path) -> int:
 # --------------------------------------------------------------------------- phases
 
 
-async def rate_steps(system: Any, kind: str, rates: list[float], args: argparse.Namespace,
-                     seed: int) -> list[dict[str, Any]]:
+async def rate_steps(
+    system: Any, kind: str, rates: list[float], args: argparse.Namespace, seed: int
+) -> list[dict[str, Any]]:
     """Step the offered rate of one query until a point does not keep up."""
     name = f"b{kind}"
     load = Load(args.batch_rows, args.keys, seed)
@@ -810,34 +920,55 @@ async def rate_steps(system: Any, kind: str, rates: list[float], args: argparse.
             i, rate = plan.pop(0)
             b0 = await system.micro_batches()
             point = await run_point(
-                [lane], rate, warm_s=args.warmup if i == 0 else args.settle,
-                measure_s=args.duration, tail_s=args.tail, inflight=inflight,
-                server_pid=system.pid, max_p99=args.max_p99,
-                label=f"{system.label} {kind} {bc.fmt_rate(rate)}/s")
+                [lane],
+                rate,
+                warm_s=args.warmup if i == 0 else args.settle,
+                measure_s=args.duration,
+                tail_s=args.tail,
+                inflight=inflight,
+                server_pid=system.pid,
+                max_p99=args.max_p99,
+                label=f"{system.label} {kind} {bc.fmt_rate(rate)}/s",
+            )
             b1 = await system.micro_batches()
             stats = point.lanes[0]
             if isinstance(system, PeerSystem):
                 stats.update(system.stage_times(lane, point.t0, point.t1))
             why = judge(stats, rate, args.max_p99)
-            row = {"system": system.label, "query": kind, "offered": rate, **stats,
-                   "kept_up": not why, "why": why, "server_cores": point.server_cores,
-                   "server_breakdown": point.server_breakdown,
-                   "system_cores": point.system_cores, "bench_cores": point.bench_cores,
-                   "memory": point.memory, "tail_s": point.tail_s,
-                   "micro_batches": b1.get(name, 0) - b0.get(name, 0)}
+            row = {
+                "system": system.label,
+                "query": kind,
+                "offered": rate,
+                **stats,
+                "kept_up": not why,
+                "why": why,
+                "server_cores": point.server_cores,
+                "server_breakdown": point.server_breakdown,
+                "system_cores": point.system_cores,
+                "bench_cores": point.bench_cores,
+                "memory": point.memory,
+                "tail_s": point.tail_s,
+                "micro_batches": b1.get(name, 0) - b0.get(name, 0),
+            }
             results.append(row)
             if "engine_p50" in stats:
-                print(f"    push -> result spool p50 {bc.fmt_s(stats['engine_p50'])}, "
-                      f"result spool -> subscriber p50 {bc.fmt_s(stats['delivery_p50'])} "
-                      f"p99 {bc.fmt_s(stats['delivery_p99'])}", flush=True)
-            print(f"    achieved {bc.fmt_rate(stats['achieved'])}/s, "
-                  f"p50 {bc.fmt_s(stats['p50'])}, p99 {bc.fmt_s(stats['p99'])}, "
-                  f"push ack p50 {bc.fmt_s(stats['ack_p50'])}, "
-                  f"server {point.server_cores:.2f} cores ("
-                  + ", ".join(f"{k} {v:.2f}" for k, v in sorted(point.server_breakdown.items()))
-                  + f"), bench {point.bench_cores:.2f}, machine {point.system_cores:.2f}, "
-                  f"{row['micro_batches']} micro-batches, "
-                  f"{'kept up' if not why else 'FELL BEHIND: ' + '; '.join(why)}", flush=True)
+                print(
+                    f"    push -> result spool p50 {bc.fmt_s(stats['engine_p50'])}, "
+                    f"result spool -> subscriber p50 {bc.fmt_s(stats['delivery_p50'])} "
+                    f"p99 {bc.fmt_s(stats['delivery_p99'])}",
+                    flush=True,
+                )
+            print(
+                f"    achieved {bc.fmt_rate(stats['achieved'])}/s, "
+                f"p50 {bc.fmt_s(stats['p50'])}, p99 {bc.fmt_s(stats['p99'])}, "
+                f"push ack p50 {bc.fmt_s(stats['ack_p50'])}, "
+                f"server {point.server_cores:.2f} cores ("
+                + ", ".join(f"{k} {v:.2f}" for k, v in sorted(point.server_breakdown.items()))
+                + f"), bench {point.bench_cores:.2f}, machine {point.system_cores:.2f}, "
+                f"{row['micro_batches']} micro-batches, "
+                f"{'kept up' if not why else 'FELL BEHIND: ' + '; '.join(why)}",
+                flush=True,
+            )
             if why and i == 0 and not discarded:
                 # The first point of a query also absorbs its slow first micro-batches (state
                 # store, Python workers, JIT): give it one more go before concluding.
@@ -862,12 +993,15 @@ async def idle_cpu(pid: int, seconds: float) -> tuple[float, float]:
     return meter.stop()
 
 
-async def many_queries(peer: PeerSystem, args: argparse.Namespace,
-                       results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+async def many_queries(
+    peer: PeerSystem, args: argparse.Namespace, results: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     lanes: list[Lane] = []
     for count in args.queries:
-        print(f"  {count} {args.multi_kind} queries at {bc.fmt_rate(args.per_query_rate)}/s each",
-              flush=True)
+        print(
+            f"  {count} {args.multi_kind} queries at {bc.fmt_rate(args.per_query_rate)}/s each",
+            flush=True,
+        )
         started = time.monotonic()
         while len(lanes) < count:
             i = len(lanes)
@@ -875,9 +1009,16 @@ async def many_queries(peer: PeerSystem, args: argparse.Namespace,
             lanes.append(await peer.add_query(args.multi_kind, f"m{i}", load))
         start_s = time.monotonic() - started
         point = await run_point(
-            lanes, args.per_query_rate, warm_s=args.warmup, measure_s=args.duration,
-            tail_s=args.tail, inflight=1, server_pid=peer.pid, max_p99=args.max_p99,
-            label=f"peer {count} queries")
+            lanes,
+            args.per_query_rate,
+            warm_s=args.warmup,
+            measure_s=args.duration,
+            tail_s=args.tail,
+            inflight=1,
+            server_pid=peer.pid,
+            max_p99=args.max_p99,
+            label=f"peer {count} queries",
+        )
         # Idle: queries running, no input. Results still arriving mean a backlog drained.
         await asyncio.sleep(2.0)
         before = sum(len(lane.result_batches) for lane in lanes)
@@ -888,25 +1029,36 @@ async def many_queries(peer: PeerSystem, args: argparse.Namespace,
         p50s = [s["p50"] for s in point.lanes]
         p99s = [s["p99"] for s in point.lanes]
         row = {
-            "queries": count, "per_query_rate": args.per_query_rate,
+            "queries": count,
+            "per_query_rate": args.per_query_rate,
             "start_s": start_s,
-            "p50_median": float(np.median(p50s)), "p50_worst": max(p50s),
-            "p99_median": float(np.median(p99s)), "p99_worst": max(p99s),
+            "p50_median": float(np.median(p50s)),
+            "p50_worst": max(p50s),
+            "p99_median": float(np.median(p99s)),
+            "p99_worst": max(p99s),
             "delivered_min": min(s["delivered"] for s in point.lanes),
             "push_rate_total": sum(s["push_rate"] for s in point.lanes),
-            "kept_up": sum(1 for w in whys if not w), "why": sorted({x for w in whys for x in w}),
-            "load_cores": point.server_cores, "load_system_cores": point.system_cores,
+            "kept_up": sum(1 for w in whys if not w),
+            "why": sorted({x for w in whys for x in w}),
+            "load_cores": point.server_cores,
+            "load_system_cores": point.system_cores,
             "load_breakdown": point.server_breakdown,
-            "idle_cores": idle_cores, "idle_system_cores": idle_system,
+            "idle_cores": idle_cores,
+            "idle_system_cores": idle_system,
             "idle_result_batches": draining,
-            "memory_load": point.memory, "memory_idle": memory_idle, "lanes": point.lanes,
+            "memory_load": point.memory,
+            "memory_idle": memory_idle,
+            "lanes": point.lanes,
         }
         results.append(row)
-        print(f"    p50 median {bc.fmt_s(row['p50_median'])} worst {bc.fmt_s(row['p50_worst'])}, "
-              f"p99 median {bc.fmt_s(row['p99_median'])} worst {bc.fmt_s(row['p99_worst'])}, "
-              f"{row['kept_up']}/{count} kept up, load {point.server_cores:.2f} cores, "
-              f"idle {idle_cores:.2f} cores, RSS {memory_idle['rss_mb']} MB "
-              f"({memory_idle['processes']} processes)", flush=True)
+        print(
+            f"    p50 median {bc.fmt_s(row['p50_median'])} worst {bc.fmt_s(row['p50_worst'])}, "
+            f"p99 median {bc.fmt_s(row['p99_median'])} worst {bc.fmt_s(row['p99_worst'])}, "
+            f"{row['kept_up']}/{count} kept up, load {point.server_cores:.2f} cores, "
+            f"idle {idle_cores:.2f} cores, RSS {memory_idle['rss_mb']} MB "
+            f"({memory_idle['processes']} processes)",
+            flush=True,
+        )
     for lane in lanes:
         with contextlib.suppress(Exception):
             await peer.drop_query(lane.name)
@@ -928,95 +1080,150 @@ def single_table(rows: list[dict[str, Any]], kind: str) -> tuple[str, dict[str, 
 
     for rate in sorted(set(peer) | set(ref)):
         p, f = peer.get(rate), ref.get(rate)
-        body.append([
-            bc.fmt_rate(rate),
-            bc.fmt_rate(p["achieved"]) if p else "-",
-            bc.fmt_s(p["p50"]) if p else "-", bc.fmt_s(p["p99"]) if p else "-",
-            f"{bc.fmt_s(p.get('engine_p50'))} / {bc.fmt_s(p.get('delivery_p50'))}" if p else "-",
-            bc.fmt_rate(f["achieved"]) if f else "-",
-            bc.fmt_s(f["p50"]) if f else "-", bc.fmt_s(f["p99"]) if f else "-",
-            bc.fmt_ratio(p["achieved"], f["achieved"]) if p and f else "n/a",
-            bc.fmt_ratio(p["p50"], f["p50"]) if p and f else "n/a",
-            f"{p['server_cores']:.2f} / {f['server_cores']:.2f}" if p and f else "-",
-            status(p), status(f),
-        ])
-    header = ["offered (tuples/s)", "peer achieved", "peer p50", "peer p99",
-              "peer p50: push→result spool / spool→subscriber", "Spark achieved",
-              "Spark p50", "Spark p99", "throughput ratio", "p50 ratio",
-              "cores (peer / Spark tree)", "peer kept up", "Spark kept up"]
+        body.append(
+            [
+                bc.fmt_rate(rate),
+                bc.fmt_rate(p["achieved"]) if p else "-",
+                bc.fmt_s(p["p50"]) if p else "-",
+                bc.fmt_s(p["p99"]) if p else "-",
+                f"{bc.fmt_s(p.get('engine_p50'))} / {bc.fmt_s(p.get('delivery_p50'))}"
+                if p
+                else "-",
+                bc.fmt_rate(f["achieved"]) if f else "-",
+                bc.fmt_s(f["p50"]) if f else "-",
+                bc.fmt_s(f["p99"]) if f else "-",
+                bc.fmt_ratio(p["achieved"], f["achieved"]) if p and f else "n/a",
+                bc.fmt_ratio(p["p50"], f["p50"]) if p and f else "n/a",
+                f"{p['server_cores']:.2f} / {f['server_cores']:.2f}" if p and f else "-",
+                status(p),
+                status(f),
+            ]
+        )
+    header = [
+        "offered (tuples/s)",
+        "peer achieved",
+        "peer p50",
+        "peer p99",
+        "peer p50: push→result spool / spool→subscriber",
+        "Spark achieved",
+        "Spark p50",
+        "Spark p99",
+        "throughput ratio",
+        "p50 ratio",
+        "cores (peer / Spark tree)",
+        "peer kept up",
+        "Spark kept up",
+    ]
 
     def best(d: dict[float, dict[str, Any]]) -> float:
         ok = [r["achieved"] for r in d.values() if r["kept_up"]]
         return max(ok) if ok else 0.0
 
-    summary = {"peer_sustained": best(peer), "reference_sustained": best(ref),
-               "peer_max_offered_kept": max([k for k, r in peer.items() if r["kept_up"]],
-                                            default=0),
-               "reference_max_offered_kept": max([k for k, r in ref.items() if r["kept_up"]],
-                                                 default=0)}
-    common = [rate for rate in peer if rate in ref and peer[rate]["kept_up"]
-              and ref[rate]["kept_up"]]
+    summary = {
+        "peer_sustained": best(peer),
+        "reference_sustained": best(ref),
+        "peer_max_offered_kept": max([k for k, r in peer.items() if r["kept_up"]], default=0),
+        "reference_max_offered_kept": max([k for k, r in ref.items() if r["kept_up"]], default=0),
+    }
+    common = [
+        rate for rate in peer if rate in ref and peer[rate]["kept_up"] and ref[rate]["kept_up"]
+    ]
     ratios = [peer[r]["p50"] / ref[r]["p50"] for r in common if ref[r]["p50"] > 0]
     summary["p50_ratio_median"] = float(np.median(ratios)) if ratios else float("nan")
     return bc.md_table(header, body), summary
 
 
-def multi_table(rows: list[dict[str, Any]], idle0: dict[str, Any] | None,
-                idle_s: float) -> str:
-    header = ["queries", "tuples/s (total pushed)", "per-query p50 (median / worst)",
-              "per-query p99 (median / worst)", "kept up", "peer tree CPU under load",
-              f"idle CPU ({idle_s:g} s, no input)", "RSS tree (JVM)", "processes (Python)", "note"]
+def multi_table(rows: list[dict[str, Any]], idle0: dict[str, Any] | None, idle_s: float) -> str:
+    header = [
+        "queries",
+        "tuples/s (total pushed)",
+        "per-query p50 (median / worst)",
+        "per-query p99 (median / worst)",
+        "kept up",
+        "peer tree CPU under load",
+        f"idle CPU ({idle_s:g} s, no input)",
+        "RSS tree (JVM)",
+        "processes (Python)",
+        "note",
+    ]
     body = []
     if idle0 is not None:
         m = idle0["memory"]
-        body.append(["0", "-", "-", "-", "-", "-", f"{idle0['cores']:.2f} cores",
-                     f"{m['rss_mb'] / 1024:.2f} GB ({m['jvm_rss_mb'] / 1024:.2f} GB)",
-                     f"{m['processes']} ({m['python_processes']})", "peer started, no query"])
+        body.append(
+            [
+                "0",
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                f"{idle0['cores']:.2f} cores",
+                f"{m['rss_mb'] / 1024:.2f} GB ({m['jvm_rss_mb'] / 1024:.2f} GB)",
+                f"{m['processes']} ({m['python_processes']})",
+                "peer started, no query",
+            ]
+        )
     for r in rows:
         m = r["memory_idle"]
         note = "; ".join(r["why"][:3]) if r["why"] else ""
         if r["idle_result_batches"]:
-            note += ("; " if note else "") + (f"still draining a backlog during the idle "
-                                               f"measurement ({r['idle_result_batches']} "
-                                               "result batches)")
-        body.append([
-            str(r["queries"]), bc.fmt_rate(r["push_rate_total"]),
-            f"{bc.fmt_s(r['p50_median'])} / {bc.fmt_s(r['p50_worst'])}",
-            f"{bc.fmt_s(r['p99_median'])} / {bc.fmt_s(r['p99_worst'])}",
-            f"{r['kept_up']}/{r['queries']}", f"{r['load_cores']:.2f} cores",
-            f"{r['idle_cores']:.2f} cores",
-            f"{m['rss_mb'] / 1024:.2f} GB ({m['jvm_rss_mb'] / 1024:.2f} GB)",
-            f"{m['processes']} ({m['python_processes']})", note or "-",
-        ])
+            note += ("; " if note else "") + (
+                f"still draining a backlog during the idle "
+                f"measurement ({r['idle_result_batches']} "
+                "result batches)"
+            )
+        body.append(
+            [
+                str(r["queries"]),
+                bc.fmt_rate(r["push_rate_total"]),
+                f"{bc.fmt_s(r['p50_median'])} / {bc.fmt_s(r['p50_worst'])}",
+                f"{bc.fmt_s(r['p99_median'])} / {bc.fmt_s(r['p99_worst'])}",
+                f"{r['kept_up']}/{r['queries']}",
+                f"{r['load_cores']:.2f} cores",
+                f"{r['idle_cores']:.2f} cores",
+                f"{m['rss_mb'] / 1024:.2f} GB ({m['jvm_rss_mb'] / 1024:.2f} GB)",
+                f"{m['processes']} ({m['python_processes']})",
+                note or "-",
+            ]
+        )
     return bc.md_table(header, body)
 
 
 def report(results: dict[str, Any], args: argparse.Namespace) -> str:
     out = []
     info = results["machine"]
-    out.append(f"Machine: {info['nproc']} cores, {info['cpu']}, {info['ram_gib']} GiB RAM; "
-               f"Python {info['python']}, {info['java']}, pyspark {info['pyspark']}, "
-               f"pyarrow {info['pyarrow']}; {info['date']}")
-    out.append(f"Load average before: {results['load_before']}, after: "
-               f"{results.get('load_after', '?')}")
+    out.append(
+        f"Machine: {info['nproc']} cores, {info['cpu']}, {info['ram_gib']} GiB RAM; "
+        f"Python {info['python']}, {info['java']}, pyspark {info['pyspark']}, "
+        f"pyarrow {info['pyarrow']}; {info['date']}"
+    )
+    out.append(
+        f"Load average before: {results['load_before']}, after: {results.get('load_after', '?')}"
+    )
     out.append(f"Command: {results['command']}")
-    out.append(f"Batches of {args.batch_rows} rows, {args.keys} keys; warm-up {args.warmup:g} s "
-               f"(first rate) / {args.settle:g} s (next rates), measured {args.duration:g} s, "
-               f"tail <= {args.tail:g} s; kept up = p99 <= {args.max_p99:g} s and >= 99 % "
-               "delivered and no latency growth.")
+    out.append(
+        f"Batches of {args.batch_rows} rows, {args.keys} keys; warm-up {args.warmup:g} s "
+        f"(first rate) / {args.settle:g} s (next rates), measured {args.duration:g} s, "
+        f"tail <= {args.tail:g} s; kept up = p99 <= {args.max_p99:g} s and >= 99 % "
+        "delivered and no latency growth."
+    )
     summaries = {}
-    for kind, title in (("filter", "Filter v >= 900 + projection (keeps 10 %)"),
-                        ("agg", "Tumbling 1 s window per key: count, avg, max(sent)")):
+    for kind, title in (
+        ("filter", "Filter v >= 900 + projection (keeps 10 %)"),
+        ("agg", "Tumbling 1 s window per key: count, avg, max(sent)"),
+    ):
         if not any(r["query"] == kind for r in results["single"]):
             continue
         table, summary = single_table(results["single"], kind)
         summaries[kind] = summary
         out.append(f"\n### {title}\n\n{table}\n")
-        out.append(f"Highest sustained: peer {bc.fmt_rate(summary['peer_sustained'])}/s, plain "
-                   f"Spark {bc.fmt_rate(summary['reference_sustained'])}/s (ratio "
-                   f"{bc.fmt_ratio(summary['peer_sustained'], summary['reference_sustained'])}); "
-                   f"median p50 ratio at rates both kept up with: "
-                   f"{summary['p50_ratio_median']:.2f}x")
+        out.append(
+            f"Highest sustained: peer {bc.fmt_rate(summary['peer_sustained'])}/s, plain "
+            f"Spark {bc.fmt_rate(summary['reference_sustained'])}/s (ratio "
+            f"{bc.fmt_ratio(summary['peer_sustained'], summary['reference_sustained'])}); "
+            f"median p50 ratio at rates both kept up with: "
+            f"{summary['p50_ratio_median']:.2f}x"
+        )
     results["summary"] = summaries
     for error in results.get("errors", []):
         out.append(f"\n**Failed**: {error}")
@@ -1024,11 +1231,16 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
         out.append(f"\n**Peer process died and was restarted** (many-queries phase): {crash}")
     if results.get("multi"):
         table = multi_table(results["multi"], results.get("idle0"), args.idle)
-        kind = ("tumbling-window aggregates" if args.multi_kind == "agg"
-                else "filter queries, run in the stateless lane")
-        out.append(f"\n### One peer, many queries (all {kind}, "
-                   f"{bc.fmt_rate(args.per_query_rate)} tuples/s each, batches of "
-                   f"{args.multi_batch_rows})\n\n{table}\n")
+        kind = (
+            "tumbling-window aggregates"
+            if args.multi_kind == "agg"
+            else "filter queries, run in the stateless lane"
+        )
+        out.append(
+            f"\n### One peer, many queries (all {kind}, "
+            f"{bc.fmt_rate(args.per_query_rate)} tuples/s each, batches of "
+            f"{args.multi_batch_rows})\n\n{table}\n"
+        )
     return "\n".join(out)
 
 
@@ -1045,28 +1257,41 @@ def parse_rates(text: str) -> list[float]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--quick", action="store_true", help="~3-4 minute smoke version")
     p.add_argument("--rates", help="filter offered rates, tuples/s (e.g. 50k,100k,200k)")
     p.add_argument("--agg-rates", help="aggregate offered rates, tuples/s")
     p.add_argument("--duration", type=float, help="measured seconds per point")
     p.add_argument("--warmup", type=float, help="warm-up seconds at a query's first rate")
     p.add_argument("--settle", type=float, help="warm-up seconds at each later rate")
-    p.add_argument("--tail", type=float, default=10.0,
-                   help="at most this many seconds to wait for the measured results")
+    p.add_argument(
+        "--tail",
+        type=float,
+        default=10.0,
+        help="at most this many seconds to wait for the measured results",
+    )
     p.add_argument("--idle", type=float, help="idle CPU measurement seconds")
     p.add_argument("--batch-rows", type=int, default=10_000, help="rows per pushed batch")
     p.add_argument("--keys", type=int, default=100)
-    p.add_argument("--inflight", type=int, default=4,
-                   help="unacknowledged pushes allowed (filter; aggregates push one at a time so "
-                        "that event time never goes backwards)")
+    p.add_argument(
+        "--inflight",
+        type=int,
+        default=4,
+        help="unacknowledged pushes allowed (filter; aggregates push one at a time so "
+        "that event time never goes backwards)",
+    )
     p.add_argument("--max-p99", type=float, default=3.0)
     p.add_argument("--queries", help="numbers of concurrent queries (e.g. 1,4,16)")
     p.add_argument("--per-query-rate", type=float, default=5000)
-    p.add_argument("--multi-kind", choices=("agg", "filter"), default="agg",
-                   help="the kind of the many queries: window aggregates (one Spark streaming "
-                        "query each) or filters (all in the peer's stateless lane)")
+    p.add_argument(
+        "--multi-kind",
+        choices=("agg", "filter"),
+        default="agg",
+        help="the kind of the many queries: window aggregates (one Spark streaming "
+        "query each) or filters (all in the peer's stateless lane)",
+    )
     p.add_argument("--multi-batch-rows", type=int, default=1000)
     p.add_argument("--skip-reference", action="store_true")
     p.add_argument("--skip-peer", action="store_true")
@@ -1074,17 +1299,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip-single", action="store_true", help="only the many-queries phase")
     p.add_argument("--only", choices=("filter", "agg"), help="run one single-query kind only")
     p.add_argument("--json", help="write all measurements to this file")
-    p.add_argument("--peer-args", default="",
-                   help="extra `peer join` options, e.g. --peer-args=--no-lane")
+    p.add_argument(
+        "--peer-args", default="", help="extra `peer join` options, e.g. --peer-args=--no-lane"
+    )
     p.add_argument("--work-dir", help="where peer data and spools go (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     p.add_argument("--reference-worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     quick = args.quick
-    args.rates = parse_rates(args.rates or ("50k,200k" if quick
-                                            else "50k,100k,200k,400k,600k,800k,1.2m"))
-    args.agg_rates = parse_rates(args.agg_rates or ("50k,200k" if quick
-                                                    else "50k,200k,400k,600k,800k,1.2m"))
+    args.rates = parse_rates(
+        args.rates or ("50k,200k" if quick else "50k,100k,200k,400k,600k,800k,1.2m")
+    )
+    args.agg_rates = parse_rates(
+        args.agg_rates or ("50k,200k" if quick else "50k,200k,400k,600k,800k,1.2m")
+    )
     args.duration = args.duration or (8.0 if quick else 20.0)
     args.warmup = args.warmup or (10.0 if quick else 25.0)
     args.settle = args.settle or (4.0 if quick else 6.0)
@@ -1097,14 +1325,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     results: dict[str, Any] = {
-        "machine": bc.machine_info(), "load_before": bc.load_average(),
+        "machine": bc.machine_info(),
+        "load_before": bc.load_average(),
         "busy_before": bc.busy_processes(exclude={os.getpid()}),
         "command": " ".join(["scripts/bench_peer.py", *sys.argv[1:]]),
-        "single": [], "multi": [],
+        "single": [],
+        "multi": [],
     }
     print(f"machine: {results['machine']}", flush=True)
-    print(f"load average {results['load_before']}; busiest: {results['busy_before']}",
-          flush=True)
+    print(f"load average {results['load_before']}; busiest: {results['busy_before']}", flush=True)
     kinds = [args.only] if args.only else ["filter", "agg"]
     began = time.monotonic()
     results["errors"] = []
@@ -1167,8 +1396,9 @@ def main(argv: list[str] | None = None) -> int:
     PEER_ARGS[:] = args.peer_args.split()
     if args.reference_worker:
         return reference_worker(Path(args.work_dir))
-    work = Path(args.work_dir) if args.work_dir else Path(
-        tempfile.mkdtemp(prefix="fedstream-bench-"))
+    work = (
+        Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="fedstream-bench-"))
+    )
     work.mkdir(parents=True, exist_ok=True)
     print(f"work directory {work}", flush=True)
     try:

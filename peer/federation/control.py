@@ -5,7 +5,7 @@ Theory of operation
 The control plane (docs/replication.md) decides each replicated stream's epoch, primary and
 in-sync set; voters run it (:mod:`peer.federation.voter`). Every peer, voter or not:
 
-* sends each voter a :class:`~peer.protocol.replica.ControlHeartbeat` every ``heartbeat_s``
+* sends each voter a :class:`~peer.replication.wire.ControlHeartbeat` every ``heartbeat_s``
   with the log end of every stream it replicates. The voters' answers carry the state of
   those streams and the current voters; a state newer (by version) than the one known here is
   handed to the listeners (the replica driver), so a new epoch reaches its replicas within a
@@ -28,16 +28,17 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from peer.consensus import command_to_wire
-from peer.control import Command, StreamState
 from peer.errors import FedstreamError, Unavailable
 from peer.federation.router import Router
-from peer.protocol.link import Frame, Request
-from peer.protocol.replica import (
+from peer.protocol.link import Frame
+from peer.replication.control import Command, StreamState
+from peer.replication.raft import command_to_wire
+from peer.replication.wire import (
     ControlHeartbeat,
     ControlJoin,
     ControlRead,
     ControlSubmit,
+    ReplicaRequest,
     state_from_wire,
 )
 
@@ -148,7 +149,7 @@ class ControlClient:
         return [*first, *(v for v in self.voters if v != self.leader)]
 
     async def _ask_voters(
-        self, message: Request, timeout_s: float, what: str, *, to: list[str] | None = None
+        self, message: ReplicaRequest, timeout_s: float, what: str, *, to: list[str] | None = None
     ) -> tuple[str, Frame]:
         """``message``'s answer, and who gave it: the first voter that gives one (the leader
         first), or the first of ``to``."""

@@ -7,8 +7,8 @@ coordinator places a fragment on the primary of its first input) is *replicated*
 
 * Its result streams and a checkpoint stream ``~ckpt.<fragment>`` are replicated streams with
   the replicas of its input stream A, *anchored* to A: the control plane moves their primary
-  wherever A's goes (:func:`peer.control.failover_decisions`), so the fragment, what it reads
-  and what it writes fail over together.
+  wherever A's goes (:func:`peer.replication.control.failover_decisions`), so the fragment, what it
+  reads and what it writes fail over together.
 * Before each micro-batch runs (Spark's ``foreachBatch`` callback, before the batch's plan
   executes) the fragment's whole checkpoint directory, as it stands then (the batch's planned
   offsets, the state it starts from), goes into the checkpoint stream as one record together
@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import pyarrow as pa
 
-from peer.control import DropStream, StreamState
 from peer.errors import FedstreamError, Unavailable
 from peer.federation.plane import ControlPlane
 from peer.federation.records import CatalogRecords
@@ -51,6 +50,7 @@ from peer.model.plan import CheckedQuery
 from peer.model.query import parse_query, query_to_dict
 from peer.model.schema import Field, Schema, make_schema
 from peer.protocol.link import FragmentStatus, HostStream
+from peer.replication.control import DropStream, StreamState
 from peer.site import INTERNAL_PREFIX, LocalSite
 from peer.storage.bundle import bundle, listing, unbundle
 from peer.storage.spool_format import offset_path, read_file

@@ -32,7 +32,7 @@ from peer.federation.replicated import OnRole, Replicas
 from peer.federation.router import Router
 from peer.federation.voter import Voter
 from peer.protocol.link import Frame
-from peer.protocol.replica import (
+from peer.replication.wire import (
     ControlHeartbeat,
     ControlJoin,
     ControlRead,
@@ -59,7 +59,9 @@ class ReplicationSettings:
     min_insync: int = 2
     heartbeat_s: float = 0.25
     failover_after_s: float = 1.5
-    repair_after_s: float = 30.0  # a replica silent this long is replaced (peer.control.repair)
+    repair_after_s: float = (
+        30.0  # a replica silent this long is replaced (peer.replication.control.repair)
+    )
 
     def __post_init__(self) -> None:
         if self.replicas < 1 or self.min_insync < 1:

@@ -5,7 +5,7 @@ Theory of operation
 For each stream this peer replicates, a :class:`StreamReplica` holds the sans-IO core of its
 role (:class:`peer.replication.Primary` while the control plane names this peer primary, else
 a :class:`peer.replication.Follower`) and performs its effects on the stream's spool and its
-durable fence and epoch history (:class:`peer.storage.replica_state.ReplicaState`), each
+durable fence and epoch history (:class:`peer.replication.fence.ReplicaState`), each
 fsynced before the message that came with it is sent (docs/replication.md).
 
 * Pushes (the site hands a replicated stream's batches here): the primary encodes the batch as
@@ -35,17 +35,11 @@ import time
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
-from peer.control import ExpandIsr, ShrinkIsr, StreamState
 from peer.errors import FedstreamError, Unavailable
 from peer.federation.router import Router
 from peer.protocol.link import Frame
-from peer.protocol.replica import (
-    ReplicaExchange,
-    ReplicationMessage,
-    messages_from_wire,
-    messages_to_wire,
-)
-from peer.replication import (
+from peer.replication.control import ExpandIsr, ShrinkIsr, StreamState
+from peer.replication.core import (
     Appended,
     AppendReply,
     Duplicate,
@@ -67,7 +61,13 @@ from peer.replication import (
     WriteEntry,
     begin_epoch,
 )
-from peer.storage.replica_state import ReplicaState
+from peer.replication.fence import ReplicaState
+from peer.replication.wire import (
+    ReplicaExchange,
+    ReplicationMessage,
+    messages_from_wire,
+    messages_to_wire,
+)
 from peer.storage.spool import Spool
 
 log = logging.getLogger(__name__)

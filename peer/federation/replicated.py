@@ -24,7 +24,13 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from peer.control import (
+from peer.errors import FedstreamError, InvalidInput, Unavailable
+from peer.federation.control import ControlClient
+from peer.federation.records import CatalogRecords
+from peer.federation.replicas import TICK_S, StreamReplica
+from peer.federation.router import Router
+from peer.protocol.link import Frame
+from peer.replication.control import (
     CreateStream,
     ExpandIsr,
     SetReplicas,
@@ -32,15 +38,9 @@ from peer.control import (
     StreamState,
     repaired_replicas,
 )
-from peer.errors import FedstreamError, InvalidInput, Unavailable
-from peer.federation.control import ControlClient
-from peer.federation.records import CatalogRecords
-from peer.federation.replicas import TICK_S, StreamReplica
-from peer.federation.router import Router
-from peer.protocol.link import Frame
-from peer.protocol.replica import ReplicaExchange
+from peer.replication.fence import ReplicaState
+from peer.replication.wire import ReplicaExchange
 from peer.site import Appender, LocalSite
-from peer.storage.replica_state import ReplicaState
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class Replicas:
         self._creating: dict[str, asyncio.Lock] = {}
         self._forgotten: set[str] = set()  # dropped here (see forget)
         self._tasks: set[asyncio.Task[None]] = set()
-        # replica-set repair (peer.control.repair), wired by the federation
+        # replica-set repair (peer.replication.control.repair), wired by the federation
         self.is_live: IsLive | None = None
         self.responsible: Responsible | None = None
         self.repair_after_s = repair_after_s
@@ -155,7 +155,7 @@ class Replicas:
 
     def repair(self, now: float) -> None:
         """As the primary of a stream, replace a replica silent for ``repair_after_s`` by
-        the closest live peer that is not one yet (peer.control.repair)."""
+        the closest live peer that is not one yet (peer.replication.control.repair)."""
         is_live, responsible = self.is_live, self.responsible
         if is_live is None or responsible is None:
             return

@@ -1,6 +1,7 @@
 """One table from a peer-link message to the code that serves it, and the calls that send one.
 
-Incoming frames are decoded once into typed messages (:func:`peer.protocol.link.decode`) and
+Incoming frames are decoded once into typed messages (:func:`peer.protocol.link.decode`, and
+:func:`peer.replication.wire.decode_replica` for replication's own ops) and
 dispatched by their type; each room of the peer registers its handlers when the node wires the
 peer together (the federation its own, moves ``move_*``, the brain ``offer``), so this module
 imports none of them. A peer asking itself (a coordinator that is also a fragment's site)
@@ -11,16 +12,24 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 from overlay.link import Link, LinkError, LinkRemoteError
 from overlay.node import OverlayError
 from peer.errors import FedstreamError, InvalidInput, Unavailable, from_wire
 from peer.protocol.link import Frame, Raw, Request, Subscribe, decode
-from peer.protocol.replica import ControlHeartbeat, ControlJoin, RaftFrame, ReplicaExchange
+from peer.replication.wire import (
+    ControlHeartbeat,
+    ControlJoin,
+    RaftFrame,
+    ReplicaExchange,
+    ReplicaRequest,
+    decode_replica,
+)
 
 log = logging.getLogger(__name__)
 
+Message: TypeAlias = Request | ReplicaRequest  # every typed request a peer link carries
 Handler = Callable[[Any, str], Awaitable[Frame]]  # (message, sender participant) -> reply
 StreamHandler = Callable[[Subscribe], AsyncIterator[Frame]]
 
@@ -64,7 +73,7 @@ class Router:
         self._stream = handler
 
     # incoming
-    async def dispatch(self, message: Request, sender: str) -> Frame:
+    async def dispatch(self, message: Message, sender: str) -> Frame:
         op = message.op if isinstance(message, Raw) else message.OP
         handler = self._handlers.get(op)
         if handler is None:
@@ -76,7 +85,7 @@ class Router:
         sending node must name the node at the other end of the link (its certificate's)."""
         if link.remote_node_id in self.cut_off:
             raise Unavailable("partitioned from this peer (fault injection)")
-        message = decode(frame)
+        message = decode_message(frame)
         claimed = claimed_node(message)
         if claimed is not None and claimed != link.remote_node_id.hex():
             raise InvalidInput(f"{frame.get('op')}: the sender named is not this link's peer")
@@ -89,13 +98,13 @@ class Router:
         return self._stream(request)
 
     # outgoing
-    async def ask(self, node_id: bytes, message: Request) -> Frame:
+    async def ask(self, node_id: bytes, message: Message) -> Frame:
         """``message`` served by peer ``node_id``: here directly, or over a link."""
         if node_id == self.node_id:
             return await self.dispatch(message, self.participant)
         return await self.call(node_id, message)
 
-    async def call(self, node_id: bytes, message: Request) -> Frame:
+    async def call(self, node_id: bytes, message: Message) -> Frame:
         """``message`` sent over a link to another peer; its errors come back as ours."""
         if node_id in self.cut_off:
             raise Unavailable(f"peer {node_id.hex()[:12]} unreachable (partitioned)")
@@ -112,7 +121,13 @@ class Router:
         return self.overlay.open_stream(node_id, request.to_wire())
 
 
-def claimed_node(message: Request) -> str | None:
+def decode_message(frame: Frame) -> Message:
+    """The typed request a peer's frame carries; InvalidInput for anything else."""
+    message = decode_replica(frame)
+    return decode(frame) if message is None else message
+
+
+def claimed_node(message: Message) -> str | None:
     """The node id (hex) a message says it comes from, if it says so."""
     if isinstance(message, ReplicaExchange | RaftFrame):
         return message.sender

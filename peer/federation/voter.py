@@ -2,8 +2,8 @@
 
 Theory of operation
 -------------------
-A voter runs one :class:`peer.consensus.ControlMachine` (pysyncobj) whose messages travel over
-the peer links as :class:`~peer.protocol.replica.RaftFrame` requests, one queue and one sender
+A voter runs one :class:`peer.replication.raft.ControlMachine` (pysyncobj) whose messages travel
+over the peer links as :class:`~peer.replication.wire.RaftFrame` requests, one queue and one sender
 task per destination so that each voter sees another's frames in order. It serves:
 
 * ``control_heartbeat`` from every peer: it notes, on its own monotonic clock, when it last
@@ -14,9 +14,9 @@ task per destination so that each voter sees another's frames in order. It serve
 * ``control_read``: one stream's state, as this voter has applied it;
 * ``raft``: a frame of the Raft library, accepted only from a current voter.
 
-The voter that leads runs the failover rounds (:func:`peer.control.choose_primary`): a primary
-not heard for ``failover_after_s`` is replaced by the live in-sync replica with the longest log.
-A new leader seeds every peer's last-heard time with the moment it took office, so nobody is
+The voter that leads runs the failover rounds (:func:`peer.replication.control.choose_primary`): a
+primary not heard for ``failover_after_s`` is replaced by the live in-sync replica with the longest
+log. A new leader seeds every peer's last-heard time with the moment it took office, so nobody is
 declared dead for silence that happened before it could hear them. No wall clock is read.
 """
 
@@ -32,11 +32,11 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from peer.consensus import ControlMachine, command_from_wire
-from peer.control import Applied, Command, failover_decisions
 from peer.errors import InvalidInput, Unavailable
 from peer.protocol.link import Frame
-from peer.protocol.replica import (
+from peer.replication.control import Applied, Command, failover_decisions
+from peer.replication.raft import ControlMachine, command_from_wire
+from peer.replication.wire import (
     ControlHeartbeat,
     ControlJoin,
     ControlRead,

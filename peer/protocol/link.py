@@ -8,8 +8,9 @@ incoming frame with :func:`decode` and hands the typed message to one handler; a
 itself (a coordinator that is also a fragment's site) passes the message object directly.
 
 Requests of other rooms ride the same links with their own decoders: moves (``move_*``,
-checked by :mod:`peer.move.receiver`) and offers (``offer``, checked by :mod:`peer.brain`);
-they are carried here as :class:`Raw` frames.
+checked by :mod:`peer.move.receiver`) and offers (``offer``, checked by :mod:`peer.brain`)
+are carried here as :class:`Raw` frames; replication's messages are typed in its own room
+(:mod:`peer.replication.wire`), and the federation's router decodes those ops there.
 """
 
 from __future__ import annotations
@@ -22,15 +23,6 @@ from peer.model.query import Query, parse_query, query_to_dict
 from peer.model.schema import Schema, parse_schema
 from peer.model.tentative import STABLE, STATUSES
 from peer.protocol.producer import check_producer
-from peer.protocol.replica import (
-    REPLICA_TYPES,
-    ControlHeartbeat,
-    ControlJoin,
-    ControlRead,
-    ControlSubmit,
-    RaftFrame,
-    ReplicaExchange,
-)
 
 Frame: TypeAlias = dict[str, Any]
 NODE_ID_BYTES = 20
@@ -338,12 +330,6 @@ Request: TypeAlias = (
     | StopMirror
     | MirrorAppend
     | ObservePeer
-    | ReplicaExchange
-    | ControlHeartbeat
-    | ControlSubmit
-    | ControlJoin
-    | ControlRead
-    | RaftFrame
     | Raw
 )
 
@@ -359,7 +345,6 @@ TYPED: dict[str, Any] = {
         StopMirror,
         MirrorAppend,
         ObservePeer,
-        *REPLICA_TYPES,
     )
 }
 RAW_OPS = ("offer",)

@@ -1,4 +1,4 @@
-"""peer.consensus without a cluster: the commands' wire form, the transport's frames (every
+"""peer.replication.raft without a cluster: the commands' wire form, the transport's frames (every
 message type pysyncobj sends, and hostile ones), its connection reports, and the snapshot's
 plain form. No JVM, no sockets; the transport runs on a stub SyncObj ticked by the test."""
 
@@ -18,7 +18,18 @@ from hypothesis import strategies as st
 from pysyncobj.node import Node
 from pysyncobj.poller import createPoller
 
-from peer.consensus import (
+from peer.errors import InvalidInput
+from peer.replication.control import (
+    Command,
+    CreateStream,
+    DropStream,
+    Elect,
+    ExpandIsr,
+    SetReplicas,
+    ShrinkIsr,
+    StreamState,
+)
+from peer.replication.raft import (
     MAX_COMMAND_BYTES,
     LinkTransport,
     MessageError,
@@ -32,17 +43,6 @@ from peer.consensus import (
     stream_from_wire,
     stream_to_wire,
 )
-from peer.control import (
-    Command,
-    CreateStream,
-    DropStream,
-    Elect,
-    ExpandIsr,
-    SetReplicas,
-    ShrinkIsr,
-    StreamState,
-)
-from peer.errors import InvalidInput
 
 A, B, C = "a" * 40, "b" * 40, "c" * 40
 
@@ -333,7 +333,7 @@ def test_bad_frames_and_strangers_are_dropped_with_a_log_line(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     h = Harness()
-    with caplog.at_level(logging.INFO, logger="peer.consensus.transport"):
+    with caplog.at_level(logging.INFO, logger="peer.replication.raft.link_transport"):
         h.t.deliver("d" * 40, VOTE_FRAME)  # not a member
         h.t.deliver(B, b"\xc1garbage")
         h.t.deliver(B, pack({**VOTE, "term": "x"}))

@@ -1,6 +1,6 @@
-"""peer.consensus as a cluster: ControlMachines in one process joined by an in-memory bus that
-hands every frame to ``deliver`` (threads, no sockets, no JVM). Elections, commands submitted on
-a follower, a cut-off leader replaced without split brain, a voter added, a voter restarted
+"""peer.replication.raft as a cluster: ControlMachines in one process joined by an in-memory bus
+that hands every frame to ``deliver`` (threads, no sockets, no JVM). Elections, commands submitted
+on a follower, a cut-off leader replaced without split brain, a voter added, a voter restarted
 from its journal, a voter caught up by a snapshot. Every wait is bounded."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from peer.consensus import ControlMachine, RaftTimings, decode_message
-from peer.control import Applied, Command, CreateStream, Elect, StreamState
 from peer.errors import Unavailable
+from peer.replication.control import Applied, Command, CreateStream, Elect, StreamState
+from peer.replication.raft import ControlMachine, RaftTimings, decode_message
 
 IDS = [hashlib.sha1(name.encode()).hexdigest() for name in ("v1", "v2", "v3", "v4")]
 WAIT = 10.0  # the generous bound of every wait

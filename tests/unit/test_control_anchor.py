@@ -1,6 +1,6 @@
-"""peer.control: anchored streams and DropStream, in the state, the failover decisions and the
-wire forms (the Raft log's commands, the snapshot's streams, the heartbeat's states). Pure: no
-Spark, no sockets."""
+"""peer.replication.control: anchored streams and DropStream, in the state, the failover decisions
+and the wire forms (the Raft log's commands, the snapshot's streams, the heartbeat's states). Pure:
+no Spark, no sockets."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peer.consensus import command_from_wire, command_to_wire, stream_from_wire, stream_to_wire
-from peer.control import (
+from peer.errors import InvalidInput
+from peer.replication.control import (
     Applied,
     Command,
     ControlState,
@@ -25,8 +25,13 @@ from peer.control import (
     anchor_roots,
     failover_decisions,
 )
-from peer.errors import InvalidInput
-from peer.protocol.replica import state_from_wire, state_to_wire
+from peer.replication.raft import (
+    command_from_wire,
+    command_to_wire,
+    stream_from_wire,
+    stream_to_wire,
+)
+from peer.replication.wire import state_from_wire, state_to_wire
 
 A, B, C, D = "a" * 40, "b" * 40, "c" * 40, "d" * 40
 ABC = (A, B, C)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from peer.control import StreamState
 from peer.federation.control import ControlClient
-from peer.protocol.replica import ControlRead, state_to_wire
+from peer.replication.control import StreamState
+from peer.replication.wire import ControlRead, state_to_wire
 
 ME, LEADER, FOLLOWER = "a" * 40, "b" * 40, "c" * 40
 STATE = StreamState("ticks", 1, ME, (ME, LEADER), (ME, LEADER), 1, 1)

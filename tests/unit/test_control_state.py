@@ -1,4 +1,4 @@
-"""peer.control: commands, the replicated state, and the failover decisions."""
+"""peer.replication.control: commands, the replicated state, and the failover decisions."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peer.control import (
+from peer.replication.control import (
     Applied,
     Command,
     ControlState,

@@ -1,5 +1,5 @@
-"""Replacing a replica that died for good (peer.control.repair) and seeding the new one: the
-pure decision, the follower core's seed, the spool's seed and the seed on the wire."""
+"""Replacing a replica that died for good (peer.replication.control.repair) and seeding the new one:
+the pure decision, the follower core's seed, the spool's seed and the seed on the wire."""
 
 from __future__ import annotations
 
@@ -9,10 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from peer.control import StreamState, repaired_replicas
 from peer.errors import InvalidInput
-from peer.protocol.replica import message_from_wire, message_to_wire
-from peer.replication import (
+from peer.replication.control import StreamState, repaired_replicas
+from peer.replication.core import (
     AppendReply,
     EpochEnd,
     EpochStart,
@@ -23,6 +22,7 @@ from peer.replication import (
     Seed,
     SeedLog,
 )
+from peer.replication.wire import message_from_wire, message_to_wire
 from peer.storage.spool import Spool
 from tests.unit.test_spool_replica import SCHEMA, batch, ks, primary_with
 
@@ -167,7 +167,7 @@ def test_a_followers_pump_outlives_a_batch_that_cannot_be_read() -> None:
     from typing import Any
 
     from peer.federation.replicas import _Outbox
-    from peer.replication import Probe
+    from peer.replication.core import Probe
 
     sent: list[Any] = []
     answered: list[Any] = []

@@ -17,9 +17,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from peer.replication.history import EpochStart, check_history
+from peer.replication.core.history import EpochStart, check_history
+from peer.replication.fence import REPLICA_STATE_FILE, ReplicaState
 from peer.storage import spool_format as fmt
-from peer.storage.replica_state import REPLICA_STATE_FILE, ReplicaState
 from peer.storage.spool import Spool
 from peer.storage.spool_format import SpoolCorrupt, SpoolFault
 

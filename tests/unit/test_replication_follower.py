@@ -1,4 +1,4 @@
-"""peer.replication.follower and .history: fencing, gaps, duplicates, reconciliation."""
+"""peer.replication.core.follower and .history: fencing, gaps, duplicates, reconciliation."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peer.replication import (
+from peer.replication.core import (
     AppendReply,
     EpochEnd,
     EpochEndReply,
@@ -22,7 +22,7 @@ from peer.replication import (
     Truncate,
     WriteEntry,
 )
-from peer.replication.history import check_history, end_of, epoch_at, truncated, with_entry
+from peer.replication.core.history import check_history, end_of, epoch_at, truncated, with_entry
 
 S = "s"
 

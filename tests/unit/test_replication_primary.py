@@ -1,4 +1,4 @@
-"""peer.replication.primary: acknowledging, refusing, ISR proposals, deposition."""
+"""peer.replication.core.primary: acknowledging, refusing, ISR proposals, deposition."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from peer.replication import (
+from peer.replication.core import (
     Appended,
     AppendReply,
     Duplicate,

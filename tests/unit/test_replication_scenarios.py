@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from peer.replication import (
+from peer.replication.core import (
     AppendReply,
     EpochEnd,
     EpochEndReply,
@@ -19,7 +19,7 @@ from peer.replication import (
     Refused,
     ReplicaAppend,
 )
-from peer.replication.messages import Effect
+from peer.replication.core.messages import Effect
 from tests.unit.test_replication_sim import Step, run
 from tests.unit.test_replication_world import CP, Envelope, Push, Sim, Violation
 

@@ -1,9 +1,9 @@
 """A deterministic simulation of replicated streams (docs/replication.md, "Properties").
 
 Hypothesis chooses fault schedules for the world of tests/unit/test_replication_world.py (three
-nodes replicating one stream through the sans-IO cores of :mod:`peer.replication` and
-:mod:`peer.control`): which message arrives next, which is lost or duplicated, how much time
-passes, which node crashes (at once, or between two effects of a later step), which links are
+nodes replicating one stream through the sans-IO cores of :mod:`peer.replication.core` and
+:mod:`peer.replication.control`): which message arrives next, which is lost or duplicated, how much
+time passes, which node crashes (at once, or between two effects of a later step), which links are
 cut (the control plane's included) or mended. Producers push whenever time passes. After every
 step the world checks that
 

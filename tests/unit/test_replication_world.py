@@ -2,8 +2,8 @@
 the sans-IO cores expect, with faults, and the property checks; no sockets, no threads, no
 clock. Its own tests, at the end, show that each check fires.
 
-The sans-IO cores (:mod:`peer.replication`, :mod:`peer.control`) run on three simulated nodes
-that replicate one stream:
+The sans-IO cores (:mod:`peer.replication.core`, :mod:`peer.replication.control`) run on three
+simulated nodes that replicate one stream:
 
 - a network that holds messages until a step delivers one (any of them: reordering; or never:
   delay and loss), duplicates or drops them, and cuts links between any two of the nodes and
@@ -36,7 +36,7 @@ from itertools import combinations
 
 import pytest
 
-from peer.control import (
+from peer.replication.control import (
     ControlState,
     CreateStream,
     ExpandIsr,
@@ -44,7 +44,7 @@ from peer.control import (
     StreamState,
     failover_decisions,
 )
-from peer.replication import (
+from peer.replication.core import (
     Appended,
     AppendReply,
     Duplicate,

@@ -23,9 +23,9 @@ primary, so that the fragment, its input and its outputs fail over together:
   anchors (possible only after a stream is dropped and created again) is cut at its least
   name, which fails over on its own; the others follow it.
 
-The decisions are proposed as :class:`~peer.control.commands.Elect` commands for the epoch they
-were decided in, so one made on stale heartbeats is a no-op once anything has changed. They
-come in the order of ``streams`` and depend on nothing else (no clock, no unordered
+The decisions are proposed as :class:`~peer.replication.control.commands.Elect` commands for the
+epoch they were decided in, so one made on stale heartbeats is a no-op once anything has changed.
+They come in the order of ``streams`` and depend on nothing else (no clock, no unordered
 iteration). Times are monotonic seconds on the leader's machine; the driver seeds
 ``last_heard`` with the moment it took office, so a new leader gives every peer a full
 ``failover_after_s`` to be heard.
@@ -35,8 +35,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 
-from peer.control.commands import Elect
-from peer.control.state import StreamState
+from peer.replication.control.commands import Elect
+from peer.replication.control.state import StreamState
 
 __all__ = ["anchor_roots", "choose_primary", "failover_decisions", "live_nodes"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from peer.replication.history import History, check_history
+from peer.replication.core.history import History, check_history
 
 __all__ = [
     "AppendReply",

@@ -1,13 +1,13 @@
 """The commands of the control plane's replicated log (pure data).
 
 Each command is decided by one peer on what it knew then (an epoch, a state version) and
-applied later by every voter in log order; :meth:`peer.control.state.ControlState.apply` turns
-a command decided on stale knowledge into a no-op. Constructors check every field and name the
+applied later by every voter in log order; :meth:`peer.replication.control.state.ControlState.apply`
+turns a command decided on stale knowledge into a no-op. Constructors check every field and name the
 first wrong one, so a malformed command never reaches the log.
 
 A stream created with an ``anchor`` (the name of another stream) fails over with it: the
-failover decisions (:mod:`peer.control.failover`) keep its primary on its anchor's primary.
-``DropStream`` removes a stream from the state.
+failover decisions (:mod:`peer.replication.control.failover`) keep its primary on its anchor's
+primary. ``DropStream`` removes a stream from the state.
 """
 
 from __future__ import annotations

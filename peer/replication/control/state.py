@@ -3,8 +3,8 @@ in-sync set (pure; a Raft library replicates it).
 
 Theory of operation
 -------------------
-Voters replicate a log of :mod:`~peer.control.commands` with Raft; every voter applies the
-committed commands, in log order, to its own :class:`ControlState`. :meth:`ControlState.apply`
+Voters replicate a log of :mod:`~peer.replication.control.commands` with Raft; every voter applies
+the committed commands, in log order, to its own :class:`ControlState`. :meth:`ControlState.apply`
 reads nothing but the state and the command (no clock, no randomness, no iteration over an
 unordered set), so every voter holds the same state after the same prefix of the log.
 
@@ -13,7 +13,7 @@ For each stream the state holds ``epoch``, ``primary``, ``replicas`` (the succes
 rises by one with every change, and ``anchor``: None, or the name of the stream it is anchored
 to. An anchored stream (a query fragment's results, its checkpoints) must keep the same primary
 as its anchor (the fragment's input), so all of them fail over together; the state only records
-the anchor, the failover decisions (:mod:`peer.control.failover`) act on it.
+the anchor, the failover decisions (:mod:`peer.replication.control.failover`) act on it.
 
 Commands are decided by a peer on what it knew then, and a command decided on stale knowledge
 is a no-op with a reason (:class:`Applied`):
@@ -44,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
-from peer.control.commands import (
+from peer.replication.control.commands import (
     Command,
     CreateStream,
     DropStream,

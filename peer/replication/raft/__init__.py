@@ -1,26 +1,24 @@
 """The control plane's Raft driver (docs/replication.md): pysyncobj replicating
-:class:`~peer.control.ControlState` among 3 or 5 voter peers.
+:class:`~peer.replication.control.ControlState` among 3 or 5 voter peers.
 
 It knows nothing of sockets or of the peer's links: the peer gives each
 :class:`ControlMachine` a ``send(node_id, frame) -> bool`` callable and hands it every frame
-from another voter with :meth:`ControlMachine.deliver`. ``transport`` is pysyncobj's transport
-over those two; ``machine`` is the replicated state machine, its commands' wire form and its
-snapshots.
+from another voter with :meth:`ControlMachine.deliver`. ``link_transport`` is pysyncobj's
+transport over those two; ``codec`` the commands' and snapshots' bytes; ``timings`` its clocks;
+``machine`` the replicated state machine that drives them.
 """
 
 from __future__ import annotations
 
-from peer.consensus.machine import (
+from peer.replication.raft.codec import (
     MAX_COMMAND_BYTES,
-    ControlMachine,
-    RaftTimings,
     command_from_wire,
     command_to_wire,
     state_from_streams,
     stream_from_wire,
     stream_to_wire,
 )
-from peer.consensus.transport import (
+from peer.replication.raft.link_transport import (
     LinkTransport,
     MessageError,
     SendFn,
@@ -29,6 +27,8 @@ from peer.consensus.transport import (
     decode_message,
     encode_message,
 )
+from peer.replication.raft.machine import ControlMachine
+from peer.replication.raft.timings import RaftTimings
 
 __all__ = [
     "MAX_COMMAND_BYTES",

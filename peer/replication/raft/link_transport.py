@@ -23,7 +23,7 @@ two globals pysyncobj's entries use (:func:`check_log_command`). A frame that fa
 from a node that is not a current member, is dropped with a log line; nothing raises into the
 caller of ``deliver``. Chunked entries (``transmission``) are refused: pysyncobj uses them only
 for one entry of ``appendEntriesBatchSizeBytes`` or more, and the control plane's entries are
-far smaller (peer.consensus.machine bounds them), so the one path where pysyncobj would
+far smaller (peer.replication.raft.codec bounds them), so the one path where pysyncobj would
 unpickle an unchecked blob from the network is closed.
 
 Connections. pysyncobj asks its transport for two things: ``onNodeConnected`` /

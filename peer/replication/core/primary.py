@@ -58,9 +58,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
-from peer.replication.history import EpochStart, History, check_history, end_of, epoch_at
-from peer.replication.history import last_epoch as history_last_epoch
-from peer.replication.messages import (
+from peer.replication.core.history import EpochStart, History, check_history, end_of, epoch_at
+from peer.replication.core.history import last_epoch as history_last_epoch
+from peer.replication.core.messages import (
     AppendReply,
     Effect,
     EpochEnd,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from peer.control.state import StreamState
+from peer.replication.control.state import StreamState
 
 __all__ = ["repaired_replicas"]
 

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 A replica of a replicated stream (docs/replication.md) keeps two things besides its log: the
 highest epoch it has seen (its *fence*: appends from lower epochs are refused) and its epoch
-history (which epoch wrote which stretch of the log, :mod:`peer.replication.history`). Both
+history (which epoch wrote which stretch of the log, :mod:`peer.replication.core.history`). Both
 live in one small JSON file in the spool directory, ``replica-state.json``, rewritten whole
 by every change: written to a temporary name, fsynced, renamed over the old one, and the
 directory fsynced. Whatever instant a process dies at, the file holds the old state or the new
@@ -19,7 +19,7 @@ comes first). A history entry is saved *before* the write that needs it and *aft
 truncation that causes it, so a crash in between leaves entries that start beyond the log
 end + 1, which own no offset: :meth:`ReplicaState.load` drops them, and refuses
 (:class:`~peer.storage.spool_format.SpoolCorrupt`, naming the file) a file that does not
-parse or a history that :func:`peer.replication.history.check_history` refuses for the log
+parse or a history that :func:`peer.replication.core.history.check_history` refuses for the log
 beside it.
 """
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from peer.replication.history import EpochStart, History, check_history, last_epoch, truncated
+from peer.replication.core.history import EpochStart, History, check_history, last_epoch, truncated
 from peer.storage import spool_format as fmt
 
 __all__ = ["REPLICA_STATE_FILE", "ReplicaState"]

@@ -6,7 +6,7 @@ heartbeats that drive it live elsewhere and call in."""
 
 from __future__ import annotations
 
-from peer.control.commands import (
+from peer.replication.control.commands import (
     Command,
     CreateStream,
     DropStream,
@@ -15,9 +15,14 @@ from peer.control.commands import (
     SetReplicas,
     ShrinkIsr,
 )
-from peer.control.failover import anchor_roots, choose_primary, failover_decisions, live_nodes
-from peer.control.repair import repaired_replicas
-from peer.control.state import Applied, ControlState, StreamState
+from peer.replication.control.failover import (
+    anchor_roots,
+    choose_primary,
+    failover_decisions,
+    live_nodes,
+)
+from peer.replication.control.repair import repaired_replicas
+from peer.replication.control.state import Applied, ControlState, StreamState
 
 __all__ = [
     "Applied",

@@ -46,7 +46,7 @@ again before it takes anything.
 
 from __future__ import annotations
 
-from peer.replication.history import (
+from peer.replication.core.history import (
     History,
     check_history,
     end_of,
@@ -54,7 +54,7 @@ from peer.replication.history import (
     truncated,
     with_entry,
 )
-from peer.replication.messages import (
+from peer.replication.core.messages import (
     AppendReply,
     Effect,
     EpochEnd,

@@ -10,7 +10,7 @@ meanwhile.
 The control plane's requests go to voters: :class:`ControlHeartbeat` (every peer, a few times
 a second: "I live, and these are my log ends"; the answer carries the state of the streams the
 peer replicates), :class:`ControlSubmit` (a command for the Raft log; its wire form is checked
-by :mod:`peer.consensus`, which owns the commands' encoding), :class:`ControlJoin` (a new
+by :mod:`peer.replication.raft`, which owns the commands' encoding), :class:`ControlJoin` (a new
 voter asks to be admitted), :class:`ControlRead` (one
 stream's state) and :class:`RaftFrame` (one message of the Raft library between voters).
 
@@ -24,9 +24,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeAlias
 
-from peer.control import StreamState
 from peer.errors import InvalidInput
-from peer.replication import (
+from peer.replication.control import StreamState
+from peer.replication.core import (
     AppendReply,
     EpochEnd,
     EpochEndReply,
@@ -283,7 +283,7 @@ class ControlHeartbeat:
 
 @dataclass(frozen=True)
 class ControlSubmit:
-    """Peer -> voter: append ``command`` (its wire form, bytes that peer.consensus encodes
+    """Peer -> voter: append ``command`` (its wire form, bytes that peer.replication.raft encodes
     and checks) to the Raft log."""
 
     OP: ClassVar[str] = "control_submit"
@@ -344,11 +344,28 @@ class RaftFrame:
         return cls(sender, _field(frame, "data", bytes, "raft"))
 
 
-REPLICA_TYPES: tuple[Any, ...] = (
-    ReplicaExchange,
-    ControlHeartbeat,
-    ControlSubmit,
-    ControlJoin,
-    ControlRead,
-    RaftFrame,
+ReplicaRequest: TypeAlias = (
+    ReplicaExchange | ControlHeartbeat | ControlSubmit | ControlJoin | ControlRead | RaftFrame
 )
+REPLICA_TYPES: dict[str, Any] = {
+    cls.OP: cls
+    for cls in (
+        ReplicaExchange,
+        ControlHeartbeat,
+        ControlSubmit,
+        ControlJoin,
+        ControlRead,
+        RaftFrame,
+    )
+}
+
+
+def decode_replica(frame: Frame) -> ReplicaRequest | None:
+    """The replication message ``frame`` carries, or None if its op is not one of ours
+    (InvalidInput if it is ours but wrong)."""
+    op = frame.get("op")
+    cls = REPLICA_TYPES.get(op) if isinstance(op, str) else None
+    if cls is None:
+        return None
+    message: ReplicaRequest = cls.from_wire(frame)
+    return message
