@@ -26,9 +26,9 @@ from overlay.stream import decode_pool
 from overlay.wire import DecodeBudget
 from peer.errors import Conflict, FedstreamError, Unavailable
 from peer.federation import Federation
-from peer.federation.plane import ReplicationSettings
 from peer.model.limits import ContentLimits
 from peer.protocol.link import Raw
+from peer.replication.plane import ReplicationSettings
 from peer.server import AnnouncedBatches, ApiServer, PeerService, api_server_tls, is_loopback
 from peer.site import AVAILABILITY_S, LocalSite, SiteConfig
 

@@ -33,11 +33,10 @@ from peer.model.schema import Schema, check_name, parse_schema, to_arrow_schema
 from peer.model.tentative import UNDO
 from peer.model.tuples import batch_from_wire
 from peer.protocol.api import QUERY_STATUSES, READY, START_POSITIONS
-from peer.replication.fence import ReplicaState
 from peer.storage.catalog import LocalCatalog, QueryEntry
 from peer.storage.feed import after_offset, open_tentative, trimmed_gap, wire_entries
 from peer.storage.spool import Spool, SpoolSet
-from peer.storage.spool_format import Quarantine, TrimmedError
+from peer.storage.spool_format import REPLICA_STATE_FILE, Quarantine, TrimmedError
 
 if TYPE_CHECKING:
     from peer.engine.runner import Engine
@@ -188,10 +187,11 @@ class LocalSite:
 
     def replicated_outputs(self, query: Query) -> bool:
         """Whether ``query`` writes replicated streams: it runs wherever the primary of its
-        input is (peer.federation.fragments starts it there), not where it ran before."""
+        input is (peer.replication.fragment_failover starts it there), not where it ran before."""
         outputs = [s for box in query.boxes for s in box.outputs]
         return any(
-            s in self.spools and ReplicaState.exists(self.spools.get(s).directory) for s in outputs
+            s in self.spools and (self.spools.get(s).directory / REPLICA_STATE_FILE).exists()
+            for s in outputs
         )
 
     async def restore_query(self, query: Query, incarnation: str, status: str) -> None:

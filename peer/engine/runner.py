@@ -117,7 +117,7 @@ class Engine:
             trigger_s=trigger_s,
             max_rows=max_rows_per_batch,
         )
-        # Seams for replicated fragments (peer.federation.fragments), called on Spark's
+        # Seams for replicated fragments (peer.replication.fragment_failover), called on Spark's
         # callback thread: ``on_batch(query, batch id, checkpoint)`` before a micro-batch
         # runs, which may return a callable to call with the batch's result rows before they
         # are emitted; ``emit(stream, table, origin, seq)`` for each result part (default:

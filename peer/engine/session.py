@@ -35,7 +35,7 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.streaming.noDataMicroBatches.enabled": "true",
     # Recovery needs the newest batch only; fewer old ones make checkpoints that travel (moves,
-    # replicated fragments: peer.federation.fragments) smaller.
+    # replicated fragments: peer.replication.fragment_failover) smaller.
     "spark.sql.streaming.minBatchesToRetain": "10",
     # Every micro-batch writes its offset-log and commit-log entries through Hadoop. Without
     # Hadoop's native library (the pip wheel has none), the default FileContext manager made a

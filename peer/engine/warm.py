@@ -5,7 +5,8 @@ load, code is generated, the Python workers of the spool source and py4j's callb
 start, RocksDB's native library loads. Measured on 2 cores (one ``peer join``, the keyed
 10 s window; load average 5.5): submit to first result 14.3 s for the first query, 7.7 s for
 the second, 4.9 s for the third. When the first query a peer runs is a fragment it takes over
-from a dead peer (peer.federation.fragments) or one moved to it, that cold start is all downtime.
+from a dead peer (peer.replication.fragment_failover) or one moved to it, that cold start is all
+downtime.
 
 :func:`warm_up` runs, once, in the background after the peer's own session starts, a small
 query along the same path as a fragment: the spool source, a filter, an event-time tumbling

@@ -41,7 +41,6 @@ from typing import Any
 from overlay.membership import MemberInfo, rank, stream_target
 from overlay.node import Overlay
 from peer.errors import AlreadyExists, Conflict, InvalidInput, NotFound, QueryError
-from peer.federation.fragments import checkpoint_stream
 from peer.federation.hosting import Hosting
 from peer.federation.records import CatalogRecords
 from peer.federation.router import Router
@@ -49,6 +48,7 @@ from peer.model.fragments import Fragment, fragment_query
 from peer.model.plan import CheckedQuery, check_query
 from peer.model.query import Query, query_to_dict
 from peer.protocol.link import FragmentInput, FragmentStatus, InstallFragment, Lookup, StartMirror
+from peer.replication.fragment_failover import checkpoint_stream
 
 __all__ = ["Coordinator"]
 

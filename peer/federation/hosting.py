@@ -64,7 +64,7 @@ class Hosting:
         self._claims: dict[str, float] = {}  # adopted streams -> give up claiming at
         self._claimed = asyncio.Event()
         self._takeover = asyncio.Lock()
-        # Replicated streams: the control plane names their primary (peer.federation.replicated)
+        # Replicated streams: the control plane names their primary (peer.replication.streams)
         self.primary_of: PrimaryOf | None = None
         self.replicated: Callable[[str], bool] = lambda _stream: False
         self.epoch_of: Callable[[str], int | None] = lambda _stream: None

@@ -60,7 +60,7 @@ class SiteRequests:
         self.router = router
         # a replicated stream's copy is made by the replica driver (True: it was one)
         self.on_host_stream: Callable[[str], Awaitable[bool]] | None = None
-        # replicated fragments (peer.federation.fragments): installed there if they can be
+        # replicated fragments (peer.replication.fragment_failover): installed there if they can be
         # (None: not replicated), and told of every status change of a fragment
         self.install_replicated: Callable[[CheckedQuery], Awaitable[dict[str, Any] | None]]
         self.install_replicated = _not_replicated

@@ -11,26 +11,24 @@ dispatches the typed message directly, without encoding it.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol, TypeAlias
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
 
 from overlay.link import Link, LinkError, LinkRemoteError
 from overlay.node import OverlayError
 from peer.errors import FedstreamError, InvalidInput, Unavailable, from_wire
-from peer.protocol.link import Frame, Raw, Request, Subscribe, decode
+from peer.protocol.link import Frame, Raw, Subscribe, decode
+from peer.replication.ports import Handler, Message
 from peer.replication.wire import (
     ControlHeartbeat,
     ControlJoin,
     RaftFrame,
     ReplicaExchange,
-    ReplicaRequest,
     decode_replica,
 )
 
 log = logging.getLogger(__name__)
 
-Message: TypeAlias = Request | ReplicaRequest  # every typed request a peer link carries
-Handler = Callable[[Any, str], Awaitable[Frame]]  # (message, sender participant) -> reply
 StreamHandler = Callable[[Subscribe], AsyncIterator[Frame]]
 
 

@@ -19,16 +19,16 @@ from overlay.node import Overlay
 from peer.errors import AlreadyExists, InvalidInput, NotFound
 from peer.federation.coordinator import Coordinator
 from peer.federation.forward import Forwarder, checked_body
-from peer.federation.fragments import ReplicatedFragments
 from peer.federation.hosting import LEASE_S, Hosting
 from peer.federation.mirror import Mirrors
-from peer.federation.plane import ControlPlane, ReplicationSettings
 from peer.federation.records import CatalogRecords
 from peer.federation.requests import SiteRequests
 from peer.federation.router import Router
 from peer.model.schema import check_name, parse_schema
 from peer.protocol.api import START_POSITIONS
 from peer.protocol.link import HostStream
+from peer.replication.fragment_failover import ReplicatedFragments
+from peer.replication.plane import ControlPlane, ReplicationSettings
 from peer.site import LocalSite, checked_status
 
 StatusPart = Callable[[], dict[str, Any]]

@@ -33,7 +33,7 @@ from peer.storage import spool_format as fmt
 
 __all__ = ["REPLICA_STATE_FILE", "ReplicaState"]
 
-REPLICA_STATE_FILE = "replica-state.json"
+REPLICA_STATE_FILE = fmt.REPLICA_STATE_FILE
 
 
 def _physical_end(directory: Path) -> int:

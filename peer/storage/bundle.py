@@ -1,5 +1,5 @@
 """A directory as one blob and back: how a fragment's Spark checkpoint travels to the replicas
-of its streams (peer.federation.fragments).
+of its streams (peer.replication.fragment_failover).
 
 ``bundle`` packs every regular file under a directory into a zip archive (deflated, names
 relative, sorted). ``unbundle`` checks an archive before it writes anything (names relative,

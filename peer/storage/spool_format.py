@@ -43,6 +43,7 @@ SCHEMA_FILE = "schema.arrow"
 READERS_DIR = "readers"
 STREAM_FILE = "stream.json"
 WATERMARK_FILE = "watermark"  # the highest offset readers may see (Spool.hold)
+REPLICA_STATE_FILE = "replica-state.json"  # a replica's fence (peer.replication.fence)
 # __seq = offset * 2**24 + row index (see peer.engine.source): a file must hold fewer rows.
 MAX_ROWS_PER_FILE = (1 << 24) - 1
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from peer.federation.control import ControlClient
 from peer.replication.control import StreamState
+from peer.replication.heartbeats import ControlClient
 from peer.replication.wire import ControlRead, state_to_wire
 
 ME, LEADER, FOLLOWER = "a" * 40, "b" * 40, "c" * 40

@@ -1,4 +1,4 @@
-"""A fragment's checkpoint record as a one-row table and back (peer.federation.fragments):
+"""A fragment's checkpoint record as a one-row table and back (peer.replication.fragment_failover):
 round trips, and hostile tables from another peer refused with a ValueError that names what
 is malformed."""
 
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from peer.federation.fragments import FragmentRecord
+from peer.replication.fragment_failover import FragmentRecord
 
 names = st.text(max_size=20)
 records = st.builds(
@@ -232,7 +232,7 @@ def test_a_record_with_any_values_is_read_whole_or_refused(replaced: dict[str, A
 def test_importing_the_module_starts_nothing() -> None:
     code = (
         "import threading, sys\n"
-        "import peer.federation.fragments\n"
+        "import peer.replication.fragment_failover\n"
         "assert threading.active_count() == 1, threading.enumerate()\n"
         "assert 'pyspark.sql.session' not in sys.modules\n"
     )

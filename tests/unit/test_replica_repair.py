@@ -166,8 +166,8 @@ def test_a_followers_pump_outlives_a_batch_that_cannot_be_read() -> None:
     from types import SimpleNamespace
     from typing import Any
 
-    from peer.federation.replicas import _Outbox
     from peer.replication.core import Probe
+    from peer.replication.driver import _Outbox
 
     sent: list[Any] = []
     answered: list[Any] = []

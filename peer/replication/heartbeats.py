@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 The control plane (docs/replication.md) decides each replicated stream's epoch, primary and
-in-sync set; voters run it (:mod:`peer.federation.voter`). Every peer, voter or not:
+in-sync set; voters run it (:mod:`peer.replication.voter`). Every peer, voter or not:
 
 * sends each voter a :class:`~peer.replication.wire.ControlHeartbeat` every ``heartbeat_s``
   with the log end of every stream it replicates. The voters' answers carry the state of
@@ -29,9 +29,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from peer.errors import FedstreamError, Unavailable
-from peer.federation.router import Router
 from peer.protocol.link import Frame
 from peer.replication.control import Command, StreamState
+from peer.replication.ports import Links
 from peer.replication.raft import command_to_wire
 from peer.replication.wire import (
     ControlHeartbeat,
@@ -57,7 +57,7 @@ class ControlClient:
 
     def __init__(
         self,
-        router: Router,
+        router: Links,
         log_ends: Callable[[], Mapping[str, int]],
         *,
         heartbeat_s: float = HEARTBEAT_S,

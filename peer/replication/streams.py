@@ -2,9 +2,9 @@
 
 Theory of operation
 -------------------
-:class:`Replicas` keeps one :class:`~peer.federation.replicas.StreamReplica` per replicated
+:class:`ReplicatedStreams` keeps one :class:`~peer.replication.driver.StreamReplica` per replicated
 stream this peer holds a copy of. The control plane's states reach it through the
-:class:`~peer.federation.control.ControlClient` (heartbeat answers, reads); a state naming this
+:class:`~peer.replication.heartbeats.ControlClient` (heartbeat answers, reads); a state naming this
 peer among a stream's replicas makes it create the stream's spool (schema from the DHT
 catalog) and take the role the state gives it. ``replica`` exchanges from other peers are
 served only for a stream the control plane says this peer replicates, from a peer that is
@@ -25,10 +25,6 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from peer.errors import FedstreamError, InvalidInput, Unavailable
-from peer.federation.control import ControlClient
-from peer.federation.records import CatalogRecords
-from peer.federation.replicas import TICK_S, StreamReplica
-from peer.federation.router import Router
 from peer.protocol.link import Frame
 from peer.replication.control import (
     CreateStream,
@@ -38,7 +34,10 @@ from peer.replication.control import (
     StreamState,
     repaired_replicas,
 )
+from peer.replication.driver import TICK_S, StreamReplica
 from peer.replication.fence import ReplicaState
+from peer.replication.heartbeats import ControlClient
+from peer.replication.ports import Links, Records
 from peer.replication.wire import ReplicaExchange
 from peer.site import Appender, LocalSite
 
@@ -50,15 +49,15 @@ Responsible = Callable[[str, int], list[str]]  # (stream, r) -> the r live peers
 REPAIR_CHECK_S = 1.0
 
 
-class Replicas:
-    """Implements peer.federation.replicas.ReplicaOwner."""
+class ReplicatedStreams:
+    """Implements peer.replication.driver.ReplicaOwner."""
 
     def __init__(
         self,
         site: LocalSite,
-        router: Router,
+        router: Links,
         control: ControlClient,
-        records: CatalogRecords,
+        records: Records,
         on_role: OnRole,
         *,
         repair_after_s: float = 30.0,

@@ -43,20 +43,19 @@ import msgpack
 import pyarrow as pa
 
 from peer.errors import FedstreamError, Unavailable
-from peer.federation.plane import ControlPlane
-from peer.federation.records import CatalogRecords
-from peer.federation.router import Router
 from peer.model.plan import CheckedQuery
 from peer.model.query import parse_query, query_to_dict
 from peer.model.schema import Field, Schema, make_schema
 from peer.protocol.link import FragmentStatus, HostStream
 from peer.replication.control import DropStream, StreamState
+from peer.replication.plane import ControlPlane
+from peer.replication.ports import Links, Records
 from peer.site import INTERNAL_PREFIX, LocalSite
 from peer.storage.bundle import bundle, listing, unbundle
 from peer.storage.spool_format import offset_path, read_file
 
 if TYPE_CHECKING:
-    from peer.federation.replicas import StreamReplica
+    from peer.replication.driver import StreamReplica
 
 __all__ = ["CKPT_PREFIX", "FragmentRecord", "ReplicatedFragments", "checkpoint_stream"]
 
@@ -176,8 +175,8 @@ class ReplicatedFragments:
         self,
         site: LocalSite,
         plane: ControlPlane,
-        records: CatalogRecords,
-        router: Router,
+        records: Records,
+        router: Links,
         *,
         min_insync: int,
     ) -> None:

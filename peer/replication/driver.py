@@ -19,8 +19,9 @@ fsynced before the message that came with it is sent (docs/replication.md).
   to the core (which takes them in any order).
   A tick resends what a follower lacks and proposes ISR changes to the control plane.
 * A follower's exchanges are served under the stream's lock, effects performed in order.
-* The control plane's states arrive through :meth:`Replicas.on_state` (a heartbeat answer):
-  a new epoch makes this peer take office, step down, or fence older primaries.
+* The control plane's states arrive through
+  :meth:`~peer.replication.streams.ReplicatedStreams.on_state` (a heartbeat answer): a new epoch
+  makes this peer take office, step down, or fence older primaries.
 
 Refusals are retriable (:class:`~peer.errors.Unavailable`, with ``primary`` when known), so a
 client or forwarding peer retries with the same (producer, seq) and the batch is kept once.
@@ -36,7 +37,6 @@ from collections.abc import Coroutine
 from typing import Any, Protocol
 
 from peer.errors import FedstreamError, Unavailable
-from peer.federation.router import Router
 from peer.protocol.link import Frame
 from peer.replication.control import ExpandIsr, ShrinkIsr, StreamState
 from peer.replication.core import (
@@ -62,6 +62,7 @@ from peer.replication.core import (
     begin_epoch,
 )
 from peer.replication.fence import ReplicaState
+from peer.replication.ports import Links
 from peer.replication.wire import (
     ReplicaExchange,
     ReplicationMessage,
@@ -87,7 +88,7 @@ class ReplicaOwner(Protocol):
     """What a stream's replica needs of the peer's replica driver."""
 
     me: str
-    router: Router
+    router: Links
 
     def on_role(self, stream: str, primary: bool) -> None: ...
 

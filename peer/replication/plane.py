@@ -26,12 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from peer.errors import Unavailable
-from peer.federation.control import ControlClient
-from peer.federation.records import CatalogRecords
-from peer.federation.replicated import OnRole, Replicas
-from peer.federation.router import Router
-from peer.federation.voter import Voter
 from peer.protocol.link import Frame
+from peer.replication.heartbeats import ControlClient
+from peer.replication.ports import Links, Records
+from peer.replication.streams import OnRole, ReplicatedStreams
+from peer.replication.voter import Voter
 from peer.replication.wire import (
     ControlHeartbeat,
     ControlJoin,
@@ -72,8 +71,8 @@ class ControlPlane:
     def __init__(
         self,
         site: LocalSite,
-        router: Router,
-        records: CatalogRecords,
+        router: Links,
+        records: Records,
         settings: ReplicationSettings,
         on_role: OnRole,
     ) -> None:
@@ -82,7 +81,7 @@ class ControlPlane:
         self.settings = settings
         self.me = router.node_id.hex()
         self.client = ControlClient(router, self._log_ends, heartbeat_s=settings.heartbeat_s)
-        self.replicas = Replicas(
+        self.replicas = ReplicatedStreams(
             site, router, self.client, records, on_role, repair_after_s=settings.repair_after_s
         )
         self.voter: Voter | None = None
