@@ -14,16 +14,7 @@ from pathlib import Path
 
 from peer.engine.java import HOW_TO_FIX, find_java
 from peer.errors import FedstreamError
-from peer.storage.spool_format import (
-    OPEN_ERRORS,
-    STREAM_FILE,
-    TMP_PREFIX,
-    Quarantine,
-    quarantine,
-    read_layout,
-    read_schema_file,
-    read_stream_file,
-)
+from peer.storage.spool_format import STREAM_FILE, scan_spools
 
 
 def _python() -> str:
@@ -164,20 +155,3 @@ def add_doctor_command(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     )
     p.add_argument("--quick", action="store_true", help="skip the Spark start-up check")
     p.set_defaults(sync=cmd_doctor)
-
-
-def scan_spools(root: Path) -> list[Quarantine]:
-    """The spools under ``root`` (a peer's spool directory) that would be quarantined when
-    the peer starts; reads only, changes nothing."""
-    found: list[Quarantine] = []
-    if not root.is_dir():
-        return found
-    for entry in sorted(root.iterdir()):
-        if entry.name.startswith(TMP_PREFIX) or not (entry / STREAM_FILE).exists():
-            continue
-        try:
-            stream = read_stream_file(entry)
-            read_layout(entry, read_schema_file(entry, stream), stream)
-        except OPEN_ERRORS as exc:
-            found.append(quarantine(entry, exc))
-    return found

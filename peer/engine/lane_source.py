@@ -39,7 +39,7 @@ from peer.engine.source import seq_column
 from peer.model.schema import spark_type
 from peer.model.tentative import STABLE
 from peer.storage import spool_format as fmt
-from peer.storage.spool_marks import entry_mark
+from peer.storage.spool_format import entry_mark
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType

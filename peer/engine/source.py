@@ -65,7 +65,7 @@ from pyspark.sql.streaming.datasource import (
 
 from peer.model.tentative import STABLE
 from peer.storage import spool_format as fmt
-from peer.storage.spool_marks import META_HEARTBEAT, entry_mark
+from peer.storage.spool_format import META_HEARTBEAT, entry_mark
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

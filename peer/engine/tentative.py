@@ -59,7 +59,7 @@ from peer.model.schema import Schema, to_arrow_schema
 from peer.model.tentative import TENTATIVE, UndoMark
 from peer.model.windows import AggregateSpec, JoinSpec
 from peer.storage import spool_format as fmt
-from peer.storage.spool_marks import META_HEARTBEAT
+from peer.storage.spool_format import META_HEARTBEAT
 
 if TYPE_CHECKING:
     from peer.storage.spool import SpoolSet

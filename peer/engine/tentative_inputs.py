@@ -27,7 +27,7 @@ import pyarrow as pa
 from peer.model.tentative import STABLE, TENTATIVE, UNDO
 from peer.storage import spool_format as fmt
 from peer.storage.spool import Spool
-from peer.storage.spool_marks import entry_mark
+from peer.storage.spool_format import entry_mark
 
 
 @dataclass

@@ -48,7 +48,7 @@ from peer.model.fragments import Fragment, fragment_query
 from peer.model.plan import CheckedQuery, check_query
 from peer.model.query import Query, query_to_dict
 from peer.protocol.link import FragmentInput, FragmentStatus, InstallFragment, Lookup, StartMirror
-from peer.replication.fragment_failover import checkpoint_stream
+from peer.replication.names import checkpoint_stream
 
 __all__ = ["Coordinator"]
 

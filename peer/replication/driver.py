@@ -52,16 +52,11 @@ from peer.replication.core import (
     Progress,
     PushRefusal,
     ReplicaAppend,
-    SaveEpoch,
-    SaveHistory,
     Seed,
-    SeedLog,
     Ship,
-    Truncate,
-    WriteEntry,
     begin_epoch,
 )
-from peer.replication.fence import ReplicaState
+from peer.replication.log import ReplicatedLog
 from peer.replication.ports import Links
 from peer.replication.wire import (
     ReplicaExchange,
@@ -69,7 +64,6 @@ from peer.replication.wire import (
     messages_from_wire,
     messages_to_wire,
 )
-from peer.storage.spool import Spool
 
 log = logging.getLogger(__name__)
 
@@ -190,19 +184,20 @@ class _Outbox:
 class StreamReplica:
     """One replicated stream on this peer."""
 
-    def __init__(self, owner: ReplicaOwner, name: str, spool: Spool, state: ReplicaState) -> None:
+    def __init__(self, owner: ReplicaOwner, name: str, log: ReplicatedLog) -> None:
         self.owner = owner
         self.name = name
-        self.spool = spool
-        self.disk = state
+        self.log = log
+        self.spool = log.spool
+        self.disk = log.fence
         self.me = owner.me
         self.router = owner.router
         self.lock = asyncio.Lock()
         self.primary: Primary | None = None
         self.follower: Follower = self._follower()
         self.outboxes: dict[str, _Outbox] = {}
-        self.written = spool.log_end
-        self.visible = spool.latest
+        self.written = log.log_end
+        self.visible = log.spool.latest
         self.waiters: list[tuple[int, asyncio.Future[None]]] = []
         self.writes: list[Appended] = []
         self.writing = asyncio.Event()
@@ -221,22 +216,9 @@ class StreamReplica:
         )
 
     # ----------------------------------------------------------------------- effects
-    def _perform_sync(self, effects: tuple[Effect, ...]) -> None:
-        for effect in effects:
-            if isinstance(effect, WriteEntry):
-                self.spool.append_file(effect.offset, effect.body)
-            elif isinstance(effect, Truncate):
-                self.spool.truncate_after(effect.after)
-            elif isinstance(effect, SaveEpoch):
-                self.disk.save_epoch(effect.epoch)
-            elif isinstance(effect, SaveHistory):
-                self.disk.save_history(effect.history)
-            elif isinstance(effect, SeedLog):
-                self.spool.seed(effect.through, dict(effect.seqs))
-
     async def perform(self, effects: tuple[Effect, ...]) -> None:
         if effects:
-            await asyncio.to_thread(self._perform_sync, effects)
+            await asyncio.to_thread(self.log.perform, effects)
 
     # ----------------------------------------------------------------------- roles
     async def learn(self, state: StreamState) -> None:

@@ -48,9 +48,10 @@ from peer.model.query import parse_query, query_to_dict
 from peer.model.schema import Field, Schema, make_schema
 from peer.protocol.link import FragmentStatus, HostStream
 from peer.replication.control import DropStream, StreamState
+from peer.replication.names import CKPT_PREFIX, checkpoint_stream
 from peer.replication.plane import ControlPlane
 from peer.replication.ports import Links, Records
-from peer.site import INTERNAL_PREFIX, LocalSite
+from peer.site import LocalSite
 from peer.storage.bundle import bundle, listing, unbundle
 from peer.storage.spool_format import offset_path, read_file
 
@@ -61,17 +62,12 @@ __all__ = ["CKPT_PREFIX", "FragmentRecord", "ReplicatedFragments", "checkpoint_s
 
 log = logging.getLogger(__name__)
 
-CKPT_PREFIX = INTERNAL_PREFIX + "ckpt."
 CKPT_SCHEMA: Schema = make_schema(
     "fedstream_checkpoint", (Field("batch", "long"), Field("record", "string"))
 )
 EMIT_PATIENCE_S = 120.0  # how long a result append retries a retriable refusal while primary
 EMIT_RETRY_S = 0.1
 RESTART_AFTER_S = 5.0  # a failed fragment is restarted at most this often
-
-
-def checkpoint_stream(fragment: str) -> str:
-    return CKPT_PREFIX + fragment
 
 
 @dataclass(frozen=True)

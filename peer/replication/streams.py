@@ -37,6 +37,7 @@ from peer.replication.control import (
 from peer.replication.driver import TICK_S, StreamReplica
 from peer.replication.fence import ReplicaState
 from peer.replication.heartbeats import ControlClient
+from peer.replication.log import ReplicatedLog
 from peer.replication.ports import Links, Records
 from peer.replication.wire import ReplicaExchange
 from peer.site import Appender, LocalSite
@@ -237,7 +238,7 @@ class ReplicatedStreams:
             )
             if spool.visible_bound is None:  # (a reopened spool keeps its watermark's bound)
                 spool.hold(-1)  # nothing is acknowledged until this peer's role says so
-            replica = StreamReplica(self, name, spool, state)
+            replica = StreamReplica(self, name, ReplicatedLog(spool, state))
             self.streams[name] = replica
             self.site.appenders[name] = replica.push
             return replica

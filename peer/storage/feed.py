@@ -18,7 +18,7 @@ from peer.model.tentative import TENTATIVE, UNDO, visible_to
 from peer.model.tuples import batch_to_wire
 from peer.storage import spool_format as fmt
 from peer.storage.spool import Spool
-from peer.storage.spool_marks import entry_mark
+from peer.storage.spool_format import entry_mark
 
 
 def open_tentative(spool: Spool) -> int | None:

@@ -31,8 +31,7 @@ from urllib.parse import quote, unquote
 import pyarrow as pa
 
 from peer.errors import Conflict, Unavailable
-from peer.model.tentative import STABLE, UNDO
-from peer.storage.spool_marks import entry_mark
+from peer.model.tentative import STABLE, TENTATIVE, UNDO
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +50,14 @@ META_ORIGIN = b"fedstream.origin"
 META_SEQ = b"fedstream.seq"
 META_ROWS = b"fedstream.rows"
 META_APPEND_NS = b"fedstream.append_ns"
+# The marks of tentative results (issue 16; see peer.model.tentative): a tentative batch's file
+# carries ``fedstream.status = tentative``; an undo entry is a file without rows whose metadata
+# names the first tentative offset it takes back (``fedstream.undo``). A file without either is
+# stable, so every spool written before tentative results existed reads as it did.
+META_STATUS = b"fedstream.status"
+META_UNDO = b"fedstream.undo"
+# A heartbeat file (only in a tentative fork's copy of a missing input: peer.engine.tentative).
+META_HEARTBEAT = b"fedstream.heartbeat"
 
 _OFFSET_NAME = re.compile(r"(\d{20})\.arrow")  # matched whole (fullmatch), as _READER_ID
 _READER_ID = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
@@ -84,6 +91,29 @@ class SpoolQuarantined(Conflict, KeyError):
 
     def __str__(self) -> str:
         return self.message
+
+
+def entry_mark(meta: dict[bytes, bytes] | None) -> tuple[str, int | None]:
+    """A file's status (stable, tentative or undo) and, for an undo, the offset it names;
+    ValueError for a mark no spool writes."""
+    if not meta:
+        return STABLE, None
+    if META_UNDO in meta:
+        undo = int(meta[META_UNDO])
+        if undo < 0:
+            raise ValueError(f"an undo names offset {undo}")
+        return UNDO, undo
+    status = meta.get(META_STATUS, STABLE.encode()).decode()
+    if status not in (STABLE, TENTATIVE):
+        raise ValueError(f"unknown status {status!r}")
+    return status, None
+
+
+def mark_metadata(status: str, undo: int | None) -> dict[bytes, bytes]:
+    """The metadata entries :func:`entry_mark` reads back."""
+    if undo is not None:
+        return {META_UNDO: str(undo).encode()}
+    return {} if status == STABLE else {META_STATUS: status.encode()}
 
 
 # --------------------------------------------------------------------------- on-disk format
@@ -587,3 +617,20 @@ def quarantine(directory: Path, exc: Exception) -> Quarantine:
     stream = stream_name_of(directory)
     reason = f"stream {stream}: spool {directory} does not open ({type(exc).__name__}: {exc})"
     return Quarantine(stream, directory, directory, reason)
+
+
+def scan_spools(root: Path) -> list[Quarantine]:
+    """The spools under ``root`` (a peer's spool directory) that would be quarantined when
+    the peer starts; reads only, changes nothing (``peer doctor``)."""
+    found: list[Quarantine] = []
+    if not root.is_dir():
+        return found
+    for entry in sorted(root.iterdir()):
+        if entry.name.startswith(TMP_PREFIX) or not (entry / STREAM_FILE).exists():
+            continue
+        try:
+            stream = read_stream_file(entry)
+            read_layout(entry, read_schema_file(entry, stream), stream)
+        except OPEN_ERRORS as exc:
+            found.append(quarantine(entry, exc))
+    return found

@@ -17,8 +17,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from peer.replication.core import SaveEpoch, SaveHistory, Truncate, WriteEntry
 from peer.replication.core.history import EpochStart, check_history
 from peer.replication.fence import REPLICA_STATE_FILE, ReplicaState
+from peer.replication.log import ReplicatedLog, StreamLog
 from peer.storage import spool_format as fmt
 from peer.storage.spool import Spool
 from peer.storage.spool_format import SpoolCorrupt, SpoolFault
@@ -206,3 +208,26 @@ def test_saves_are_fsynced_file_then_directory(
     monkeypatch.setattr(os, "fsync", fsync)
     state.save_epoch(1)
     assert synced == ["file", "dir"]
+
+
+def test_a_spool_is_a_stream_log_and_a_replicated_log_composes_it_with_its_fence(
+    tmp_path: Path,
+) -> None:
+    primary = spool_with(tmp_path / "primary", 2)
+    replica = Spool(tmp_path / "replica" / "sensors", SCHEMA, fsync=False)
+    face: StreamLog = replica  # mypy checks the Protocol; the rest of the peer sees only this
+    log = ReplicatedLog(replica, ReplicaState.load(replica.directory))
+    log.perform(
+        (
+            SaveEpoch(2),
+            SaveHistory((EpochStart(2, 0),)),
+            WriteEntry(0, 2, primary.read_file_bytes(0)),
+            WriteEntry(1, 2, primary.read_file_bytes(1)),
+            Truncate(0),
+        )
+    )
+    assert (log.epoch, log.history, log.log_end) == (2, (EpochStart(2, 0),), 0)
+    assert replica.read_file_bytes(0) == primary.read_file_bytes(0)
+    assert [t.column("x").to_pylist() for _, t in face.read(-1, face.latest)] == [[0]]
+    again = ReplicaState.load(replica.directory, log_end=0)
+    assert (again.epoch, again.history) == (2, (EpochStart(2, 0),))

@@ -20,14 +20,13 @@ import pyarrow as pa
 import pytest
 
 from peer.cli.doctor import _spools as doctor_spools
-from peer.cli.doctor import scan_spools
 from peer.errors import FedstreamError, NotFound, Unavailable
 from peer.federation.mirror import MIRROR_PREFIX, Mirrors
 from peer.protocol.link import MirrorAppend
 from peer.site import LocalSite, SiteConfig
 from peer.storage import spool_format as fmt
 from peer.storage.spool import Spool, SpoolSet
-from peer.storage.spool_format import SpoolCorrupt, SpoolFault, SpoolQuarantined
+from peer.storage.spool_format import SpoolCorrupt, SpoolFault, SpoolQuarantined, scan_spools
 
 SCHEMA = pa.schema([("x", pa.int64())])
 
