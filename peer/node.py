@@ -30,7 +30,7 @@ from peer.model.limits import ContentLimits
 from peer.protocol.link import Raw
 from peer.replication.plane import ReplicationSettings
 from peer.server import AnnouncedBatches, ApiServer, PeerService, api_server_tls, is_loopback
-from peer.site import AVAILABILITY_S, LocalSite, SiteConfig
+from peer.site import LocalSite, SiteConfig
 
 if TYPE_CHECKING:
     from contracts.book import ContractBook
@@ -74,6 +74,7 @@ class PeerConfig:
     relay_streams_per_address: int = 32
     decode_workers: int = 1
     maintenance_interval_s: float = 2.0
+    availability_interval_s: float = 0.25  # how often queries with a bound are looked at
     # How long a stream no query reads (a result stream) keeps its tuples for late subscribers.
     retention_s: float = 600.0
     fsync: bool = True
@@ -375,7 +376,11 @@ class Peer:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._every(self.config.maintenance_interval_s, self._maintenance))
                 if self.site is not None:  # queries with an availability bound (issue 16)
-                    tg.create_task(self._every(AVAILABILITY_S, self.site.check_availability))
+                    tg.create_task(
+                        self._every(
+                            self.config.availability_interval_s, self.site.check_availability
+                        )
+                    )
                 if self.overlay is not None and self.fed is not None:
                     tg.create_task(self.overlay.run())
                     tg.create_task(self.fed.run())

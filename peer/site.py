@@ -49,7 +49,6 @@ INTERNAL_PREFIX = "~"  # streams the federation makes for itself (names users ca
 # An internal stream (a fragment's checkpoints) keeps its newest batch, and the others this
 # long: a replica that was away longer cannot catch up on them.
 INTERNAL_RETENTION_S = 120.0
-AVAILABILITY_S = 0.25  # how often queries with an availability bound are looked at (node)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """One table from a peer-link message to the code that serves it, and the calls that send one.
 
 Incoming frames are decoded once into typed messages (:func:`peer.protocol.link.decode`, and
-:func:`peer.replication.wire.decode_replica` for replication's own ops) and
+:func:`peer.replication.link_messages.decode_replica` for replication's own ops) and
 dispatched by their type; each room of the peer registers its handlers when the node wires the
 peer together (the federation its own, moves ``move_*``, the brain ``offer``), so this module
 imports none of them. A peer asking itself (a coordinator that is also a fragment's site)
@@ -18,14 +18,14 @@ from overlay.link import Link, LinkError, LinkRemoteError
 from overlay.node import OverlayError
 from peer.errors import FedstreamError, InvalidInput, Unavailable, from_wire
 from peer.protocol.link import Frame, Raw, Subscribe, decode
-from peer.replication.ports import Handler, Message
-from peer.replication.wire import (
+from peer.replication.link_messages import (
     ControlHeartbeat,
     ControlJoin,
     RaftFrame,
     ReplicaExchange,
     decode_replica,
 )
+from peer.replication.ports import Handler, Message
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ itself (a coordinator that is also a fragment's site) passes the message object 
 Requests of other rooms ride the same links with their own decoders: moves (``move_*``,
 checked by :mod:`peer.move.receiver`) and offers (``offer``, checked by :mod:`peer.brain`)
 are carried here as :class:`Raw` frames; replication's messages are typed in its own room
-(:mod:`peer.replication.wire`), and the federation's router decodes those ops there.
+(:mod:`peer.replication.link_messages`), and the federation's router decodes those ops there.
 """
 
 from __future__ import annotations

@@ -9,6 +9,6 @@ one of them primary for an epoch and keeps the in-sync set. The room, from the b
   are applied to, failover and repair decisions);
 * :mod:`~peer.replication.raft`: the Raft driver of the control plane on pysyncobj (the
   commands' codec, the timings, the machine and its transport over peer links);
-* :mod:`~peer.replication.wire`: the replica and control-plane messages on peer links;
+* :mod:`~peer.replication.link_messages`: the replica and control-plane messages on peer links;
 * :mod:`~peer.replication.fence`: a replica's durable fence and epoch history.
 """

@@ -56,14 +56,14 @@ from peer.replication.core import (
     Ship,
     begin_epoch,
 )
-from peer.replication.log import ReplicatedLog
-from peer.replication.ports import Links
-from peer.replication.wire import (
+from peer.replication.link_messages import (
     ReplicaExchange,
     ReplicationMessage,
     messages_from_wire,
     messages_to_wire,
 )
+from peer.replication.log import ReplicatedLog
+from peer.replication.ports import Links
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ Theory of operation
 The control plane (docs/replication.md) decides each replicated stream's epoch, primary and
 in-sync set; voters run it (:mod:`peer.replication.voter`). Every peer, voter or not:
 
-* sends each voter a :class:`~peer.replication.wire.ControlHeartbeat` every ``heartbeat_s``
+* sends each voter a :class:`~peer.replication.link_messages.ControlHeartbeat` every ``heartbeat_s``
   with the log end of every stream it replicates. The voters' answers carry the state of
   those streams and the current voters; a state newer (by version) than the one known here is
   handed to the listeners (the replica driver), so a new epoch reaches its replicas within a
@@ -31,9 +31,7 @@ from typing import Any
 from peer.errors import FedstreamError, Unavailable
 from peer.protocol.link import Frame
 from peer.replication.control import Command, StreamState
-from peer.replication.ports import Links
-from peer.replication.raft import command_to_wire
-from peer.replication.wire import (
+from peer.replication.link_messages import (
     ControlHeartbeat,
     ControlJoin,
     ControlRead,
@@ -41,6 +39,8 @@ from peer.replication.wire import (
     ReplicaRequest,
     state_from_wire,
 )
+from peer.replication.ports import Links
+from peer.replication.raft import command_to_wire
 
 log = logging.getLogger(__name__)
 

@@ -28,16 +28,16 @@ from typing import Any
 from peer.errors import Unavailable
 from peer.protocol.link import Frame
 from peer.replication.heartbeats import ControlClient
-from peer.replication.ports import Links, Records
-from peer.replication.streams import OnRole, ReplicatedStreams
-from peer.replication.voter import Voter
-from peer.replication.wire import (
+from peer.replication.link_messages import (
     ControlHeartbeat,
     ControlJoin,
     ControlRead,
     ControlSubmit,
     RaftFrame,
 )
+from peer.replication.ports import Links, Records
+from peer.replication.streams import OnRole, ReplicatedStreams
+from peer.replication.voter import Voter
 from peer.site import LocalSite
 from peer.storage.spool_format import atomic_write
 

@@ -12,7 +12,7 @@ from typing import Any, Protocol, TypeAlias
 
 from peer.model.schema import Schema
 from peer.protocol.link import Frame, Request
-from peer.replication.wire import ReplicaRequest
+from peer.replication.link_messages import ReplicaRequest
 
 __all__ = ["Handler", "Links", "Message", "Records"]
 

@@ -37,9 +37,9 @@ from peer.replication.control import (
 from peer.replication.driver import TICK_S, StreamReplica
 from peer.replication.fence import ReplicaState
 from peer.replication.heartbeats import ControlClient
+from peer.replication.link_messages import ReplicaExchange
 from peer.replication.log import ReplicatedLog
 from peer.replication.ports import Links, Records
-from peer.replication.wire import ReplicaExchange
 from peer.site import Appender, LocalSite
 
 log = logging.getLogger(__name__)

@@ -3,8 +3,8 @@
 Theory of operation
 -------------------
 A voter runs one :class:`peer.replication.raft.ControlMachine` (pysyncobj) whose messages travel
-over the peer links as :class:`~peer.replication.wire.RaftFrame` requests, one queue and one sender
-task per destination so that each voter sees another's frames in order. It serves:
+over the peer links as :class:`~peer.replication.link_messages.RaftFrame` requests, one queue and
+one sender task per destination so that each voter sees another's frames in order. It serves:
 
 * ``control_heartbeat`` from every peer: it notes, on its own monotonic clock, when it last
   heard the peer and the log ends it reported; the answer is the state of the streams the
@@ -35,8 +35,7 @@ from typing import Any
 from peer.errors import InvalidInput, Unavailable
 from peer.protocol.link import Frame
 from peer.replication.control import Applied, Command, failover_decisions
-from peer.replication.raft import ControlMachine, command_from_wire
-from peer.replication.wire import (
+from peer.replication.link_messages import (
     ControlHeartbeat,
     ControlJoin,
     ControlRead,
@@ -44,6 +43,7 @@ from peer.replication.wire import (
     RaftFrame,
     state_to_wire,
 )
+from peer.replication.raft import ControlMachine, command_from_wire
 
 log = logging.getLogger(__name__)
 

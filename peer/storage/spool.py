@@ -69,7 +69,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -80,6 +80,7 @@ from peer.storage.spool_format import entry_mark, mark_metadata
 
 log = logging.getLogger(__name__)
 MAX_ROWS_PER_FILE = fmt.MAX_ROWS_PER_FILE
+ClockNs = Callable[[], int]  # wall time in nanoseconds since the epoch, as time.time_ns
 
 
 def visible_end(end: int, visible: int | None) -> int:
@@ -141,14 +142,23 @@ class Spool:
     """One stream's durable log. Thread-safe; owned by exactly one process."""
 
     def __init__(
-        self, directory: Path, schema: pa.Schema, *, fsync: bool = True, name: str | None = None
+        self,
+        directory: Path,
+        schema: pa.Schema,
+        *,
+        fsync: bool = True,
+        name: str | None = None,
+        clock_ns: ClockNs = time.time_ns,
     ) -> None:
         """Open (or create) the spool in ``directory``; ``name`` is its stream's, for errors
-        (by default read from the directory name). SpoolCorrupt names a bad file."""
+        (by default read from the directory name); ``clock_ns`` stamps appends and ages
+        retention (wall time in ns; tests pass ``ManualClock.time_ns``). SpoolCorrupt names a
+        bad file."""
         self.directory = Path(directory)
         self.name = name if name is not None else fmt.stream_name_of(self.directory)
         self.schema = schema.remove_metadata()
         self.fsync = fsync
+        self.clock_ns = clock_ns
         self._lock = threading.Lock()
         self._hold_lock = threading.Lock()
         self._listeners: list[fmt.Listener] = []
@@ -223,7 +233,7 @@ class Spool:
         self._check_rows(table.num_rows)
         if tag is not None and self._is_replay(*tag):
             return None
-        append_ns = time.time_ns()
+        append_ns = self.clock_ns()
         data = self._encode(columns, table.num_rows, tag, append_ns, mark_metadata(status, undo))
         return self._store(data, append_ns, tag, offset=None)
 
@@ -238,7 +248,7 @@ class Spool:
         if table.num_rows == 0:
             raise ValueError(f"stream {self.name}: a batch without rows has no spool file")
         self._check_rows(table.num_rows)
-        return self._encode(columns, table.num_rows, _tag(origin, seq), time.time_ns())
+        return self._encode(columns, table.num_rows, _tag(origin, seq), self.clock_ns())
 
     def _check_rows(self, rows: int) -> None:
         if rows > MAX_ROWS_PER_FILE:
@@ -468,7 +478,7 @@ class Spool:
         if not floors:
             if max_age_s is None:
                 return 0
-            floors.append(self._aged_out(time.time_ns() - int(max_age_s * 1e9)))
+            floors.append(self._aged_out(self.clock_ns() - int(max_age_s * 1e9)))
         with self._lock:
             floor = min(min(floors), self.latest - max(retain, 0))
             if keep_after is not None:
@@ -725,9 +735,10 @@ class SpoolSet:
     """Every spool of a peer, one directory each under ``root``; reopened on construction.
     A spool that does not open is quarantined (see the module docstring)."""
 
-    def __init__(self, root: Path, *, fsync: bool = True) -> None:
+    def __init__(self, root: Path, *, fsync: bool = True, clock_ns: ClockNs = time.time_ns) -> None:
         self.root = Path(root)
         self.fsync = fsync
+        self.clock_ns = clock_ns  # every spool's clock (Spool)
         self._lock = threading.Lock()
         self._spools: dict[str, Spool] = {}
         self._quarantined: dict[str, fmt.Quarantine] = {}
@@ -741,7 +752,9 @@ class SpoolSet:
             try:
                 stream = fmt.read_stream_file(entry)
                 schema = fmt.read_schema_file(entry, stream)
-                self._spools[stream] = Spool(entry, schema, fsync=fsync, name=stream)
+                self._spools[stream] = Spool(
+                    entry, schema, fsync=fsync, name=stream, clock_ns=clock_ns
+                )
             except fmt.OPEN_ERRORS as exc:
                 found = fmt.quarantine(entry, exc)
                 log.error("%s: quarantined; to fix it, %s", found.reason, found.fix)
@@ -777,7 +790,7 @@ class SpoolSet:
             # a spool without its schema or name.
             tmp = self.root / f"{fmt.TMP_PREFIX}{uuid.uuid4().hex}"
             tmp.mkdir()
-            Spool(tmp, schema, fsync=self.fsync, name=stream)
+            Spool(tmp, schema, fsync=self.fsync, name=stream, clock_ns=self.clock_ns)
             fmt.atomic_write(
                 tmp / fmt.STREAM_FILE, json.dumps({"stream": stream}).encode(), fsync=False
             )
@@ -785,7 +798,7 @@ class SpoolSet:
             os.rename(tmp, final)
             if self.fsync:
                 fmt.fsync_dir(self.root)
-            spool = Spool(final, schema, fsync=self.fsync, name=stream)
+            spool = Spool(final, schema, fsync=self.fsync, name=stream, clock_ns=self.clock_ns)
             self._spools[stream] = spool
             return spool
 
@@ -802,7 +815,13 @@ class SpoolSet:
             os.rename(directory, final)
             if self.fsync:
                 fmt.fsync_dir(self.root)
-            spool = Spool(final, fmt.read_schema_file(final, stream), fsync=self.fsync, name=stream)
+            spool = Spool(
+                final,
+                fmt.read_schema_file(final, stream),
+                fsync=self.fsync,
+                name=stream,
+                clock_ns=self.clock_ns,
+            )
             self._spools[stream] = spool
             return spool
 

@@ -25,13 +25,13 @@ from peer.replication.control import (
     anchor_roots,
     failover_decisions,
 )
+from peer.replication.link_messages import state_from_wire, state_to_wire
 from peer.replication.raft import (
     command_from_wire,
     command_to_wire,
     stream_from_wire,
     stream_to_wire,
 )
-from peer.replication.wire import state_from_wire, state_to_wire
 
 A, B, C, D = "a" * 40, "b" * 40, "c" * 40, "d" * 40
 ABC = (A, B, C)

@@ -7,7 +7,7 @@ from typing import Any
 
 from peer.replication.control import StreamState
 from peer.replication.heartbeats import ControlClient
-from peer.replication.wire import ControlRead, state_to_wire
+from peer.replication.link_messages import ControlRead, state_to_wire
 
 ME, LEADER, FOLLOWER = "a" * 40, "b" * 40, "c" * 40
 STATE = StreamState("ticks", 1, ME, (ME, LEADER), (ME, LEADER), 1, 1)

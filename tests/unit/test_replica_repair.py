@@ -22,7 +22,7 @@ from peer.replication.core import (
     Seed,
     SeedLog,
 )
-from peer.replication.wire import message_from_wire, message_to_wire
+from peer.replication.link_messages import message_from_wire, message_to_wire
 from peer.storage.spool import Spool
 from tests.unit.test_spool_replica import SCHEMA, batch, ks, primary_with
 

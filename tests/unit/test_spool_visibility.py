@@ -11,7 +11,6 @@ import os
 import shutil
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -46,11 +45,9 @@ def ks(spool: Spool) -> list[int]:
 # --------------------------------------------------------------------------- encode
 
 
-def test_encode_gives_the_bytes_append_writes_and_writes_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    spool = filled(tmp_path, 1)
-    monkeypatch.setattr(time, "time_ns", lambda: 1_234_567)
+def test_encode_gives_the_bytes_append_writes_and_writes_nothing(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "s", SCHEMA, fsync=False, name="sensors", clock_ns=lambda: 1_234_567)
+    spool.append(batch(0), origin="p", seq=0)
     loose = pa.table({"name": ["a", "b"], "k": pa.array([7, 8], pa.int32())})  # cast, reordered
     before = sorted(p.name for p in spool.directory.iterdir())
     data = spool.encode(loose, origin="p", seq=5)
