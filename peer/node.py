@@ -27,6 +27,7 @@ from overlay.wire import DecodeBudget
 from peer.errors import Conflict, FedstreamError, Unavailable
 from peer.federation import Federation
 from peer.federation.plane import ReplicationSettings
+from peer.fetch.server import FetchLimits, FetchServer
 from peer.model.limits import ContentLimits
 from peer.protocol.link import Raw
 from peer.server import AnnouncedBatches, ApiServer, PeerService, api_server_tls, is_loopback
@@ -118,6 +119,12 @@ class PeerConfig:
     # Content budgets of requests (issue 12): pushed Arrow bytes once decompressed, query size
     # in any form, boxes, arrows per box, parameter text (peer.model.limits).
     limits: ContentLimits = field(default_factory=ContentLimits)
+    # Input without a shared disk (peer.fetch): Spark's executors fetch spool files from this
+    # peer's fetch server on the API host. None: when the Spark master is not local (or the
+    # environment sets FEDSTREAM_FETCH_REMOTE=1, for tests); True/False: always/never.
+    fetch_remote: bool | None = None
+    fetch_port: int = 0  # 0: any free port (fix it where a firewall needs to know)
+    fetch_limits: FetchLimits = field(default_factory=FetchLimits)
 
 
 class Peer:
@@ -138,6 +145,7 @@ class Peer:
         self.brain: Brain | None = None
         self.observer: Observer | None = None
         self.http: HttpServer | None = None
+        self.fetch: FetchServer | None = None
         self._service = ClientService()
         self._stopping = asyncio.Event()
         self._cpu_mark = (time.monotonic(), time.process_time())
@@ -206,6 +214,8 @@ class Peer:
         from peer.engine.runner import Engine  # pyspark: imported only by peers with an engine
 
         config = self.config
+        if self.fetch_remote:
+            self.fetch = await self._start_fetch()
         engine = Engine(
             site.spools,
             self.data_dir / "checkpoints",
@@ -216,9 +226,37 @@ class Peer:
             fuse_stateless=config.fuse_stateless,
             lane_after=config.lane_after,
             max_backlog=config.max_backlog_batches,
+            fetch=None if self.fetch is None else self.fetch.endpoint,
         )
         await engine.start(spark)
         return engine
+
+    @property
+    def fetch_remote(self) -> bool:
+        """Whether Spark's executors fetch this peer's spool files over the network."""
+        chosen = self.config.fetch_remote
+        if chosen is None:
+            forced = os.environ.get("FEDSTREAM_FETCH_REMOTE", "").strip().lower()
+            return forced in ("1", "true", "yes") or not self.config.spark_master.startswith(
+                "local"
+            )
+        return chosen
+
+    async def _start_fetch(self) -> FetchServer:
+        from peer.fetch.capability import FetchKey, fetch_key_path
+
+        config = self.config
+        key = await asyncio.to_thread(FetchKey.load_or_create, self.data_dir)
+        server = FetchServer(
+            key,
+            fetch_key_path(self.data_dir),
+            [self.data_dir, self.data_dir / "checkpoints"],
+            host=config.host,
+            port=config.fetch_port,
+            limits=config.fetch_limits,
+        )
+        await server.start()
+        return server
 
     async def _load_identity(self) -> None:
         from overlay.identity import NodeIdentity
@@ -413,6 +451,9 @@ class Peer:
         if self.site is not None:
             await self.site.close()
             self.site = None
+        if self.fetch is not None:  # after the engine: its last reads may still fetch
+            await self.fetch.close()
+            self.fetch = None
 
     async def _maintenance(self) -> None:
         if self.overlay is not None:
