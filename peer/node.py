@@ -18,7 +18,6 @@ import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +26,7 @@ from overlay.wire import DecodeBudget
 from peer.errors import Conflict, FedstreamError, Unavailable
 from peer.federation import Federation
 from peer.federation.plane import ReplicationSettings
-from peer.fetch.server import FetchLimits, FetchServer
+from peer.fetch.server import FetchLimits, FetchServer, remote_input
 from peer.model.limits import ContentLimits
 from peer.protocol.link import Raw
 from peer.server import AnnouncedBatches, ApiServer, PeerService, api_server_tls, is_loopback
@@ -119,9 +118,8 @@ class PeerConfig:
     # Content budgets of requests (issue 12): pushed Arrow bytes once decompressed, query size
     # in any form, boxes, arrows per box, parameter text (peer.model.limits).
     limits: ContentLimits = field(default_factory=ContentLimits)
-    # Input without a shared disk (peer.fetch): Spark's executors fetch spool files from this
-    # peer's fetch server on the API host. None: when the Spark master is not local (or the
-    # environment sets FEDSTREAM_FETCH_REMOTE=1, for tests); True/False: always/never.
+    # Executors fetch spool files from this peer (peer.fetch.server.remote_input: None = when
+    # the Spark master is not local, or FEDSTREAM_FETCH_REMOTE=1).
     fetch_remote: bool | None = None
     fetch_port: int = 0  # 0: any free port (fix it where a firewall needs to know)
     fetch_limits: FetchLimits = field(default_factory=FetchLimits)
@@ -214,8 +212,11 @@ class Peer:
         from peer.engine.runner import Engine  # pyspark: imported only by peers with an engine
 
         config = self.config
-        if self.fetch_remote:
-            self.fetch = await self._start_fetch()
+        if remote_input(config.fetch_remote, config.spark_master):
+            roots = [self.data_dir, self.data_dir / "checkpoints"]
+            self.fetch = await FetchServer.open(
+                self.data_dir, roots, config.host, config.fetch_port, config.fetch_limits
+            )
         engine = Engine(
             site.spools,
             self.data_dir / "checkpoints",
@@ -231,33 +232,6 @@ class Peer:
         await engine.start(spark)
         return engine
 
-    @property
-    def fetch_remote(self) -> bool:
-        """Whether Spark's executors fetch this peer's spool files over the network."""
-        chosen = self.config.fetch_remote
-        if chosen is None:
-            forced = os.environ.get("FEDSTREAM_FETCH_REMOTE", "").strip().lower()
-            return forced in ("1", "true", "yes") or not self.config.spark_master.startswith(
-                "local"
-            )
-        return chosen
-
-    async def _start_fetch(self) -> FetchServer:
-        from peer.fetch.capability import FetchKey, fetch_key_path
-
-        config = self.config
-        key = await asyncio.to_thread(FetchKey.load_or_create, self.data_dir)
-        server = FetchServer(
-            key,
-            fetch_key_path(self.data_dir),
-            [self.data_dir, self.data_dir / "checkpoints"],
-            host=config.host,
-            port=config.fetch_port,
-            limits=config.fetch_limits,
-        )
-        await server.start()
-        return server
-
     async def _load_identity(self) -> None:
         from overlay.identity import NodeIdentity
 
@@ -270,6 +244,8 @@ class Peer:
         if config.trust_dir is not None:
             self.trust.load_dir(config.trust_dir)
         if config.contracts_dir is not None:
+            from peer.brain.book import load_contracts
+
             self.book = load_contracts(config.contracts_dir, identity, self.trust)
 
     async def _start_federation(self, site: LocalSite) -> None:
@@ -607,30 +583,6 @@ class BrainPort:
         return await self._peer.move_fragment(
             name, target, contract=contract, load=load, price=price
         )
-
-
-def load_contracts(directory: Path, identity: NodeIdentity, trust: TrustStore) -> ContractBook:
-    """The valid contracts of ``directory`` that involve our participant, each party's key
-    checked against the trust store (our own key, ``--trust``, ``DATA_DIR/trust``); each
-    partner's key becomes trusted (its peers may link to us). A refused file is logged with
-    its reason and never used."""
-    from contracts.book import ContractBook
-    from overlay.identity import IdentityError
-
-    me = identity.participant
-    book = ContractBook.load_dir(directory, me, datetime.now(UTC), known_keys=trust.participants())
-    for refusal in book.refused:
-        if refusal.reason == "not-a-party":  # another pair's contract: not ours to use
-            log.debug("contract %s: %s", refusal.path.name, refusal.error)
-        else:
-            log.warning("contract %s refused: %s", refusal.path.name, refusal.error)
-    for name, key in book.public_keys().items():
-        try:
-            trust.add(name, key)
-        except IdentityError as exc:
-            log.warning("contract partner %s not trusted: %s", name, exc)
-    log.info("%d contract(s) with %s", len(book.contracts), ", ".join(book.partners()))
-    return book
 
 
 async def _no_offers(_message: Raw, _sender: str) -> dict[str, Any]:

@@ -38,7 +38,13 @@ from overlay.stream import IdleTimeout
 from overlay.transport import FrameStream, Listener, MemoryNetwork
 from overlay.wire import DecodeBudget, encode_frame
 from peer.errors import FedstreamError, InvalidInput, NotFound
-from peer.fetch.capability import DEFAULT_TTL_S, CapabilityCheck, CapabilityRefused, FetchKey
+from peer.fetch.capability import (
+    DEFAULT_TTL_S,
+    CapabilityCheck,
+    CapabilityRefused,
+    FetchKey,
+    fetch_key_path,
+)
 from peer.fetch.protocol import (
     CHUNK_BYTES,
     MAX_REQUEST_BYTES,
@@ -51,9 +57,11 @@ from peer.fetch.protocol import (
 from peer.fetch.tls import server_context
 from peer.storage import spool_format as fmt
 
-__all__ = ["FetchLimits", "FetchServer"]
+__all__ = ["FORCE_ENV", "FetchLimits", "FetchServer", "remote_input"]
 
 log = logging.getLogger(__name__)
+
+FORCE_ENV = "FEDSTREAM_FETCH_REMOTE"  # "1": fetch even under a local master (tests)
 
 REQUEST_BUDGET = DecodeBudget(
     max_depth=2, max_elements=16, max_container_len=8, max_decoded_bytes=64 * 1024
@@ -137,6 +145,22 @@ class FetchServer:
         return FetchEndpoint(
             self.address, self.pin, str(self.key_path), self.limits.capability_ttl_s
         )
+
+    @classmethod
+    async def open(
+        cls,
+        data_dir: Path,
+        roots: Sequence[Path],
+        host: str,
+        port: int,
+        limits: FetchLimits,
+    ) -> FetchServer:
+        """The started fetch server of the peer whose data directory is ``data_dir`` (its
+        fetch key made there on first use)."""
+        key = await asyncio.to_thread(FetchKey.load_or_create, data_dir)
+        server = cls(key, fetch_key_path(data_dir), roots, host=host, port=port, limits=limits)
+        await server.start()
+        return server
 
     async def start(self) -> None:
         await self.listener.start()
@@ -237,3 +261,13 @@ class FetchServer:
         except (OSError, TimeoutError, LocalProtocolError):
             return False
         return True
+
+
+def remote_input(chosen: bool | None, master: str) -> bool:
+    """Whether executors fetch spool files from the peer: ``chosen`` if set, else when Spark's
+    master is not local or the environment sets :data:`FORCE_ENV` (tests of the remote path
+    under ``local[N]``)."""
+    if chosen is not None:
+        return chosen
+    forced = os.environ.get(FORCE_ENV, "").strip().lower() in ("1", "true", "yes")
+    return forced or not master.strip().lower().startswith("local")
