@@ -66,7 +66,7 @@ class SpoolFetcher:
         self.timeout_s = timeout_s
         self._network = network
         self._tls = tls
-        self._loop = asyncio.new_event_loop()
+        self._loop: asyncio.AbstractEventLoop | None = None  # made by the first fetch()
         self._stream: FrameStream | None = None
         self.fetched_bytes = 0
 
@@ -80,6 +80,8 @@ class SpoolFetcher:
 
     def fetch(self, offset: int) -> bytes:
         """The bytes of file ``offset`` as the peer stores them."""
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
         return self._loop.run_until_complete(self.fetch_async(offset))
 
     async def fetch_async(self, offset: int) -> bytes:
@@ -139,9 +141,11 @@ class SpoolFetcher:
             await stream.aclose(1.0)
 
     def close(self) -> None:
-        if self._loop.is_closed():
+        """Close the connection and the event loop of :meth:`fetch`."""
+        loop, self._loop = self._loop, None
+        if loop is None:
             return
         try:
-            self._loop.run_until_complete(self._drop())
+            loop.run_until_complete(self._drop())
         finally:
-            self._loop.close()
+            loop.close()

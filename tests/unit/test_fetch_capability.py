@@ -103,7 +103,9 @@ def test_a_token_for_another_spool_is_refused(spool: str, other: str) -> None:
         assert refusal(token, spool=other, offset=3) == "wrong-spool"
 
 
-@given(first=offsets, length=st.integers(0, 100), outside=st.integers(1, 2**20), above=st.booleans())
+@given(
+    first=offsets, length=st.integers(0, 100), outside=st.integers(1, 2**20), above=st.booleans()
+)
 def test_an_offset_outside_the_range_is_refused(
     first: int, length: int, outside: int, above: bool
 ) -> None:
