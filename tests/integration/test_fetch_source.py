@@ -52,7 +52,8 @@ def spool(data_dir: Path) -> Spool:
 
 
 def inputs() -> list[dict[str, Any]]:
-    return batch(0, FILES * ROWS).to_pylist()
+    rows: list[dict[str, Any]] = batch(0, FILES * ROWS).to_pylist()
+    return rows
 
 
 @contextmanager
