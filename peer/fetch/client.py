@@ -85,22 +85,23 @@ class SpoolFetcher:
         return self._loop.run_until_complete(self.fetch_async(offset))
 
     async def fetch_async(self, offset: int) -> bytes:
-        """:meth:`fetch` for a caller already on an event loop (tests with a memory network)."""
+        """:meth:`fetch` for a caller already on an event loop (tests with a memory network).
+
+        A connection kept from an earlier file may have been closed by the server meanwhile
+        (its ``idle_timeout_s`` passes while Spark works through that file's rows): if it
+        ends before any reply, the request is asked once more on a new connection."""
         where = self.ticket.address
         try:
             async with asyncio.timeout(self.timeout_s):
-                stream = await self._connected()
-                request = FetchRequest(self.ticket.spool, offset, self.ticket.capability)
-                await stream.send(request.to_wire())
-                reply = FileAssembler(offset, max_size=MAX_FILE_BYTES)
-                while True:
-                    frame = await stream.recv()
-                    if frame is None:
-                        raise FetchFailed(f"fetch server {where} closed the connection", peer=where)
-                    data = reply.receive(frame)
+                if self._stream is not None:
+                    data = await self._ask(self._stream, offset)
                     if data is not None:
-                        self.fetched_bytes += len(data)
                         return data
+                    await self._drop()  # closed while idle: once more, on a new connection
+                data = await self._ask(await self._connected(), offset)
+                if data is None:
+                    raise FetchFailed(f"fetch server {where} closed the connection", peer=where)
+                return data
         except TimeoutError:
             await self._drop()
             raise FetchFailed(
@@ -109,6 +110,33 @@ class SpoolFetcher:
         except (OSError, ProtocolError) as exc:
             await self._drop()
             raise FetchFailed(f"fetch server {where}: {exc!r}", peer=where) from exc
+
+    async def _ask(self, stream: FrameStream, offset: int) -> bytes | None:
+        """File ``offset`` over ``stream``; None if the stream ended before any reply."""
+        request = FetchRequest(self.ticket.spool, offset, self.ticket.capability)
+        reply = FileAssembler(offset, max_size=MAX_FILE_BYTES)
+        answered = False
+        try:
+            await stream.send(request.to_wire())
+            while True:
+                frame = await stream.recv()
+                if frame is None:
+                    if answered:
+                        raise FetchFailed(
+                            f"fetch server {self.ticket.address} closed the connection in the "
+                            f"middle of file {offset}",
+                            peer=self.ticket.address,
+                        )
+                    return None
+                answered = True
+                data = reply.receive(frame)
+                if data is not None:
+                    self.fetched_bytes += len(data)
+                    return data
+        except ConnectionError:
+            if answered:
+                raise
+            return None
 
     async def _connected(self) -> FrameStream:
         if self._stream is not None:

@@ -327,3 +327,19 @@ def test_a_lost_server_is_a_fetch_failure_naming_it(tmp_path: Path) -> None:
             await fetcher.fetch_async(1)
 
     run(body)
+
+
+def test_a_connection_the_server_closed_while_idle_is_opened_again(tmp_path: Path) -> None:
+    spool = make_spool(tmp_path)
+    stored = [fmt.offset_path(spool.directory, o).read_bytes() for o in (0, 1)]
+
+    async def body() -> None:
+        async with served(tmp_path, idle_timeout_s=0.05) as s:
+            fetcher = s.fetcher(s.ticket(spool.directory, 0, 1))
+            assert await fetcher.fetch_async(0) == stored[0]
+            while s.server.listener.connection_count:  # the server closes it: idle
+                await asyncio.sleep(0.01)
+            assert await fetcher.fetch_async(1) == stored[1]
+            await fetcher.aclose()
+
+    run(body)
