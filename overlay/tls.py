@@ -72,6 +72,7 @@ __all__ = [
     "client_cert_context",
     "client_context",
     "issue_tls_cert",
+    "load_cert_chain",
     "peer_identity",
     "peer_participant",
     "server_context",
@@ -197,6 +198,13 @@ def build_context(
     if not anchors:
         raise IdentityError("the trust store is empty: no peer could ever be accepted")
     ctx.load_verify_locations(cadata="".join(anchors))
+    load_cert_chain(ctx, cert, key)
+    return ctx
+
+
+def load_cert_chain(ctx: ssl.SSLContext, cert: x509.Certificate, key: Ed25519PrivateKey) -> None:
+    """Make ``ctx`` present ``cert`` for ``key`` (through a private temporary file: Python's
+    ``ssl`` loads certificates from files only; see the module notes)."""
     password = secrets.token_hex(16).encode("ascii")
     with tempfile.TemporaryDirectory(prefix="fedstream-tls-") as tmp:
         path = Path(tmp) / "chain.pem"
@@ -211,7 +219,6 @@ def build_context(
                 )
             )
         ctx.load_cert_chain(path, password=password)
-    return ctx
 
 
 def _node_cert(identity: NodeIdentity, valid_s: float) -> x509.Certificate:

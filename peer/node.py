@@ -18,7 +18,6 @@ import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +25,7 @@ from overlay.stream import decode_pool
 from overlay.wire import DecodeBudget
 from peer.errors import Conflict, FedstreamError, Unavailable
 from peer.federation import Federation
+from peer.fetch.server import FetchLimits, FetchServer, remote_input
 from peer.model.limits import ContentLimits
 from peer.protocol.link import Raw
 from peer.replication.plane import ReplicationSettings
@@ -119,6 +119,11 @@ class PeerConfig:
     # Content budgets of requests (issue 12): pushed Arrow bytes once decompressed, query size
     # in any form, boxes, arrows per box, parameter text (peer.model.limits).
     limits: ContentLimits = field(default_factory=ContentLimits)
+    # Executors fetch spool files from this peer (peer.fetch.server.remote_input: None = when
+    # the Spark master is not local, or FEDSTREAM_FETCH_REMOTE=1).
+    fetch_remote: bool | None = None
+    fetch_port: int = 0  # 0: any free port (fix it where a firewall needs to know)
+    fetch_limits: FetchLimits = field(default_factory=FetchLimits)
 
 
 class Peer:
@@ -139,6 +144,7 @@ class Peer:
         self.brain: Brain | None = None
         self.observer: Observer | None = None
         self.http: HttpServer | None = None
+        self.fetch: FetchServer | None = None
         self._service = ClientService()
         self._stopping = asyncio.Event()
         self._cpu_mark = (time.monotonic(), time.process_time())
@@ -207,6 +213,11 @@ class Peer:
         from peer.engine.runner import Engine  # pyspark: imported only by peers with an engine
 
         config = self.config
+        if remote_input(config.fetch_remote, config.spark_master):
+            roots = [self.data_dir, self.data_dir / "checkpoints"]
+            self.fetch = await FetchServer.open(
+                self.data_dir, roots, config.host, config.fetch_port, config.fetch_limits
+            )
         engine = Engine(
             site.spools,
             self.data_dir / "checkpoints",
@@ -217,6 +228,7 @@ class Peer:
             fuse_stateless=config.fuse_stateless,
             lane_after=config.lane_after,
             max_backlog=config.max_backlog_batches,
+            fetch=None if self.fetch is None else self.fetch.endpoint,
         )
         await engine.start(spark)
         return engine
@@ -233,6 +245,8 @@ class Peer:
         if config.trust_dir is not None:
             self.trust.load_dir(config.trust_dir)
         if config.contracts_dir is not None:
+            from peer.brain.book import load_contracts
+
             self.book = load_contracts(config.contracts_dir, identity, self.trust)
 
     async def _start_federation(self, site: LocalSite) -> None:
@@ -418,6 +432,9 @@ class Peer:
         if self.site is not None:
             await self.site.close()
             self.site = None
+        if self.fetch is not None:  # after the engine: its last reads may still fetch
+            await self.fetch.close()
+            self.fetch = None
 
     async def _maintenance(self) -> None:
         if self.overlay is not None:
@@ -571,30 +588,6 @@ class BrainPort:
         return await self._peer.move_fragment(
             name, target, contract=contract, load=load, price=price
         )
-
-
-def load_contracts(directory: Path, identity: NodeIdentity, trust: TrustStore) -> ContractBook:
-    """The valid contracts of ``directory`` that involve our participant, each party's key
-    checked against the trust store (our own key, ``--trust``, ``DATA_DIR/trust``); each
-    partner's key becomes trusted (its peers may link to us). A refused file is logged with
-    its reason and never used."""
-    from contracts.book import ContractBook
-    from overlay.identity import IdentityError
-
-    me = identity.participant
-    book = ContractBook.load_dir(directory, me, datetime.now(UTC), known_keys=trust.participants())
-    for refusal in book.refused:
-        if refusal.reason == "not-a-party":  # another pair's contract: not ours to use
-            log.debug("contract %s: %s", refusal.path.name, refusal.error)
-        else:
-            log.warning("contract %s refused: %s", refusal.path.name, refusal.error)
-    for name, key in book.public_keys().items():
-        try:
-            trust.add(name, key)
-        except IdentityError as exc:
-            log.warning("contract partner %s not trusted: %s", name, exc)
-    log.info("%d contract(s) with %s", len(book.contracts), ", ".join(book.partners()))
-    return book
 
 
 async def _no_offers(_message: Raw, _sender: str) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from peer.engine.compile import (
 from peer.engine.lane import Lane, error_line, lane_kind
 from peer.engine.lane_source import register_lane_source
 from peer.errors import EngineError
+from peer.fetch.protocol import FetchEndpoint
 from peer.model.plan import CheckedQuery
 from peer.model.schema import Schema, spark_ddl
 from peer.model.tentative import STABLE
@@ -87,8 +88,12 @@ class Engine:
         fuse_stateless: bool = True,
         lane_after: int = 1,
         max_backlog: int = 0,
+        fetch: FetchEndpoint | None = None,
     ) -> None:
         self.spools = spools
+        # Input without a shared disk: with the peer's fetch server, Spark's executors fetch
+        # spool files from it (peer.fetch) instead of opening them; None: they open them.
+        self.fetch = fetch
         # Backpressure: a query reads no new input while a reader of one of its result
         # spools is more than this many batches behind (0: off).
         self.max_backlog = max_backlog
@@ -209,6 +214,7 @@ class Engine:
                 hold_back=hold_back,
                 max_backlog=self.max_backlog,
                 heartbeat=heartbeat,
+                fetch=self.fetch,
             )
 
         return make
@@ -218,7 +224,9 @@ class Engine:
 
     def placement_for(self, checked: CheckedQuery) -> str:
         """Where a query that never ran goes: ``lane`` or ``own`` (its own streaming query)."""
-        kind = lane_kind(checked) if self.fuse_stateless else None
+        # The lane's own source opens spool files: with fetched input, queries run alone.
+        fused = self.fuse_stateless and self.fetch is None
+        kind = lane_kind(checked) if fused else None
         if kind is None:
             return "own"
         alone = sum(1 for q in self.running.values() if lane_kind(q.checked) == kind)

@@ -34,7 +34,17 @@ id whose commit file this query writes; without it nothing is committed), ``maxR
 ``numPartitions`` (default 2), ``startingOffset`` (``earliest``, the default, or ``latest``:
 for a query without checkpoint), ``noFsync`` (``true`` skips fsync of commit files: tests),
 ``heartbeat`` (``true`` adds a trailing ``__hb BOOLEAN``, true on the rows of heartbeat files:
-see ``peer.engine.tentative``).
+see ``peer.engine.tentative``), ``fetch`` (``local``, the default, or ``remote``) with
+``fetchAddress``, ``fetchPin``, ``fetchKey`` and ``fetchTtlS`` (``peer.fetch.protocol.
+FetchEndpoint``).
+
+Input without a shared disk (``fetch=remote``, set by the engine when Spark's master is not
+local): the planner runs on the peer's host, so it still plans by reading the spool directory;
+``partitions`` gives each partition a ticket (the peer's fetch server, its TLS pin, and a
+capability for exactly that partition's files signed with the peer's fetch key, which the
+planner reads from ``fetchKey``: ``peer.fetch.capability``), and ``read`` in the executor
+fetches each file's stored bytes from the peer (``peer.fetch.client``) instead of opening it,
+then decodes them exactly as a local file. The key itself is never pickled to executors.
 
 Tentative results and undo entries (``peer.model.tentative``) are read as files without rows:
 a query reads the stable part of its inputs only, so its own results are exact.
@@ -47,6 +57,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
@@ -63,6 +74,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from peer.fetch.protocol import FetchEndpoint, FetchTicket
 from peer.model.tentative import STABLE
 from peer.storage import spool_format as fmt
 from peer.storage.spool_format import META_HEARTBEAT, entry_mark
@@ -70,6 +82,8 @@ from peer.storage.spool_format import META_HEARTBEAT, entry_mark
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
+
+    from peer.fetch.capability import FetchKey
 
 log = logging.getLogger(__name__)
 
@@ -88,12 +102,14 @@ def _flag(value: str | None) -> bool:
 
 
 class SpoolRange(InputPartition):
-    """Files ``first..last`` (inclusive) of one spool: what one Spark task reads (pickled)."""
+    """Files ``first..last`` (inclusive) of one spool: what one Spark task reads (pickled).
+    With a ``ticket`` the task fetches them from the peer instead of opening them."""
 
-    def __init__(self, first: int, last: int) -> None:
+    def __init__(self, first: int, last: int, ticket: FetchTicket | None = None) -> None:
         super().__init__((first, last))
         self.first = first
         self.last = last
+        self.ticket = ticket
 
 
 class SpoolDataSource(DataSource):
@@ -138,6 +154,8 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 f"startingOffset must be 'earliest' or 'latest', not {self.starting!r}"
             )
         self.fsync = not _flag(options.get("nofsync"))
+        self.fetch = FetchEndpoint.from_options(options)
+        self._key: FetchKey | None = None  # the planner's, loaded on first use, never pickled
         # Backpressure: while a reader of one of these (output) spools is more than
         # maxBacklog batches behind, plan no new data; the input waits on disk.
         hold = options.get("holdback") or ""
@@ -250,7 +268,25 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 run_start = offset
             acc += n
         ranges.append(SpoolRange(run_start, last))
+        if self.fetch is not None:
+            return [self._ticketed(r, self.fetch) for r in ranges]
         return ranges
+
+    def _ticketed(self, part: SpoolRange, fetch: FetchEndpoint) -> SpoolRange:
+        """``part`` with a capability for its files (the planner, on the peer's host)."""
+        if self._key is None:
+            from peer.fetch.capability import FetchKey
+
+            self._key = FetchKey.load(Path(fetch.key_path))
+        spool = str(self.directory)
+        token = self._key.mint(spool, part.first, part.last, now=time.time(), ttl_s=fetch.ttl_s)
+        ticket = FetchTicket(fetch.address, fetch.pin, spool, token)
+        return SpoolRange(part.first, part.last, ticket)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_key"] = None  # executors get tokens, never the key that signs them
+        return state
 
     # ----------------------------------------------------------------------- reading
 
@@ -260,13 +296,7 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         hidden = {SEQ_COLUMN} if self.with_seq else set()
         hidden |= {HB_COLUMN} if self.heartbeat else set()
         names = [n for n in target.names if n not in hidden]
-        for offset in range(partition.first, partition.last + 1):
-            try:
-                table = fmt.read_file(fmt.offset_path(self.directory, offset))
-            except FileNotFoundError:
-                raise fmt.TrimmedError(
-                    f"spool {self.directory}: offset {offset} was trimmed before it was read"
-                ) from None
+        for offset, table in self._tables(partition):
             meta = table.schema.metadata or {}
             if entry_mark(meta)[0] != STABLE:
                 continue  # a tentative result or an undo: not an input of exact results
@@ -276,6 +306,35 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 seq_row = row if self.with_seq else None
                 yield _conform(batch, names, target, offset, seq_row, beat)
                 row += batch.num_rows
+
+    def _tables(self, partition: SpoolRange) -> Iterator[tuple[int, pa.Table]]:
+        """Each file of the partition as stored: opened here, or fetched from the peer."""
+        offsets = range(partition.first, partition.last + 1)
+        if partition.ticket is None:
+            for offset in offsets:
+                try:
+                    table = fmt.read_file(fmt.offset_path(self.directory, offset))
+                except FileNotFoundError:
+                    raise self._trimmed(offset) from None
+                yield offset, table
+            return
+        from peer.errors import NotFound
+        from peer.fetch.client import SpoolFetcher
+
+        with SpoolFetcher(partition.ticket) as fetcher:
+            for offset in offsets:
+                try:
+                    data = fetcher.fetch(offset)
+                except NotFound as exc:
+                    if exc.details.get("reason") == "trimmed":
+                        raise self._trimmed(offset) from None
+                    raise
+                yield offset, pa.ipc.open_file(pa.py_buffer(data)).read_all()
+
+    def _trimmed(self, offset: int) -> fmt.TrimmedError:
+        return fmt.TrimmedError(
+            f"spool {self.directory}: offset {offset} was trimmed before it was read"
+        )
 
     def commit(self, end: dict[str, int]) -> None:
         if self.reader_id is not None:
@@ -346,12 +405,18 @@ def read_stream(
     hold_back: list[Path] | None = None,
     max_backlog: int = 0,
     heartbeat: bool = False,
+    fetch: FetchEndpoint | None = None,
 ) -> DataFrame:
     """A streaming DataFrame over a spool; register ``reader_id`` on the spool first. With
     ``hold_back`` (the query's output spools) and ``max_backlog``, no new input is read
-    while a reader of an output spool is more than ``max_backlog`` batches behind."""
+    while a reader of an output spool is more than ``max_backlog`` batches behind. With
+    ``fetch`` (the peer's fetch server) the executors fetch the files from the peer."""
+    remote = {} if fetch is None else fetch.to_options()
+    if fetch is not None:  # the capability names the spool as the server will resolve it
+        spool_dir = os.path.abspath(spool_dir)
     return (
         spark.readStream.format(SOURCE_NAME)
+        .options(**remote)
         .option("path", str(spool_dir))
         .option("schema", ddl)
         .option("reader", reader_id)

@@ -97,7 +97,8 @@ async def warm_up(engine: Engine, *, timeout_s: float = 120.0) -> float | None:
         spool.pause_reader(NAME, False)
 
         def source(_stream: str, in_schema: Any) -> DataFrame:
-            return read_stream(spark, spool.directory, spark_ddl(in_schema), NAME)
+            ddl = spark_ddl(in_schema)
+            return read_stream(spark, spool.directory, ddl, NAME, fetch=engine.fetch)
 
         def sink(df: DataFrame, _batch_id: int) -> None:
             # Once it has emitted, later batches do no work: the stop that follows would

@@ -3,6 +3,8 @@
 - :class:`PeerThread` (:mod:`peer.testing.peer_thread`): a real peer on its own loop in a
   background thread, driven from a synchronous test;
 - :class:`ManualClock` (:mod:`peer.testing.clock`): a clock the test moves by hand;
+- :class:`FetchServerThread` (:mod:`peer.testing.fetch`): a peer's spool fetch server on its
+  own loop in a background thread, for Spark tests of fetched input;
 - :func:`run_async` (:mod:`peer.testing.runner`): an async test body on a fresh asyncio or
   uvloop loop, bounded in time;
 - from the product, for tests to import from one place: the local federation of
@@ -34,11 +36,13 @@ from peer.examples.keyed_window import (
     keyed_window_sums,
 )
 from peer.testing.clock import ManualClock
+from peer.testing.fetch import FetchServerThread
 from peer.testing.peer_thread import PeerThread
 from peer.testing.runner import LOOPS, run_async
 
 __all__ = [
     "LOOPS",
+    "FetchServerThread",
     "LocalFederation",
     "ManualClock",
     "PeerProcess",
