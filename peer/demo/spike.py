@@ -229,7 +229,7 @@ class Spike:
             for name, proc in self.procs.items():
                 with contextlib.suppress(Exception):
                     async with Client("127.0.0.1", proc.port, timeout_s=10) as cl:
-                        st = await cl.status()
+                        st = (await cl.status()).to_wire()
                     self.status[name] = st
                     brain = st.get("brain") or {}
                     if "utilisation" in brain:

@@ -85,16 +85,18 @@ class SiteRequests:
     async def push(self, message: PushBatch, _sender: str) -> dict[str, Any]:
         stream = message.stream
         if self.hosting.replicated(stream):  # its replica driver says whether we are primary
-            return await self.site.push_here(
+            reply = await self.site.push_here(
                 stream, {"arrow": message.arrow}, message.producer, message.seq
             )
+            return reply.to_wire()
         if stream not in self.hosting.hosted:
             if await self.hosting.host_of(stream, fresh=True) != self.me:
                 raise Unavailable(f"this peer does not host stream {stream}", stream=stream)
             await self.hosting.take_over(stream)
-        return await self.site.push_here(
+        reply = await self.site.push_here(
             stream, {"arrow": message.arrow}, message.producer, message.seq
         )
+        return reply.to_wire()
 
     async def host_stream(self, message: HostStream, _sender: str) -> dict[str, Any]:
         if self.on_host_stream is not None and await self.on_host_stream(message.stream):
@@ -127,7 +129,7 @@ class SiteRequests:
         moved_to = catalog.moved().get(message.name)
         if moved_to is not None and catalog.find_query(message.name) is None:
             return await self.router.call(bytes.fromhex(moved_to), message)
-        return self.site.lookup_here(message.name)
+        return self.site.lookup_here(message.name).to_wire()
 
     async def install_fragment(self, message: InstallFragment, _sender: str) -> dict[str, Any]:
         """Phase 1 of a distributed query, on the fragment's site: replica spools for the
@@ -151,7 +153,7 @@ class SiteRequests:
             await self.records.publish_stream(stream, schema, name)
             await self.site.add_stream(stream, schema, name)
             await self.hosting.host(stream)
-        return await self.site.add_query(checked)
+        return (await self.site.add_query(checked)).to_wire()
 
     async def fragment_status(self, message: FragmentStatus, _sender: str) -> dict[str, Any]:
         """A distributed query's status change, for one fragment here; DELETED also drops
@@ -172,7 +174,7 @@ class SiteRequests:
                 return {"query": fragment, "status": status}  # gone already
             raise NotFound(f"no fragment {fragment} on this peer", query=fragment)
         outputs = [s for box in catalog.query(fragment).query.boxes for s in box.outputs]
-        reply = await self.site.set_query_status_here(fragment, status)
+        reply = (await self.site.set_query_status_here(fragment, status)).to_wire()
         await self.after_status(fragment, status)
         if status == "DELETED":
             still_read = self.site.streams_read()
