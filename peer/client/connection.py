@@ -8,7 +8,9 @@ state machine and acts on the event: a reply wakes the request waiting on its ``
 ``batch`` goes to its subscription. Every request waits at most ``timeout_s``; a peer error
 raises the :mod:`peer.errors` class of its code; losing the connection (or a frame that breaks
 the protocol) fails every waiting request and subscription with
-:class:`~peer.errors.Unavailable`. Messages are :mod:`peer.protocol.api`'s typed values; the
+:class:`~peer.errors.Unavailable`. Messages are :mod:`peer.protocol.api`'s typed values and
+each method returns its request's typed reply (:mod:`peer.protocol.replies`; reading one as a
+dict, ``reply["count"]``, is the deprecated form of before, kept for one release); the
 connection is opened through :mod:`overlay.transport` (a ``network=`` of
 :class:`~overlay.transport.MemoryNetwork` runs it without sockets, in tests).
 """
@@ -117,6 +119,12 @@ class Client:
     ``timeout_s`` bounds each request (see :data:`DEFAULT_TIMEOUT_S` for why it exceeds the
     peer's own waits); ``connect_timeout_s`` bounds opening the connection (default the
     smaller of ``timeout_s`` and :data:`DEFAULT_CONNECT_TIMEOUT_S`).
+
+    Each request method returns the typed reply of its kind (:mod:`peer.protocol.replies`),
+    and ``server_info`` is the :class:`~peer.protocol.replies.HelloReply`. Deprecated: reading
+    a reply as a dict (``reply["offset"]``, ``reply.get(...)``, ``dict(reply)``, comparing it
+    with a dict) still works in this release and goes in the next; use its attributes, its
+    ``extra`` for fields beyond them, or ``to_wire()`` for the map itself.
     """
 
     def __init__(

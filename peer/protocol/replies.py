@@ -20,16 +20,16 @@ then ``extra``, which is the order the peer has always written them in; a result
 a frame remembers the frame's key order (``order``), so a decoded result encodes back to the
 same bytes whatever order the frame had (a relayed reply is byte-identical).
 
-A reply also reads as a read-only map of its wire fields (``reply["count"]``, ``dict(reply)``):
-the dict form the client returned before 0.9. It is deprecated and stays for one release;
-use the attributes.
+A reply also reads as a read-only map of its wire fields (``reply["count"]``, ``dict(reply)``,
+equality with a dict): the dict form the client returned before replies were typed. It is
+deprecated and stays for one release; use the attributes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, TypeVar
 
 from overlay.errors import RemoteProtocolError
 
@@ -84,6 +84,10 @@ class _Result(Mapping[str, Any]):
     extra: Mapping[str, Any]
     order: tuple[str, ...]
 
+    if TYPE_CHECKING:  # (each kind's dataclass makes its own)
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None: ...
+
     def to_wire(self) -> Frame:
         """The ``result`` map of the ``ok`` frame."""
         out: Frame = {}
@@ -108,7 +112,7 @@ class _Result(Mapping[str, Any]):
         for name, spec in cls._specs.items():
             values[name] = _checked(cls.op, result, name, spec)
         extra = {key: value for key, value in result.items() if key not in cls._specs}
-        reply = cls(**values, extra=extra, order=tuple(result))  # type: ignore[call-arg]
+        reply = cls(**values, extra=extra, order=tuple(result))
         reply._check()
         return reply
 
