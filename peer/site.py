@@ -34,6 +34,7 @@ from peer.model.tentative import UNDO
 from peer.model.tuples import batch_from_wire
 from peer.protocol import replies
 from peer.protocol.api import QUERY_STATUSES, READY, START_POSITIONS
+from peer.protocol.link_replies import MirrorAppendReply
 from peer.storage.catalog import LocalCatalog, QueryEntry
 from peer.storage.feed import after_offset, open_tentative, trimmed_gap, wire_entries
 from peer.storage.replica_state import ReplicaState
@@ -353,7 +354,7 @@ class LocalSite:
 
     async def append_mirrored(
         self, stream: str, origin: str, batches: tuple[tuple[int, bytes, str], ...]
-    ) -> dict[str, Any]:
+    ) -> MirrorAppendReply:
         """Append mirrored batches of a replica (each fsynced; replays dropped by seq), with
         their status (an undo names this log's own first tentative offset)."""
         entry = self.catalog.stream(stream)
@@ -384,7 +385,7 @@ class LocalSite:
             self._landing[stream] -= 1
             async with self._landed:
                 self._landed.notify_all()
-        return {"stream": stream, "last": batches[-1][0], "kept": kept}
+        return MirrorAppendReply(stream, batches[-1][0], kept)
 
     async def room(self, stream: str, spool: Spool) -> None:
         """Wait while the stream's slowest reader is too far behind (backpressure): the

@@ -18,10 +18,12 @@ from overlay.node import OverlayError
 from peer.errors import FedstreamError, InvalidInput, Unavailable, from_wire
 from peer.protocol.link import Frame, Raw, Request, Subscribe, decode
 from peer.protocol.replica import ControlHeartbeat, ControlJoin, RaftFrame, ReplicaExchange
+from peer.protocol.replies import TypedReply
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[Any, str], Awaitable[Frame]]  # (message, sender participant) -> reply
+# (message, sender participant) -> reply: typed (sent as its to_wire()), or a map (other rooms')
+Handler = Callable[[Any, str], Awaitable[Frame | TypedReply]]
 StreamHandler = Callable[[Subscribe], AsyncIterator[Frame]]
 
 
@@ -69,7 +71,8 @@ class Router:
         handler = self._handlers.get(op)
         if handler is None:
             raise InvalidInput(f"this peer serves no {op!r} requests")
-        return await handler(message, sender)
+        reply = await handler(message, sender)
+        return reply.to_wire() if isinstance(reply, TypedReply) else reply
 
     async def handle_link(self, link: Link, frame: Frame) -> Frame:
         """A request from another peer (overlay.node.PeerHandler). A message that names its

@@ -34,10 +34,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, TypeVar
 from overlay.errors import RemoteProtocolError
 
 __all__ = [
+    "INT",
     "LOOKUP_KINDS",
+    "OPT_STR",
+    "STR",
     "CreateQueryReply",
     "CreateSchemaReply",
     "CreateStreamReply",
+    "FieldSpec",
     "HelloReply",
     "LookupReply",
     "PushReply",
@@ -45,14 +49,18 @@ __all__ = [
     "SetQueryStatusReply",
     "StatusReply",
     "SubscribeReply",
+    "TypedReply",
     "UnsubscribeReply",
     "decode_result",
+    "extra_field",
+    "field_specs",
+    "order_field",
 ]
 
 LOOKUP_KINDS = ("schema", "stream", "query", "participant")
 
 Frame: TypeAlias = dict[str, Any]
-R = TypeVar("R", bound="_Result")
+R = TypeVar("R", bound="TypedReply")
 
 _NIL = type(None)
 _TYPE_NAMES: dict[type, str] = {
@@ -67,19 +75,19 @@ _TYPE_NAMES: dict[type, str] = {
 
 
 @dataclass(frozen=True, slots=True)
-class _Spec:
+class FieldSpec:
     """How one typed field of a result reads on the wire."""
 
     kinds: tuple[type, ...]  # msgpack types it may have (``type(None)``: may be nil)
     required: bool = True  # False: absent when None (never nil on the wire)
 
 
-class _Result(Mapping[str, Any]):
+class TypedReply(Mapping[str, Any]):
     """The machinery every result kind shares: encode, decode with checks, the map view."""
 
     __slots__ = ()
     op: ClassVar[str]
-    _specs: ClassVar[dict[str, _Spec]]
+    specs: ClassVar[dict[str, FieldSpec]]
 
     extra: Mapping[str, Any]
     order: tuple[str, ...]
@@ -91,7 +99,7 @@ class _Result(Mapping[str, Any]):
     def to_wire(self) -> Frame:
         """The ``result`` map of the ``ok`` frame."""
         out: Frame = {}
-        for name, spec in self._specs.items():
+        for name, spec in self.specs.items():
             value = getattr(self, name)
             if value is not None or spec.required:
                 out[name] = value
@@ -109,20 +117,20 @@ class _Result(Mapping[str, Any]):
         if not isinstance(result, dict):
             raise RemoteProtocolError(f"{cls.op} reply: the result must be a map")
         values: dict[str, Any] = {}
-        for name, spec in cls._specs.items():
+        for name, spec in cls.specs.items():
             values[name] = _checked(cls.op, result, name, spec)
-        extra = {key: value for key, value in result.items() if key not in cls._specs}
+        extra = {key: value for key, value in result.items() if key not in cls.specs}
         reply = cls(**values, extra=extra, order=tuple(result))
-        reply._check()
+        reply.validate()
         return reply
 
-    def _check(self) -> None:
+    def validate(self) -> None:
         """Checks beyond the fields' types (a kind overrides it)."""
 
     def __eq__(self, other: object) -> bool:
         """Equal to a reply of the same kind, or (the deprecated dict form) to a map, with
         the same wire fields; the order of the fields does not matter."""
-        if isinstance(other, _Result):
+        if isinstance(other, TypedReply):
             return type(other) is type(self) and other.to_wire() == self.to_wire()
         if isinstance(other, Mapping):
             return self.to_wire() == dict(other)
@@ -139,7 +147,7 @@ class _Result(Mapping[str, Any]):
         return len(self.to_wire())
 
 
-def _checked(op: str, result: Mapping[str, Any], name: str, spec: _Spec) -> Any:
+def _checked(op: str, result: Mapping[str, Any], name: str, spec: FieldSpec) -> Any:
     if name not in result:
         if spec.required:
             raise RemoteProtocolError(f"{op} reply: missing field {name!r}")
@@ -162,43 +170,46 @@ def _is(value: object, kind: type) -> bool:
     return isinstance(value, kind)
 
 
-def _specs(**specs: _Spec) -> dict[str, _Spec]:
+def field_specs(**specs: FieldSpec) -> dict[str, FieldSpec]:
+    """A kind's typed fields, in their wire order (a kind's ``specs``)."""
     return specs
 
 
-_STR = _Spec((str,))
-_INT = _Spec((int,))
-_OPT_STR = _Spec((str,), required=False)
+STR = FieldSpec((str,))
+INT = FieldSpec((int,))
+OPT_STR = FieldSpec((str,), required=False)
 
 
-def _extra() -> Any:
+def extra_field() -> Any:
+    """A kind's ``extra``: the fields of its result beyond the typed ones."""
     return field(default_factory=dict)
 
 
-def _order() -> Any:
+def order_field() -> Any:
+    """A kind's ``order``: the key order of the frame it was decoded from (not compared)."""
     return field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class HelloReply(_Result):
+class HelloReply(TypedReply):
     """What the server is: its name, protocol version and frame limit (and, on a TLS
     connection, the participant the client's certificate proves)."""
 
     op: ClassVar[str] = "hello"
-    _specs: ClassVar[dict[str, _Spec]] = _specs(
-        server=_STR,
-        version=_INT,
-        max_frame_bytes=_Spec((int,), required=False),
-        participant=_OPT_STR,
+    specs: ClassVar[dict[str, FieldSpec]] = field_specs(
+        server=STR,
+        version=INT,
+        max_frame_bytes=FieldSpec((int,), required=False),
+        participant=OPT_STR,
     )
     server: str
     version: int
     max_frame_bytes: int | None = None  # None: the server did not say (the default applies)
     participant: str | None = None
-    extra: Mapping[str, Any] = _extra()
-    order: tuple[str, ...] = _order()
+    extra: Mapping[str, Any] = extra_field()
+    order: tuple[str, ...] = order_field()
 
-    def _check(self) -> None:
+    def validate(self) -> None:
         if self.max_frame_bytes is not None and self.max_frame_bytes < 1:
             raise RemoteProtocolError(
                 "hello reply: field 'max_frame_bytes' must be a positive integer, not "
@@ -207,135 +218,135 @@ class HelloReply(_Result):
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class CreateSchemaReply(_Result):
+class CreateSchemaReply(TypedReply):
     """The schema now known under ``schema``, with its field names."""
 
     op: ClassVar[str] = "create_schema"
-    _specs: ClassVar[dict[str, _Spec]] = _specs(schema=_STR, fields=_Spec((list,)))
+    specs: ClassVar[dict[str, FieldSpec]] = field_specs(schema=STR, fields=FieldSpec((list,)))
     schema: str
     fields: list[str]
-    extra: Mapping[str, Any] = _extra()
-    order: tuple[str, ...] = _order()
+    extra: Mapping[str, Any] = extra_field()
+    order: tuple[str, ...] = order_field()
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class CreateStreamReply(_Result):
+class CreateStreamReply(TypedReply):
     """The stream and its schema; in a federation, ``host`` (the node holding it, hex) and,
     for a replicated stream, its placement in ``extra`` (``replicas``, ``primary``, ...)."""
 
     op: ClassVar[str] = "create_stream"
-    _specs: ClassVar[dict[str, _Spec]] = _specs(stream=_STR, schema=_STR, host=_OPT_STR)
+    specs: ClassVar[dict[str, FieldSpec]] = field_specs(stream=STR, schema=STR, host=OPT_STR)
     stream: str
     schema: str
     host: str | None = None
-    extra: Mapping[str, Any] = _extra()
-    order: tuple[str, ...] = _order()
+    extra: Mapping[str, Any] = extra_field()
+    order: tuple[str, ...] = order_field()
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class CreateQueryReply(_Result):
+class CreateQueryReply(TypedReply):
     """The query entered (status ``SETUP``); ``extra`` has e.g. its inputs and outputs, or its
     fragments in a federation."""
 
     op: ClassVar[str] = "create_query"
-    _specs: ClassVar[dict[str, _Spec]] = _specs(query=_STR, status=_STR)
+    specs: ClassVar[dict[str, FieldSpec]] = field_specs(query=STR, status=STR)
     query: str
     status: str
-    extra: Mapping[str, Any] = _extra()
-    order: tuple[str, ...] = _order()
+    extra: Mapping[str, Any] = extra_field()
+    order: tuple[str, ...] = order_field()
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class SetQueryStatusReply(_Result):
+class SetQueryStatusReply(TypedReply):
     """The query's status now."""
 
     op: ClassVar[str] = "set_query_status"
-    _specs: ClassVar[dict[str, _Spec]] = _specs(query=_STR, status=_STR)
+    specs: ClassVar[dict[str, FieldSpec]] = field_specs(query=STR, status=STR)
     query: str
     status: str
-    extra: Mapping[str, Any] = _extra()
-    order: tuple[str, ...] = _order()
+    extra: Mapping[str, Any] = extra_field()
+    order: tuple[str, ...] = order_field()
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class PushReply(_Result):
+class PushReply(TypedReply):
     """A batch durably stored: ``count`` tuples at log position ``offset`` (None with
     ``duplicate``: a repeated producer/seq, not stored again, or an empty batch)."""
 
     op: ClassVar[str] = "push"
-    _specs: ClassVar[dict[str, _Spec]] = _specs(
-        stream=_STR, count=_INT, offset=_Spec((int, _NIL)), duplicate=_Spec((bool,))
+    specs: ClassVar[dict[str, FieldSpec]] = field_specs(
+        stream=STR, count=INT, offset=FieldSpec((int, _NIL)), duplicate=FieldSpec((bool,))
     )
     stream: str
     count: int
     offset: int | None
     duplicate: bool
-    extra: Mapping[str, Any] = _extra()
-    order: tuple[str, ...] = _order()
+    extra: Mapping[str, Any] = extra_field()
+    order: tuple[str, ...] = order_field()
 
     @property
     def forwarded(self) -> bool:
         """Whether the peer asked carried the batch to the stream's host."""
         return bool(self.extra.get("forwarded", False))
 
-    def _check(self) -> None:
+    def validate(self) -> None:
         if self.count < 0:
             raise RemoteProtocolError(f"push reply: field 'count' is negative ({self.count})")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class SubscribeReply(_Result):
+class SubscribeReply(TypedReply):
     """Subscription ``subscription`` to ``stream`` is live."""
 
     op: ClassVar[str] = "subscribe"
-    _specs: ClassVar[dict[str, _Spec]] = _specs(subscription=_INT, stream=_STR)
+    specs: ClassVar[dict[str, FieldSpec]] = field_specs(subscription=INT, stream=STR)
     subscription: int
     stream: str
-    extra: Mapping[str, Any] = _extra()
-    order: tuple[str, ...] = _order()
+    extra: Mapping[str, Any] = extra_field()
+    order: tuple[str, ...] = order_field()
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class UnsubscribeReply(_Result):
+class UnsubscribeReply(TypedReply):
     """Subscription ``subscription`` is gone (its last batch came before this reply)."""
 
     op: ClassVar[str] = "unsubscribe"
-    _specs: ClassVar[dict[str, _Spec]] = _specs(subscription=_INT)
+    specs: ClassVar[dict[str, FieldSpec]] = field_specs(subscription=INT)
     subscription: int
-    extra: Mapping[str, Any] = _extra()
-    order: tuple[str, ...] = _order()
+    extra: Mapping[str, Any] = extra_field()
+    order: tuple[str, ...] = order_field()
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class LookupReply(_Result):
+class LookupReply(TypedReply):
     """What the catalog knows about ``name``: a ``kind`` (one of :data:`LOOKUP_KINDS` today;
     a newer peer may know more kinds) and, in
     ``extra``, what docs/protocol.md lists for that kind (``schema``, ``latest_offset``,
     ``responsible``, ``status``, ``fragments``, ``public_key``, ...)."""
 
     op: ClassVar[str] = "lookup"
-    _specs: ClassVar[dict[str, _Spec]] = _specs(kind=_STR, name=_STR, host=_OPT_STR)
+    specs: ClassVar[dict[str, FieldSpec]] = field_specs(kind=STR, name=STR, host=OPT_STR)
     kind: str
     name: str
     host: str | None = None  # the node holding it (hex), in a federation
-    extra: Mapping[str, Any] = _extra()
-    order: tuple[str, ...] = _order()
+    extra: Mapping[str, Any] = extra_field()
+    order: tuple[str, ...] = order_field()
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class StatusReply(_Result):
+class StatusReply(TypedReply):
     """A peer's status, for people and dashboards: the fields every peer gives are typed;
     ``extra`` has the rest (``overlay``, ``hosted``, ``replication``, ...)."""
 
     op: ClassVar[str] = "status"
-    _specs: ClassVar[dict[str, _Spec]] = _specs(
-        peer=_STR,
-        pid=_INT,
-        uptime_s=_Spec((float,)),
-        engine=_STR,
-        data_dir=_OPT_STR,
-        streams=_Spec((list,)),
-        queries=_Spec((list,)),
+    specs: ClassVar[dict[str, FieldSpec]] = field_specs(
+        peer=STR,
+        pid=INT,
+        uptime_s=FieldSpec((float,)),
+        engine=STR,
+        data_dir=OPT_STR,
+        streams=FieldSpec((list,)),
+        queries=FieldSpec((list,)),
     )
     peer: str
     pid: int
@@ -344,8 +355,8 @@ class StatusReply(_Result):
     data_dir: str | None  # (None: not said)
     streams: list[dict[str, Any]]
     queries: list[dict[str, Any]]
-    extra: Mapping[str, Any] = _extra()
-    order: tuple[str, ...] = _order()
+    extra: Mapping[str, Any] = extra_field()
+    order: tuple[str, ...] = order_field()
 
 
 Reply: TypeAlias = (

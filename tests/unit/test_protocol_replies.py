@@ -4,6 +4,7 @@ malformed result naming the field."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgpack
@@ -13,6 +14,12 @@ from hypothesis import strategies as st
 
 from overlay.errors import RemoteProtocolError
 from peer.protocol.api import Ok
+from peer.protocol.link_replies import (
+    HostStreamReply,
+    MirrorAppendReply,
+    MirrorStartReply,
+    MirrorStopReply,
+)
 from peer.protocol.replies import (
     CreateQueryReply,
     CreateSchemaReply,
@@ -24,6 +31,7 @@ from peer.protocol.replies import (
     SetQueryStatusReply,
     StatusReply,
     SubscribeReply,
+    TypedReply,
     UnsubscribeReply,
     decode_result,
 )
@@ -232,3 +240,56 @@ def test_a_malformed_result_is_refused_naming_the_field(op: str, result: Any, sa
         decode_result(op, result)
     assert says in str(err.value)
     assert str(err.value).startswith(f"{op} reply: ") or "no reply kind" in says
+
+
+# -- the replies of peer-link requests only peers send (peer.protocol.link_replies) ----------
+
+LINK_WIRE: dict[type[TypedReply], tuple[dict[str, Any], TypedReply]] = {
+    HostStreamReply: (
+        {"stream": "s", "host": "ab" * 20, "replicated": True},
+        HostStreamReply("s", "ab" * 20, replicated=True),
+    ),
+    MirrorStartReply: ({"stream": "s", "to": "cd" * 20}, MirrorStartReply("s", "cd" * 20)),
+    MirrorStopReply: (
+        {"stream": "s", "to": "cd" * 20, "acked": 41},
+        MirrorStopReply("s", "cd" * 20, 41),
+    ),
+    MirrorAppendReply: ({"stream": "s", "last": 14, "kept": 2}, MirrorAppendReply("s", 14, 2)),
+}
+
+
+@pytest.mark.parametrize("kind", list(LINK_WIRE), ids=lambda kind: kind.__name__)
+def test_each_link_reply_encodes_to_the_bytes_peers_always_sent(kind: type[TypedReply]) -> None:
+    wire, typed = LINK_WIRE[kind]
+    assert _bytes(typed.to_wire()) == _bytes(wire)
+    decoded = kind.from_wire(wire)
+    assert decoded == typed and _bytes(decoded.to_wire()) == _bytes(wire)
+
+
+def test_a_plain_stream_is_hosted_without_the_replicated_field() -> None:
+    assert HostStreamReply("s", "ab" * 20).to_wire() == {"stream": "s", "host": "ab" * 20}
+
+
+@pytest.mark.parametrize(
+    ("kind", "result", "says"),
+    [
+        (HostStreamReply, {"stream": "s"}, "host_stream reply: missing field 'host'"),
+        (
+            HostStreamReply,
+            {"stream": "s", "host": "h", "replicated": "yes"},
+            "host_stream reply: field 'replicated' must be a boolean, not str",
+        ),
+        (MirrorStopReply, {"stream": "s", "to": "t"}, "stop_mirror reply: missing field 'acked'"),
+        (
+            MirrorAppendReply,
+            {"stream": "s", "last": 1.5, "kept": 0},
+            "mirror_append reply: field 'last' must be an integer, not float",
+        ),
+        (MirrorStartReply, None, "start_mirror reply: the result must be a map"),
+    ],
+)
+def test_a_malformed_link_reply_is_refused_naming_the_field(
+    kind: type[TypedReply], result: Any, says: str
+) -> None:
+    with pytest.raises(RemoteProtocolError, match=re.escape(says)):
+        kind.from_wire(result)
