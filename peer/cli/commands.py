@@ -227,7 +227,7 @@ async def cmd_subscribe(args: argparse.Namespace) -> int:
 
     async def go(client: Client) -> int:
         info = await client.lookup_object(args.stream)
-        schema = parse_schema(info["schema"])
+        schema = parse_schema(info.extra["schema"])
         seen = 0
         subscription = client.subscribe(args.stream, start=args.start, tentative=args.tentative)
         iterator = subscription.__aiter__()
@@ -264,7 +264,7 @@ async def cmd_lookup(args: argparse.Namespace) -> int:
 
 async def cmd_status(args: argparse.Namespace) -> int:
     async def go(client: Client) -> int:
-        status = await client.status()
+        status = (await client.status()).to_wire()
         if args.json:
             print_json(status)
         else:
