@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from overlay.stream import decode_pool
 from overlay.wire import DecodeBudget
@@ -27,6 +27,7 @@ from peer.errors import Conflict, FedstreamError, Unavailable
 from peer.federation import Federation
 from peer.fetch.server import FetchLimits, FetchServer, remote_input
 from peer.model.limits import ContentLimits
+from peer.protocol import replies
 from peer.protocol.link import Raw
 from peer.replication.plane import ReplicationSettings
 from peer.server import AnnouncedBatches, ApiServer, PeerService, api_server_tls, is_loopback
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from peer.observe import HttpServer, Observer
 
 log = logging.getLogger(__name__)
+R = TypeVar("R")
 
 
 @dataclass
@@ -494,7 +496,7 @@ class ClientService:
         self.target: PeerService | None = None
         self.observer: Observer | None = None  # told of pushes and refusals
 
-    async def _counted(self, call: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+    async def _counted(self, call: Awaitable[R]) -> R:
         """``call``'s reply; a refusal is counted by its code (the metrics) and raised."""
         try:
             return await call
@@ -508,38 +510,36 @@ class ClientService:
             raise Unavailable("the peer is starting; retry")
         return self.target
 
-    async def create_schema(self, schema: str | dict[str, Any]) -> dict[str, Any]:
+    async def create_schema(self, schema: str | dict[str, Any]) -> replies.CreateSchemaReply:
         return await self._counted(self._to().create_schema(schema))
 
     async def create_stream(
         self, name: str, schema: str, replicas: int | None = None
-    ) -> dict[str, Any]:
+    ) -> replies.CreateStreamReply:
         return await self._counted(self._to().create_stream(name, schema, replicas))
 
-    async def create_query(self, query: str | dict[str, Any]) -> dict[str, Any]:
+    async def create_query(self, query: str | dict[str, Any]) -> replies.CreateQueryReply:
         return await self._counted(self._to().create_query(query))
 
-    async def set_query_status(self, name: str, status: str) -> dict[str, Any]:
+    async def set_query_status(self, name: str, status: str) -> replies.SetQueryStatusReply:
         return await self._counted(self._to().set_query_status(name, status))
 
     async def push(
         self, stream: str, payload: dict[str, Any], producer: str | None, seq: int | None
-    ) -> dict[str, Any]:
+    ) -> replies.PushReply:
         started = time.monotonic()
         reply = await self._counted(self._to().push(stream, payload, producer, seq))
         if self.observer is not None:
-            count = reply.get("count")
-            rows = count if isinstance(count, int) else 0
-            self.observer.pushed(stream, rows, time.monotonic() - started)
+            self.observer.pushed(stream, reply.count, time.monotonic() - started)
         return reply
 
     def subscribe(self, stream: str, start: str) -> AsyncIterator[dict[str, Any]]:
         return AnnouncedBatches(self._to().subscribe(stream, start))
 
-    async def lookup(self, name: str) -> dict[str, Any]:
+    async def lookup(self, name: str) -> replies.LookupReply:
         return await self._counted(self._to().lookup(name))
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self) -> replies.StatusReply:
         return await self._to().status()
 
 

@@ -32,7 +32,9 @@ from peer.model.query import Query, parse_query, query_to_dict
 from peer.model.schema import Schema, check_name, parse_schema, to_arrow_schema
 from peer.model.tentative import UNDO
 from peer.model.tuples import batch_from_wire
+from peer.protocol import replies
 from peer.protocol.api import QUERY_STATUSES, READY, START_POSITIONS
+from peer.protocol.link_replies import MirrorAppendReply
 from peer.storage.catalog import LocalCatalog, QueryEntry
 from peer.storage.feed import after_offset, open_tentative, trimmed_gap, wire_entries
 from peer.storage.spool import Spool, SpoolSet
@@ -282,18 +284,17 @@ class LocalSite:
             self.catalog.check_stream(stream, checked.stream_schemas[stream])
         return checked
 
-    async def add_query(self, checked: CheckedQuery) -> dict[str, Any]:
+    async def add_query(self, checked: CheckedQuery) -> replies.CreateQueryReply:
         """Enter a checked query (SETUP) whose result streams exist here already."""
         query = checked.query
         await asyncio.to_thread(self.catalog.add_query, query, uuid.uuid4().hex[:8])
-        return {
-            "query": query.name,
-            "status": "SETUP",
-            "inputs": list(checked.inputs),
-            "outputs": list(checked.outputs),
-        }
+        return replies.CreateQueryReply(
+            query.name,
+            "SETUP",
+            extra={"inputs": list(checked.inputs), "outputs": list(checked.outputs)},
+        )
 
-    async def set_query_status_here(self, name: str, status: str) -> dict[str, Any]:
+    async def set_query_status_here(self, name: str, status: str) -> replies.SetQueryStatusReply:
         status = checked_status(status)
         entry = self.catalog.query(name)
         if status == "RUNNING" and entry.status != "RUNNING":
@@ -311,14 +312,14 @@ class LocalSite:
                 await self.engine.drop_query(name, entry.incarnation)
             await asyncio.to_thread(self.catalog.remove_query, name)
             self._checked.pop(name, None)
-            return {"query": name, "status": "DELETED"}
+            return replies.SetQueryStatusReply(name, "DELETED")
         await asyncio.to_thread(self.catalog.set_status, name, status)
-        return {"query": name, "status": status}
+        return replies.SetQueryStatusReply(name, status)
 
     # tuples in
     async def push_here(
         self, stream: str, payload: dict[str, Any], producer: str | None, seq: int | None
-    ) -> dict[str, Any]:
+    ) -> replies.PushReply:
         """Append a batch to a stream held here (fsync before the reply)."""
         entry = self.catalog.stream(stream)
         spool = self.spools.get(stream)
@@ -344,19 +345,15 @@ class LocalSite:
 
             count, body = await asyncio.to_thread(encode)
             if body is None:
-                return {"stream": stream, "count": 0, "offset": None, "duplicate": False}
-            return await appender(body, count, producer, seq)
+                return replies.PushReply(stream, 0, None, False)
+            # (the replica room answers with the reply's wire map: checked like one)
+            return replies.PushReply.from_wire(await appender(body, count, producer, seq))
         count, offset = await asyncio.to_thread(land)
-        return {
-            "stream": stream,
-            "count": count,
-            "offset": offset,
-            "duplicate": offset is None and count > 0,
-        }
+        return replies.PushReply(stream, count, offset, offset is None and count > 0)
 
     async def append_mirrored(
         self, stream: str, origin: str, batches: tuple[tuple[int, bytes, str], ...]
-    ) -> dict[str, Any]:
+    ) -> MirrorAppendReply:
         """Append mirrored batches of a replica (each fsynced; replays dropped by seq), with
         their status (an undo names this log's own first tentative offset)."""
         entry = self.catalog.stream(stream)
@@ -387,7 +384,7 @@ class LocalSite:
             self._landing[stream] -= 1
             async with self._landed:
                 self._landed.notify_all()
-        return {"stream": stream, "last": batches[-1][0], "kept": kept}
+        return MirrorAppendReply(stream, batches[-1][0], kept)
 
     async def room(self, stream: str, spool: Spool) -> None:
         """Wait while the stream's slowest reader is too far behind (backpressure): the
@@ -490,32 +487,36 @@ class LocalSite:
         return {} if self.engine is None else await self.engine.busy_seconds()
 
     # describing
-    def lookup_here(self, name: str) -> dict[str, Any]:
+    def lookup_here(self, name: str) -> replies.LookupReply:
         stream = self.catalog.find_stream(name)
         if stream is not None:
-            return {
-                "kind": "stream",
-                "name": name,
-                "schema": stream.schema.to_dict(),
-                "derived_from": stream.derived_from,
-                "responsible": self.address,
-                "latest_offset": self.spools.get(name).latest,
-            }
+            return replies.LookupReply(
+                "stream",
+                name,
+                extra={
+                    "schema": stream.schema.to_dict(),
+                    "derived_from": stream.derived_from,
+                    "responsible": self.address,
+                    "latest_offset": self.spools.get(name).latest,
+                },
+            )
         query = self.catalog.find_query(name)
         if query is not None:
-            return {
-                "kind": "query",
-                "name": name,
-                "status": query.status,
-                "definition": query_to_dict(query.query),
-                "peer": self.address,
-            }
+            return replies.LookupReply(
+                "query",
+                name,
+                extra={
+                    "status": query.status,
+                    "definition": query_to_dict(query.query),
+                    "peer": self.address,
+                },
+            )
         schema = self.catalog.find_schema(name)
         if schema is not None:
-            return {"kind": "schema", "name": name, "schema": schema.to_dict()}
+            return replies.LookupReply("schema", name, extra={"schema": schema.to_dict()})
         raise NotFound(f"nothing named {name} in the catalog", name=name)
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self) -> replies.StatusReply:
         names = self.catalog.query_names()
         engine_info = await self.engine.describe(names) if self.engine is not None else {}
         queries = []
@@ -537,35 +538,35 @@ class LocalSite:
                 streams.append({"name": n, "latest_offset": self.spools.get(n).latest})
             else:
                 streams.append({"name": n, "latest_offset": None, "quarantined": q.reason})
-        return {
-            "peer": self.address,
-            "pid": os.getpid(),
-            "uptime_s": round(time.time() - self.started_at, 1),
-            "engine": "spark" if self.engine is not None else "none",
-            "data_dir": str(self.data_dir),
-            "streams": streams,
-            "queries": queries,
-            "quarantined": [q.to_dict() for q in quarantined.values()],
-        }
+        return replies.StatusReply(
+            self.address,
+            os.getpid(),
+            round(time.time() - self.started_at, 1),
+            "spark" if self.engine is not None else "none",
+            str(self.data_dir),
+            streams,
+            queries,
+            extra={"quarantined": [q.to_dict() for q in quarantined.values()]},
+        )
 
     # the client API of a lone peer (peer.server.PeerService)
-    async def create_schema(self, schema: str | dict[str, Any]) -> dict[str, Any]:
+    async def create_schema(self, schema: str | dict[str, Any]) -> replies.CreateSchemaReply:
         parsed = parse_schema(schema)
         await self.add_schema(parsed)
-        return {"schema": parsed.name, "fields": [f.name for f in parsed.fields]}
+        return replies.CreateSchemaReply(parsed.name, [f.name for f in parsed.fields])
 
     async def create_stream(
         self, name: str, schema: str, replicas: int | None = None
-    ) -> dict[str, Any]:
+    ) -> replies.CreateStreamReply:
         """A stream on this lone peer (``replicas`` has no meaning without a federation)."""
         found = self.find_schema(schema)
         if found is None:
             raise self.unknown_schema(schema)
         check_name(name, "stream", InvalidInput)
         await self.add_stream(name, found, None)
-        return {"stream": name, "schema": found.name}
+        return replies.CreateStreamReply(name, found.name)
 
-    async def create_query(self, query: str | dict[str, Any]) -> dict[str, Any]:
+    async def create_query(self, query: str | dict[str, Any]) -> replies.CreateQueryReply:
         checked = await asyncio.to_thread(lambda: self.check_new(self.parse_query(query)))
         for stream in checked.outputs:
             await self.add_stream(stream, checked.stream_schemas[stream], checked.query.name)
@@ -579,12 +580,12 @@ class LocalSite:
     def max_push_bytes(self) -> int:
         return self.config.limits.max_push_bytes
 
-    async def set_query_status(self, name: str, status: str) -> dict[str, Any]:
+    async def set_query_status(self, name: str, status: str) -> replies.SetQueryStatusReply:
         return await self.set_query_status_here(name, status)
 
     async def push(
         self, stream: str, payload: dict[str, Any], producer: str | None, seq: int | None
-    ) -> dict[str, Any]:
+    ) -> replies.PushReply:
         return await self.push_here(stream, payload, producer, seq)
 
     def subscribe(self, stream: str, start: str) -> AsyncIterator[dict[str, Any]]:
@@ -592,5 +593,5 @@ class LocalSite:
             raise InvalidInput(f"subscribe: start must be latest or earliest, not {start!r}")
         return self.subscribe_here(stream, start)
 
-    async def lookup(self, name: str) -> dict[str, Any]:
+    async def lookup(self, name: str) -> replies.LookupReply:
         return self.lookup_here(name)

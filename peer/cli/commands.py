@@ -99,9 +99,10 @@ async def cmd_query_submit(args: argparse.Namespace) -> int:
     document = parse_document(text) if xml and is_document(text) else None
 
     async def submit(client: Client, query: str | dict[str, Any]) -> dict[str, Any]:
-        result = await client.create_query(query)
+        created = await client.create_query(query)
+        result = created.to_wire()
         if args.start:
-            result = {**result, **(await client.start_query(result["query"]))}
+            result.update((await client.start_query(created.query)).to_wire())
         return result
 
     async def go(client: Client) -> int:
@@ -195,9 +196,9 @@ async def push_lines(
     from peer.model.schema import parse_schema
 
     info = await (await peers.connect()).lookup_object(stream)
-    if info.get("kind") != "stream":
-        raise UsageError(f"{stream} is a {info.get('kind')}, not a stream")
-    columns = read_columns(lines, fmt, parse_schema(info["schema"]), time_unit=time_unit)
+    if info.kind != "stream":
+        raise UsageError(f"{stream} is a {info.kind}, not a stream")
+    columns = read_columns(lines, fmt, parse_schema(info.extra["schema"]), time_unit=time_unit)
     pushed = duplicates = 0
     for seq, part in enumerate(chunks(columns, batch_size), start=1):
         rows = len(next(iter(part.values()), []))
@@ -212,7 +213,7 @@ async def push_lines(
                 **exc.details,
             ) from exc
         pushed += rows
-        if reply.get("duplicate"):
+        if reply.duplicate:
             duplicates += rows
     result: dict[str, Any] = {"stream": stream, "pushed": pushed}
     if duplicates:
@@ -226,7 +227,7 @@ async def cmd_subscribe(args: argparse.Namespace) -> int:
 
     async def go(client: Client) -> int:
         info = await client.lookup_object(args.stream)
-        schema = parse_schema(info["schema"])
+        schema = parse_schema(info.extra["schema"])
         seen = 0
         subscription = client.subscribe(args.stream, start=args.start, tentative=args.tentative)
         iterator = subscription.__aiter__()
@@ -263,7 +264,7 @@ async def cmd_lookup(args: argparse.Namespace) -> int:
 
 async def cmd_status(args: argparse.Namespace) -> int:
     async def go(client: Client) -> int:
-        status = await client.status()
+        status = (await client.status()).to_wire()
         if args.json:
             print_json(status)
         else:

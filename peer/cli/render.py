@@ -19,7 +19,12 @@ if TYPE_CHECKING:
 
 
 def print_json(data: object) -> None:
-    print(json.dumps(data, indent=2, sort_keys=True, default=str))
+    """``data`` (a reply prints as its wire map) as indented JSON with sorted keys."""
+    print(json.dumps(data, indent=2, sort_keys=True, default=_plain))
+
+
+def _plain(value: object) -> object:
+    return dict(value) if isinstance(value, Mapping) else str(value)
 
 
 def print_status(status: Mapping[str, Any]) -> None:

@@ -10,6 +10,15 @@
         async for batch in subscription:
             print(batch.rows())
 
+Each request returns its typed reply (:mod:`peer.protocol.replies`): ``create_stream`` a
+:class:`~peer.protocol.replies.CreateStreamReply`, ``push`` a
+:class:`~peer.protocol.replies.PushReply` (``reply.count``, ``reply.offset``,
+``reply.duplicate``), ``lookup_object`` a :class:`~peer.protocol.replies.LookupReply`,
+``status`` a :class:`~peer.protocol.replies.StatusReply`, and so on; what a peer adds beyond
+the typed fields is in ``reply.extra``. A reply still reads as the map it was before
+(``reply["count"]``, ``dict(reply)``, ``reply == {...}``): that dict form is deprecated and
+goes in the next release; ``reply.to_wire()`` is the map the peer sent.
+
 Every request waits at most ``timeout_s`` (longer than any wait of the peer's own, see
 :data:`~peer.client.connection.DEFAULT_TIMEOUT_S`); a peer error raises the
 :mod:`peer.errors` class of its code; losing the connection fails every waiting request and
@@ -37,7 +46,8 @@ refusing the other raises :class:`~peer.errors.Unauthorized`.
 The layers: :mod:`peer.client.connection` (the :class:`Client`),
 :mod:`peer.client.subscription`, :mod:`peer.client.payload` (what is pushed, :class:`Batch`),
 :mod:`peer.client.tls`, :mod:`peer.client.peers` (:class:`PeerList`) and
-:mod:`peer.client.retry` (when to retry); the messages are :mod:`peer.protocol.api`'s.
+:mod:`peer.client.retry` (when to retry); the messages are :mod:`peer.protocol.api`'s, the
+replies :mod:`peer.protocol.replies`'.
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ state machine and acts on the event: a reply wakes the request waiting on its ``
 ``batch`` goes to its subscription. Every request waits at most ``timeout_s``; a peer error
 raises the :mod:`peer.errors` class of its code; losing the connection (or a frame that breaks
 the protocol) fails every waiting request and subscription with
-:class:`~peer.errors.Unavailable`. Messages are :mod:`peer.protocol.api`'s typed values; the
+:class:`~peer.errors.Unavailable`. Messages are :mod:`peer.protocol.api`'s typed values and
+each method returns its request's typed reply (:mod:`peer.protocol.replies`; reading one as a
+dict, ``reply["count"]``, is the deprecated form of before, kept for one release); the
 connection is opened through :mod:`overlay.transport` (a ``network=`` of
 :class:`~overlay.transport.MemoryNetwork` runs it without sockets, in tests).
 """
@@ -22,7 +24,7 @@ import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from overlay.errors import LocalProtocolError, RemoteProtocolError
 from overlay.transport import TCP, FrameStream, Network
@@ -53,6 +55,17 @@ from peer.protocol.api_events import (
     Replied,
     RequestFailed,
     SubscriptionEnded,
+)
+from peer.protocol.replies import (
+    CreateQueryReply,
+    CreateSchemaReply,
+    CreateStreamReply,
+    HelloReply,
+    LookupReply,
+    PushReply,
+    Reply,
+    SetQueryStatusReply,
+    StatusReply,
 )
 
 if TYPE_CHECKING:  # cryptography is imported only by clients that use TLS
@@ -85,12 +98,13 @@ DEFAULT_TIMEOUT_S = 45.0
 # a short bound lets a list of peers move on past one that is not (peer.client.peers).
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 
-OnOk = Callable[[dict[str, Any]], None]
+OnOk = Callable[[Reply], None]
+R = TypeVar("R", bound=Reply)
 
 
 @dataclass(slots=True)
 class _Pending:
-    future: asyncio.Future[dict[str, Any]]
+    future: asyncio.Future[Reply | dict[str, Any]]  # (a bare map: the reply to a RawRequest)
     on_ok: OnOk | None
 
 
@@ -105,6 +119,12 @@ class Client:
     ``timeout_s`` bounds each request (see :data:`DEFAULT_TIMEOUT_S` for why it exceeds the
     peer's own waits); ``connect_timeout_s`` bounds opening the connection (default the
     smaller of ``timeout_s`` and :data:`DEFAULT_CONNECT_TIMEOUT_S`).
+
+    Each request method returns the typed reply of its kind (:mod:`peer.protocol.replies`),
+    and ``server_info`` is the :class:`~peer.protocol.replies.HelloReply`. Deprecated: reading
+    a reply as a dict (``reply["offset"]``, ``reply.get(...)``, ``dict(reply)``, comparing it
+    with a dict) still works in this release and goes in the next; use its attributes, its
+    ``extra`` for fields beyond them, or ``to_wire()`` for the map itself.
     """
 
     def __init__(
@@ -143,7 +163,7 @@ class Client:
         self.participant = participant
         self.key_path = key_path
         self.trust_dir = trust_dir
-        self.server_info: dict[str, Any] = {}
+        self.server_info: HelloReply | None = None  # the peer's answer to hello, once connected
         self.server_participant: str | None = None  # proven by the peer's TLS certificate
         self._ssl = ssl
         self._network = network
@@ -182,7 +202,9 @@ class Client:
         self._heard = False
         self._reader = asyncio.create_task(self._read_loop(self._stream, self._conn))
         try:
-            self.server_info = await self._ask(Hello(self.client_name, PROTOCOL_VERSION))
+            self.server_info = await self._ask(
+                Hello(self.client_name, PROTOCOL_VERSION), HelloReply
+            )
         except Unavailable as exc:
             await self.close()
             if self._heard or isinstance(exc.__cause__, TimeoutError):
@@ -280,44 +302,44 @@ class Client:
 
     # -- the API ---------------------------------------------------------------------------
 
-    async def create_schema(self, schema: str | Mapping[str, Any]) -> dict[str, Any]:
+    async def create_schema(self, schema: str | Mapping[str, Any]) -> CreateSchemaReply:
         """Create a schema from Medusa XML, JSON text, or a dict."""
-        return await self._ask(CreateSchema(_plain(schema)))
+        return await self._ask(CreateSchema(_plain(schema)), CreateSchemaReply)
 
     async def create_stream(
         self, name: str, schema: str, *, replicas: int | None = None
-    ) -> dict[str, Any]:
+    ) -> CreateStreamReply:
         """Create a stream; ``replicas``: how many peers hold it (default: the peer's)."""
-        return await self._ask(CreateStream(name, schema, replicas))
+        return await self._ask(CreateStream(name, schema, replicas), CreateStreamReply)
 
-    async def create_query(self, query: str | Mapping[str, Any]) -> dict[str, Any]:
+    async def create_query(self, query: str | Mapping[str, Any]) -> CreateQueryReply:
         """Submit a query: Medusa/Borealis XML, JSON text, or a dict."""
-        return await self._ask(CreateQuery(_plain(query)))
+        return await self._ask(CreateQuery(_plain(query)), CreateQueryReply)
 
-    async def set_query_status(self, name: str, status: str) -> dict[str, Any]:
+    async def set_query_status(self, name: str, status: str) -> SetQueryStatusReply:
         """SETUP, RUNNING, STOPPED or DELETED."""
-        return await self._ask(SetQueryStatus(name, status))
+        return await self._ask(SetQueryStatus(name, status), SetQueryStatusReply)
 
-    async def start_query(self, name: str) -> dict[str, Any]:
+    async def start_query(self, name: str) -> SetQueryStatusReply:
         return await self.set_query_status(name, "RUNNING")
 
-    async def stop_query(self, name: str) -> dict[str, Any]:
+    async def stop_query(self, name: str) -> SetQueryStatusReply:
         return await self.set_query_status(name, "STOPPED")
 
-    async def delete_query(self, name: str) -> dict[str, Any]:
+    async def delete_query(self, name: str) -> SetQueryStatusReply:
         return await self.set_query_status(name, "DELETED")
 
     async def push(
         self, stream: str, data: object, *, producer: str | None = None, seq: int | None = None
-    ) -> dict[str, Any]:
+    ) -> PushReply:
         """Push a batch (pyarrow Table, dict of columns, or list of row dicts); returns once
         the peer has durably accepted all of it. ``producer``/``seq`` make retries safe: the
         peer drops a batch whose (producer, seq) it has already accepted (a seq at or below
-        the highest it holds of that producer), and says ``duplicate: true``. This sends once;
+        the highest it holds of that producer), and says ``duplicate``. This sends once;
         :meth:`peer.client.PeerList.push` retries."""
-        return await self._ask(Push(stream, batch_payload(data), producer, seq))
+        return await self._ask(Push(stream, batch_payload(data), producer, seq), PushReply)
 
-    async def post_event(self, stream: str, event: Mapping[str, Any]) -> dict[str, Any]:
+    async def post_event(self, stream: str, event: Mapping[str, Any]) -> PushReply:
         """Push one tuple."""
         return await self.push(stream, [event])
 
@@ -357,35 +379,39 @@ class Client:
                 pass  # time is up: return what arrived
         return rows if limit is None else rows[:limit]
 
-    async def lookup_object(self, name: str) -> dict[str, Any]:
+    async def lookup_object(self, name: str) -> LookupReply:
         """What the catalog knows about a schema, stream, query, participant or peer."""
-        return await self._ask(Lookup(name))
+        return await self._ask(Lookup(name), LookupReply)
 
-    async def status(self) -> dict[str, Any]:
-        return await self._ask(Status())
+    async def status(self) -> StatusReply:
+        """The peer's status (for people and dashboards; docs/protocol.md, section 3)."""
+        return await self._ask(Status(), StatusReply)
 
     # -- plumbing --------------------------------------------------------------------------
 
-    async def _ask(self, request: Request, *, on_ok: OnOk | None = None) -> dict[str, Any]:
-        """Send a typed request and return its result."""
-        return await self._round_trip(request, on_ok)
+    async def _ask(self, request: Request, kind: type[R], *, on_ok: OnOk | None = None) -> R:
+        """Send a typed request and return its typed result."""
+        reply = await self._round_trip(request, on_ok)
+        if not isinstance(reply, kind):  # (the connection decoded it by the request's op)
+            raise RemoteProtocolError(f"{request.op}: a reply of another kind")
+        return reply
 
-    async def _request(
-        self, op: str, args: dict[str, Any], *, on_ok: OnOk | None = None
-    ) -> dict[str, Any]:
-        """Send any request, typed or not (tests send what a typed one cannot)."""
-        return await self._round_trip(RawRequest(op, args), on_ok)
+    async def _request(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
+        """Send any request, typed or not (tests send what a typed one cannot): its bare
+        result map."""
+        reply = await self._round_trip(RawRequest(op, args), None)
+        return reply if isinstance(reply, dict) else reply.to_wire()
 
     async def _round_trip(
         self, request: Request | RawRequest, on_ok: OnOk | None
-    ) -> dict[str, Any]:
+    ) -> Reply | dict[str, Any]:
         op = request.op
         conn, stream = self._live()
         try:
             rid, data = conn.send_request(request)
         except LocalProtocolError as exc:  # larger than the peer takes: nothing was sent
             raise InvalidInput(f"{op}: {exc}", op=op) from exc
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Reply | dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[rid] = _Pending(future, on_ok)
         try:
             async with asyncio.timeout(self.timeout_s):
@@ -462,7 +488,7 @@ class Client:
                     )
             case Replied(id=rid, result=result):
                 if (pending := self._waiting(rid)) is not None:
-                    if pending.on_ok is not None:
+                    if pending.on_ok is not None and not isinstance(result, dict):
                         pending.on_ok(result)
                     pending.future.set_result(result)
             case RequestFailed(id=rid, error=error):
@@ -513,8 +539,11 @@ class _Port:
     def __init__(self, client: Client) -> None:
         self._client = client
 
-    async def request(self, request: Request, *, on_ok: OnOk | None = None) -> dict[str, Any]:
-        return await self._client._ask(request, on_ok=on_ok)
+    async def request(self, request: Request, *, on_ok: OnOk | None = None) -> Reply:
+        reply = await self._client._round_trip(request, on_ok)
+        if isinstance(reply, dict):  # (only a RawRequest is answered with a bare map)
+            raise RemoteProtocolError(f"{request.op}: an untyped reply")
+        return reply
 
     async def send(self, message: Credit) -> None:
         await self._client._send_credit(message)

@@ -15,11 +15,11 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from peer.client.connection import Client
 from peer.client.retry import Retrying, RetryPolicy
 from peer.errors import FedstreamError, InvalidInput, Unavailable
+from peer.protocol.replies import PushReply
 
 __all__ = ["Address", "PeerList"]
 
@@ -117,9 +117,9 @@ class PeerList:
         producer: str,
         seq: int,
         policy: RetryPolicy | None = None,
-    ) -> dict[str, Any]:
+    ) -> PushReply:
         """Push one batch under its event id (``producer``, ``seq``) until a peer has
-        accepted it, or already had it (the reply then says ``duplicate: true``).
+        accepted it, or already had it (the reply then says ``duplicate``).
 
         Retriable refusals and lost connections are tried again with the same id, after
         growing waits, moving to the next peer when the connection is gone or a reply is

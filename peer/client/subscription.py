@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from peer.client.payload import Batch
 from peer.errors import FedstreamError, NotFound, Unavailable
 from peer.protocol.api import Credit, Request, Subscribe, Unsubscribe
+from peer.protocol.replies import Reply, SubscribeReply
 
 __all__ = ["Subscription", "SubscriptionPort"]
 
@@ -25,8 +26,8 @@ class SubscriptionPort(Protocol):
     """What a subscription needs of the connection it belongs to."""
 
     async def request(
-        self, request: Request, *, on_ok: Callable[[dict[str, Any]], None] | None = None
-    ) -> dict[str, Any]:
+        self, request: Request, *, on_ok: Callable[[Reply], None] | None = None
+    ) -> Reply:
         """Send ``request`` and return its result; ``on_ok`` runs in the reader before it
         reads the frame after the reply."""
         ...
@@ -83,11 +84,12 @@ class Subscription:
             raise
         return self
 
-    def _register(self, result: dict[str, Any]) -> None:
+    def _register(self, reply: Reply) -> None:
         # Runs in the client's reader, before it reads the frame after the reply: no batch
         # can arrive before the subscription is known. (The connection's state machine has
-        # checked that the reply names an integer subscription.)
-        sid: int = result["subscription"]
+        # decoded it as a SubscribeReply, with its integer subscription.)
+        assert isinstance(reply, SubscribeReply)
+        sid = reply.subscription
         self.sid = sid
         self._port.attach(sid, self)
 

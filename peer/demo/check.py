@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from peer.cluster import collect
 from peer.demo.board import Board
 from peer.examples import Rows
+from peer.protocol.replies import StatusReply
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -41,8 +42,8 @@ async def check_outputs(
 
     statuses = await asyncio.gather(*(c.status() for c in clients), return_exceptions=True)
     for i, st in enumerate(statuses):
-        if isinstance(st, dict):
-            board.status[i] = st
+        if isinstance(st, StatusReply):
+            board.status[i] = st.to_wire()
     console.print(
         f"all {sum(len(r) for r in inputs.values())} input tuples acknowledged "
         f"({pushed_s:.0f} s of pushing); reading every output stream from the earliest "

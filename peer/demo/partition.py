@@ -86,7 +86,7 @@ async def _run(fed: LocalFederation, console: Any, freeze_s: float) -> int:
         Client("127.0.0.1", globex.port, timeout_s=120) as at_globex,
     ):
         async with asyncio.timeout(60):
-            while len((await at_acme.status())["overlay"]["members"]) < 2:
+            while len((await at_acme.status()).extra["overlay"]["members"]) < 2:
                 await asyncio.sleep(0.2)
         await at_acme.create_schema(partition_schema())
         await at_acme.create_stream(mine, "report")

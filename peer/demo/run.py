@@ -350,7 +350,7 @@ class Demo:
             seen = []
             for c in clients:
                 try:
-                    members = (await c.status()).get("overlay", {}).get("members", [])
+                    members = (await c.status()).extra.get("overlay", {}).get("members", [])
                 except Exception:
                     members = []
                 seen.append(sum(1 for m in members if m.get("state") == "alive"))
@@ -372,7 +372,7 @@ class Demo:
             await client.create_stream(stream, schema_name)
         query = module.query(self.ex.name, board.nodes)
         made = await client.create_query(query)
-        board.fragments = list(made.get("fragments", []))
+        board.fragments = list(made.extra.get("fragments", []))
         placed = board.elapsed()
         await client.start_query(self.ex.name)
         by_node = {p.node_id: name for p, name in zip(board.procs, self.names, strict=True)}

@@ -170,7 +170,7 @@ class Spike:
         source = stream_name_on(bytes.fromhex(alpha.node_id), ids, "spike_in")
         async with Client("127.0.0.1", alpha.port, timeout_s=120) as cl:
             async with asyncio.timeout(90):
-                while len((await cl.status())["overlay"]["members"]) < 3:
+                while len((await cl.status()).extra["overlay"]["members"]) < 3:
                     await asyncio.sleep(0.3)
             await cl.create_schema(SCHEMA)
             await cl.create_stream(source, "spike_tick")
@@ -229,7 +229,7 @@ class Spike:
             for name, proc in self.procs.items():
                 with contextlib.suppress(Exception):
                     async with Client("127.0.0.1", proc.port, timeout_s=10) as cl:
-                        st = await cl.status()
+                        st = (await cl.status()).to_wire()
                     self.status[name] = st
                     brain = st.get("brain") or {}
                     if "utilisation" in brain:
@@ -292,7 +292,7 @@ class Spike:
         finals = {}
         for name, proc in self.procs.items():
             async with Client("127.0.0.1", proc.port, timeout_s=30) as cl:
-                finals[name] = await cl.status()
+                finals[name] = (await cl.status()).to_wire()
         ledgers = {n: (finals[n].get("brain") or {}).get("ledger", []) for n in NAMES}
         moves = [e for e in ledgers["alpha"] if e.get("direction") == "out" and e.get("ok")]
         to_gamma = [

@@ -32,7 +32,7 @@ async def poll(board: Board, clients: list[Client]) -> None:
 
     async def one(i: int, c: Client) -> None:
         try:
-            board.status[i] = await asyncio.wait_for(c.status(), 5)
+            board.status[i] = (await asyncio.wait_for(c.status(), 5)).to_wire()
             board.status_error[i] = ""
         except TimeoutError:
             board.status_error[i] = "slow"

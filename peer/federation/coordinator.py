@@ -48,6 +48,7 @@ from peer.model.fragments import Fragment, fragment_query
 from peer.model.plan import CheckedQuery, check_query
 from peer.model.query import Query, query_to_dict
 from peer.protocol.link import FragmentInput, FragmentStatus, InstallFragment, Lookup, StartMirror
+from peer.protocol.replies import CreateQueryReply, SetQueryStatusReply
 from peer.replication.names import checkpoint_stream
 
 __all__ = ["Coordinator"]
@@ -121,7 +122,7 @@ class Coordinator:
                 )
         return checked
 
-    async def create(self, query: Query) -> dict[str, Any]:
+    async def create(self, query: Query) -> CreateQueryReply:
         checked = await self.check(query)
         primaries = {s: await self.primary_of(s) for s in checked.inputs}
 
@@ -159,13 +160,15 @@ class Coordinator:
         except BaseException:
             await self._undo(query.name, installed)
             raise
-        return {
-            "query": query.name,
-            "status": "SETUP",
-            "inputs": list(checked.inputs),
-            "outputs": list(checked.outputs),
-            "fragments": [{"name": f.name, "site": f.site} for f in fragments],
-        }
+        return CreateQueryReply(
+            query.name,
+            "SETUP",
+            extra={
+                "inputs": list(checked.inputs),
+                "outputs": list(checked.outputs),
+                "fragments": [{"name": f.name, "site": f.site} for f in fragments],
+            },
+        )
 
     async def _undo(self, name: str, installed: list[Fragment]) -> None:
         """Delete the fragments a failed ``create`` installed, downstream first."""
@@ -198,7 +201,7 @@ class Coordinator:
             return primary
         return (await self.hosting.host_now(outputs[0], bytes.fromhex(planned))).hex()
 
-    async def set_status(self, name: str, status: str) -> dict[str, Any]:
+    async def set_status(self, name: str, status: str) -> SetQueryStatusReply:
         plan = await self.plan(name)
         fragments = plan.get("fragments", [])
         if not isinstance(fragments, list):
@@ -215,7 +218,7 @@ class Coordinator:
                     log.info("planned site of %s not told of its deletion: %s", name, exc)
         if status == "DELETED":  # each site has stopped the mirrors into what it dropped
             await self.records.publish(f"query:{name}", {"deleted": True})
-        return {"query": name, "status": status, "fragments": len(fragments)}
+        return SetQueryStatusReply(name, status, extra={"fragments": len(fragments)})
 
     async def describe(self, name: str) -> list[dict[str, Any]]:
         plan = await self.plan(name)

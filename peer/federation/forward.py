@@ -36,6 +36,7 @@ from peer.federation.router import Router, remote_error
 from peer.model.schema import Schema
 from peer.model.tuples import arrow_bytes, batch_from_wire
 from peer.protocol.link import Frame, PushBatch, Subscribe
+from peer.protocol.replies import PushReply
 from peer.server.service import CLIENT
 from peer.site import LocalSite
 
@@ -91,7 +92,7 @@ class Forwarder:
 
     async def push(
         self, stream: str, body: bytes, producer: str | None, seq: int | None
-    ) -> dict[str, Any]:
+    ) -> PushReply:
         """Send a validated batch (Arrow IPC) to the stream's host; return once the host has
         fsynced."""
         slot: int | None = None
@@ -112,7 +113,7 @@ class Forwarder:
             return len(self._slot_seq) - 1
         return await self._slots.get()
 
-    async def _forward(self, batch: PushBatch) -> dict[str, Any]:
+    async def _forward(self, batch: PushBatch) -> PushReply:
         deadline = time.monotonic() + FORWARD_DEADLINE_S
         fresh = False
         tries = 0
@@ -131,7 +132,7 @@ class Forwarder:
             try:
                 reply = await self.router.call(host, batch)
                 self.forwarded += 1
-                return reply
+                return PushReply.from_wire(reply)  # (the host's site answered it)
             except Unavailable as exc:
                 if time.monotonic() >= deadline:
                     raise Unavailable(

@@ -31,6 +31,13 @@ from peer.protocol.link import (
     StartMirror,
     StopMirror,
 )
+from peer.protocol.link_replies import (
+    HostStreamReply,
+    MirrorAppendReply,
+    MirrorStartReply,
+    MirrorStopReply,
+)
+from peer.protocol.replies import CreateQueryReply, LookupReply, PushReply, SetQueryStatusReply
 from peer.site import LocalSite, checked_status
 
 log = logging.getLogger(__name__)
@@ -82,7 +89,7 @@ class SiteRequests:
         return self.router.node_id
 
     # streams
-    async def push(self, message: PushBatch, _sender: str) -> dict[str, Any]:
+    async def push(self, message: PushBatch, _sender: str) -> PushReply:
         stream = message.stream
         if self.hosting.replicated(stream):  # its replica driver says whether we are primary
             return await self.site.push_here(
@@ -96,40 +103,40 @@ class SiteRequests:
             stream, {"arrow": message.arrow}, message.producer, message.seq
         )
 
-    async def host_stream(self, message: HostStream, _sender: str) -> dict[str, Any]:
+    async def host_stream(self, message: HostStream, _sender: str) -> HostStreamReply:
         if self.on_host_stream is not None and await self.on_host_stream(message.stream):
-            return {"stream": message.stream, "host": self.me.hex(), "replicated": True}
+            return HostStreamReply(message.stream, self.me.hex(), replicated=True)
         await self.site.add_stream(message.stream, message.schema, None)
         await self.hosting.host(message.stream)
-        return {"stream": message.stream, "host": self.me.hex()}
+        return HostStreamReply(message.stream, self.me.hex())
 
-    async def start_mirror(self, message: StartMirror, _sender: str) -> dict[str, Any]:
+    async def start_mirror(self, message: StartMirror, _sender: str) -> MirrorStartReply:
         stream = message.stream
         if stream not in self.hosting.hosted:
             raise Unavailable(f"this peer does not host stream {stream}", stream=stream)
         self.mirrors.start(stream, message.to, message.after)
         with contextlib.suppress(CatalogError):
             await self.hosting.renew(stream)  # the lease lists its mirrors, for a successor
-        return {"stream": stream, "to": message.to.hex()}
+        return MirrorStartReply(stream, message.to.hex())
 
-    async def stop_mirror(self, message: StopMirror, _sender: str) -> dict[str, Any]:
+    async def stop_mirror(self, message: StopMirror, _sender: str) -> MirrorStopReply:
         if message.stream not in self.site.spools:
             raise NotFound(f"no stream {message.stream} on this peer", stream=message.stream)
         acked = await self.mirrors.detach(message.stream, message.to)
-        return {"stream": message.stream, "to": message.to.hex(), "acked": acked}
+        return MirrorStopReply(message.stream, message.to.hex(), acked)
 
-    async def mirror_append(self, message: MirrorAppend, _sender: str) -> dict[str, Any]:
+    async def mirror_append(self, message: MirrorAppend, _sender: str) -> MirrorAppendReply:
         return await self.site.append_mirrored(message.stream, message.origin, message.batches)
 
     # fragments
-    async def lookup(self, message: Lookup, _sender: str) -> dict[str, Any]:
+    async def lookup(self, message: Lookup, _sender: str) -> LookupReply:
         catalog = self.site.catalog
         moved_to = catalog.moved().get(message.name)
         if moved_to is not None and catalog.find_query(message.name) is None:
-            return await self.router.call(bytes.fromhex(moved_to), message)
+            return LookupReply.from_wire(await self.router.call(bytes.fromhex(moved_to), message))
         return self.site.lookup_here(message.name)
 
-    async def install_fragment(self, message: InstallFragment, _sender: str) -> dict[str, Any]:
+    async def install_fragment(self, message: InstallFragment, _sender: str) -> CreateQueryReply:
         """Phase 1 of a distributed query, on the fragment's site: replica spools for the
         inputs hosted elsewhere, then the fragment as a local query."""
         for stream, info in message.inputs.items():
@@ -139,12 +146,12 @@ class SiteRequests:
         checked = await asyncio.to_thread(self.site.check_new, message.definition)
         return await self.create_here(checked)
 
-    async def create_here(self, checked: CheckedQuery) -> dict[str, Any]:
+    async def create_here(self, checked: CheckedQuery) -> CreateQueryReply:
         """A query (a whole one, or one fragment) that runs here, its result streams hosted
         here and published in the catalog."""
         replicated = await self.install_replicated(checked)
-        if replicated is not None:
-            return replicated
+        if replicated is not None:  # (the replication room answers with the reply's map)
+            return CreateQueryReply.from_wire(replicated)
         name = checked.query.name
         for stream in checked.outputs:
             schema = checked.stream_schemas[stream]
@@ -153,7 +160,7 @@ class SiteRequests:
             await self.hosting.host(stream)
         return await self.site.add_query(checked)
 
-    async def fragment_status(self, message: FragmentStatus, _sender: str) -> dict[str, Any]:
+    async def fragment_status(self, message: FragmentStatus, _sender: str) -> SetQueryStatusReply:
         """A distributed query's status change, for one fragment here; DELETED also drops
         its result streams and the replicas no other local query reads."""
         fragment, status = message.fragment, checked_status(message.status)
@@ -161,15 +168,15 @@ class SiteRequests:
         if catalog.find_query(fragment) is None:
             moved_to = catalog.moved().get(fragment)
             if moved_to is not None:  # it moved on: tell it there
-                reply = await self.router.call(
+                there = await self.router.call(
                     bytes.fromhex(moved_to), FragmentStatus(fragment, status)
                 )
                 if status == "DELETED":
                     await asyncio.to_thread(catalog.forget_moved, fragment)
-                return reply
+                return SetQueryStatusReply.from_wire(there)
             if status == "DELETED":
                 await self.after_status(fragment, status)  # a replica of its streams?
-                return {"query": fragment, "status": status}  # gone already
+                return SetQueryStatusReply(fragment, status)  # gone already
             raise NotFound(f"no fragment {fragment} on this peer", query=fragment)
         outputs = [s for box in catalog.query(fragment).query.boxes for s in box.outputs]
         reply = await self.site.set_query_status_here(fragment, status)

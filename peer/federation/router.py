@@ -18,6 +18,7 @@ from overlay.link import Link, LinkError, LinkRemoteError
 from overlay.node import OverlayError
 from peer.errors import FedstreamError, InvalidInput, Unavailable, from_wire
 from peer.protocol.link import Frame, Raw, Subscribe, decode
+from peer.protocol.replies import TypedReply
 from peer.replication.link_messages import (
     ControlHeartbeat,
     ControlJoin,
@@ -76,7 +77,8 @@ class Router:
         handler = self._handlers.get(op)
         if handler is None:
             raise InvalidInput(f"this peer serves no {op!r} requests")
-        return await handler(message, sender)
+        reply = await handler(message, sender)
+        return reply.to_wire() if isinstance(reply, TypedReply) else reply
 
     async def handle_link(self, link: Link, frame: Frame) -> Frame:
         """A request from another peer (overlay.node.PeerHandler). A message that names its

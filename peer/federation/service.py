@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import Any
 
 from overlay.membership import Event
@@ -27,6 +28,15 @@ from peer.federation.router import Router
 from peer.model.schema import check_name, parse_schema
 from peer.protocol.api import START_POSITIONS
 from peer.protocol.link import HostStream
+from peer.protocol.replies import (
+    CreateQueryReply,
+    CreateSchemaReply,
+    CreateStreamReply,
+    LookupReply,
+    PushReply,
+    SetQueryStatusReply,
+    StatusReply,
+)
 from peer.replication.fragment_failover import ReplicatedFragments
 from peer.replication.plane import ControlPlane, ReplicationSettings
 from peer.site import LocalSite, checked_status
@@ -140,7 +150,7 @@ class Federation:
         return None if state is None else bytes.fromhex(state.primary)
 
     # the client API (peer.server.PeerService)
-    async def create_schema(self, schema: str | dict[str, Any]) -> dict[str, Any]:
+    async def create_schema(self, schema: str | dict[str, Any]) -> CreateSchemaReply:
         parsed = parse_schema(schema)
         existing = await self.records.schema(parsed.name)
         if existing is not None and existing.fields != parsed.fields:
@@ -151,11 +161,11 @@ class Federation:
         if existing is None:  # published first: a record the DHT refuses leaves nothing here
             await self.records.publish(f"schema:{parsed.name}", {"schema": parsed.to_dict()})
         await self.site.add_schema(parsed)
-        return {"schema": parsed.name, "fields": [f.name for f in parsed.fields]}
+        return CreateSchemaReply(parsed.name, [f.name for f in parsed.fields])
 
     async def create_stream(
         self, name: str, schema: str, replicas: int | None = None
-    ) -> dict[str, Any]:
+    ) -> CreateStreamReply:
         found = self.site.find_schema(schema) or await self.records.schema(schema)
         if found is None:
             raise self.site.unknown_schema(schema)
@@ -168,7 +178,7 @@ class Federation:
                     stream=name,
                 )
             host = await self.hosting.host_of(name)
-            return {"stream": name, "schema": found.name, "host": host.hex()}
+            return CreateStreamReply(name, found.name, host.hex())
         self.site.catalog.check_stream(name, found)
         count = self.replication.replicas if replicas is None else replicas
         if count < 1:
@@ -185,23 +195,19 @@ class Federation:
                     for n in placed["replicas"]
                 )
             )
-            return {
-                "stream": name,
-                "schema": found.name,
-                "host": placed["primary"],
-                **placed,
-                "under_replicated": len(placed["replicas"]) < count,
-            }
+            placement = {k: v for k, v in placed.items() if k not in ("stream", "schema", "host")}
+            placement["under_replicated"] = len(placed["replicas"]) < count
+            return CreateStreamReply(name, found.name, placed["primary"], extra=placement)
         host = nodes[0]
         await self.records.publish_stream(name, found, None)
         await self.router.ask(host, HostStream(name, found))
-        return {"stream": name, "schema": found.name, "host": host.hex()}
+        return CreateStreamReply(name, found.name, host.hex())
 
-    async def create_query(self, query: str | dict[str, Any]) -> dict[str, Any]:
+    async def create_query(self, query: str | dict[str, Any]) -> CreateQueryReply:
         parsed = await asyncio.to_thread(self.site.parse_query, query)
         return await self.coordinator.create(parsed)
 
-    async def set_query_status(self, name: str, status: str) -> dict[str, Any]:
+    async def set_query_status(self, name: str, status: str) -> SetQueryStatusReply:
         status = checked_status(status)
         pointer = await self.records.query_pointer(name)
         if pointer is not None and not pointer.get("deleted"):
@@ -210,7 +216,7 @@ class Federation:
 
     async def push(
         self, stream: str, payload: dict[str, Any], producer: str | None, seq: int | None
-    ) -> dict[str, Any]:
+    ) -> PushReply:
         if stream in self.hosting.hosted:
             return await self.site.push_here(stream, payload, producer, seq)
         if (producer is None) != (seq is None):
@@ -220,24 +226,26 @@ class Federation:
             schema, payload, stream=stream, max_bytes=self.site.max_push_bytes
         )
         reply = await self.forwarder.push(stream, body, producer, seq)
-        return {**reply, "forwarded": True}
+        return replace(reply, extra={**reply.extra, "forwarded": True})
 
     def subscribe(self, stream: str, start: str) -> AsyncIterator[dict[str, Any]]:
         if start not in START_POSITIONS:
             raise InvalidInput(f"subscribe: start must be latest or earliest, not {start!r}")
         return self.forwarder.relay(stream, start)
 
-    async def lookup(self, name: str) -> dict[str, Any]:
+    async def lookup(self, name: str) -> LookupReply:
         catalog = self.site.catalog
         hosted_here = name in self.hosting.hosted and catalog.find_stream(name) is not None
         if catalog.find_query(name) is not None or hosted_here:
-            found = {**self.site.lookup_here(name), "host": self.node_id.hex()}
+            here = self.site.lookup_here(name)
+            order = (*here.to_wire(), "host")  # (the order this reply has always had)
+            found = replace(here, host=self.node_id.hex(), order=order)
         else:
             found = await self._lookup_catalog(name)
-        if found.get("kind") == "stream":
-            found.update(await self._replication_of(name))
-        elif found.get("kind") == "query":
-            for fragment in found.get("fragments", ()):
+        if found.kind == "stream":
+            return replace(found, extra={**found.extra, **await self._replication_of(name)})
+        if found.kind == "query":
+            for fragment in found.extra.get("fragments", ()):
                 node = fragment.get("site")
                 if isinstance(node, str) and "api" not in fragment:
                     fragment["api"] = self._api_of(node)
@@ -271,7 +279,7 @@ class Federation:
             "under_replicated": state.under_replicated,
         }
 
-    async def _lookup_catalog(self, name: str) -> dict[str, Any]:
+    async def _lookup_catalog(self, name: str) -> LookupReply:
         """Describe a stream, query or schema from the DHT catalog (not hosted here)."""
         # the three namespaces at once: a lookup costs one DHT round trip, not three
         stream, query, schema = await asyncio.gather(
@@ -283,18 +291,22 @@ class Federation:
             host = await self.hosting.host_of(name)
             member = self.overlay.member(host)
             lease = await self.records.placement(name)
-            return {
-                "lease": None
-                if lease is None
-                else {"node": lease.node_id.hex(), "until": round(lease.until, 3)},
-                "kind": "stream",
-                "name": name,
-                "schema": stream["schema"],
-                "derived_from": stream.get("derived_from"),
-                "owner": stream.get("owner"),
-                "host": host.hex(),
-                "responsible": None if member is None else f"{member.api[0]}:{member.api[1]}",
-            }
+            return LookupReply(
+                "stream",
+                name,
+                host.hex(),
+                extra={
+                    "lease": None
+                    if lease is None
+                    else {"node": lease.node_id.hex(), "until": round(lease.until, 3)},
+                    "schema": stream["schema"],
+                    "derived_from": stream.get("derived_from"),
+                    "owner": stream.get("owner"),
+                    "responsible": None if member is None else f"{member.api[0]}:{member.api[1]}",
+                },
+                # (the order this reply has always had: the lease first)
+                order=("lease", "kind", "name", "schema", "derived_from", "owner", "host"),
+            )
         found = (
             await self.records.query_definition(name)
             if query is not None and not query.get("deleted")
@@ -304,38 +316,47 @@ class Federation:
             pointer, plan = found
             fragments = await self.coordinator.describe(name)
             statuses = {f.get("status") for f in fragments}
-            return {
-                "kind": "query",
-                "name": name,
-                "status": statuses.pop() if len(statuses) == 1 else "MIXED",
-                "definition": plan.get("query", plan),
-                "owner": pointer.get("owner"),
-                "host": bytes(pointer["host"]).hex(),
-                "fragments": fragments,
-            }
+            return LookupReply(
+                "query",
+                name,
+                bytes(pointer["host"]).hex(),
+                extra={
+                    "status": statuses.pop() if len(statuses) == 1 else "MIXED",
+                    "definition": plan.get("query", plan),
+                    "owner": pointer.get("owner"),
+                    "fragments": fragments,
+                },
+                order=("kind", "name", "status", "definition", "owner", "host"),
+            )
         if schema is not None:
-            return {"kind": "schema", "name": name, "schema": schema["schema"]}
+            return LookupReply("schema", name, extra={"schema": schema["schema"]})
         participant = await self.records.read(f"participant:{name}")
         if participant is not None:
             pk = participant.get("pk")
-            return {
-                "kind": "participant",
-                "name": name,
-                "public_key": pk.hex() if isinstance(pk, bytes) else None,
-                "trusted_here": isinstance(pk, bytes) and self.overlay.trust.is_trusted(pk),
-            }
+            return LookupReply(
+                "participant",
+                name,
+                extra={
+                    "public_key": pk.hex() if isinstance(pk, bytes) else None,
+                    "trusted_here": isinstance(pk, bytes) and self.overlay.trust.is_trusted(pk),
+                },
+            )
         raise NotFound(f"nothing named {name} in the catalog", name=name)
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self) -> StatusReply:
         catalog = self.site.catalog
-        return {
-            **await self.site.status(),
-            "overlay": self.overlay.status(),
-            "hosted": sorted(self.hosting.hosted),
-            "replicas": catalog.replicas(),
-            "mirrors": self.mirrors.describe(),
-            "forwarded": self.forwarder.forwarded,
-            "moved": catalog.moved(),
-            "replication": self.plane.status(),
-            **{key: part() for key, part in self.status_parts.items()},
-        }
+        status = await self.site.status()
+        return replace(
+            status,
+            extra={
+                **status.extra,
+                "overlay": self.overlay.status(),
+                "hosted": sorted(self.hosting.hosted),
+                "replicas": catalog.replicas(),
+                "mirrors": self.mirrors.describe(),
+                "forwarded": self.forwarder.forwarded,
+                "moved": catalog.moved(),
+                "replication": self.plane.status(),
+                **{key: part() for key, part in self.status_parts.items()},
+            },
+        )

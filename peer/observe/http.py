@@ -34,12 +34,13 @@ from aiohttp import web
 
 from peer.observe.observer import Observer
 from peer.observe.samples import SAMPLE_S
+from peer.protocol.replies import StatusReply
 
 __all__ = ["HttpServer", "current_context"]
 
 log = logging.getLogger(__name__)
 
-StatusSource = Callable[[], Awaitable[dict[str, Any]]]
+StatusSource = Callable[[], Awaitable[StatusReply]]
 STATIC = Path(str(resources.files("peer.observe") / "static"))
 SHUTDOWN_S = 2.0
 
@@ -120,7 +121,8 @@ class HttpServer:
         return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
 
     async def _status(self, _request: web.Request) -> web.Response:
-        return web.Response(text=_json(await self.status()), content_type="application/json")
+        status = (await self.status()).to_wire()
+        return web.Response(text=_json(status), content_type="application/json")
 
     async def _federation(self, request: web.Request) -> web.Response:
         history = request.query.get("history", "") in ("1", "true", "yes")

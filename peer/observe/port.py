@@ -13,6 +13,7 @@ from typing import Any
 from peer.errors import Unavailable
 from peer.federation import Federation
 from peer.protocol.link import ObservePeer
+from peer.protocol.replies import StatusReply
 from peer.site import LocalSite
 
 __all__ = ["PeerPort"]
@@ -23,7 +24,7 @@ class PeerPort:
 
     def __init__(
         self,
-        status: Callable[[], Awaitable[dict[str, Any]]],
+        status: Callable[[], Awaitable[StatusReply]],
         site: LocalSite,
         fed: Federation | None,
     ) -> None:
@@ -36,7 +37,7 @@ class PeerPort:
         return None if self._fed is None else self._fed.node_id
 
     async def status(self) -> dict[str, Any]:
-        return await self._status()
+        return (await self._status()).to_wire()
 
     def engine_counters(self) -> dict[str, dict[str, float]]:
         engine = self._site.engine

@@ -15,6 +15,7 @@ from typing import Any, TypeAlias
 
 from peer.errors import FedstreamError, InvalidInput
 from peer.protocol.api import BatchFrame, End, ErrorReply, Frame, Ok, Request
+from peer.protocol.replies import Reply, SubscribeReply, UnsubscribeReply
 
 __all__ = [
     "BadCredit",
@@ -104,7 +105,7 @@ class Subscribed:
     stream: str
 
     def to_wire(self) -> Frame:
-        return Ok(self.id, {"subscription": self.subscription, "stream": self.stream}).to_wire()
+        return Ok(self.id, SubscribeReply(self.subscription, self.stream).to_wire()).to_wire()
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +116,7 @@ class Unsubscribed:
     subscription: int
 
     def to_wire(self) -> Frame:
-        return Ok(self.id, {"subscription": self.subscription}).to_wire()
+        return Ok(self.id, UnsubscribeReply(self.subscription).to_wire()).to_wire()
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,10 +136,11 @@ ServerMessage: TypeAlias = Ok | ErrorReply | Subscribed | Unsubscribed | BatchPa
 
 @dataclass(frozen=True, slots=True)
 class Replied:
-    """The ``ok`` reply to request ``id``."""
+    """The ``ok`` reply to request ``id``: its typed result (:mod:`peer.protocol.replies`),
+    or the bare result map for a :class:`RawRequest`."""
 
     id: int
-    result: dict[str, Any]
+    result: Reply | dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,12 +12,14 @@ from typing import Any, Protocol, TypeAlias
 
 from peer.model.schema import Schema
 from peer.protocol.link import Frame, Request
+from peer.protocol.replies import TypedReply
 from peer.replication.link_messages import ReplicaRequest
 
 __all__ = ["Handler", "Links", "Message", "Records"]
 
 Message: TypeAlias = Request | ReplicaRequest  # every typed request a peer link carries
-Handler = Callable[[Any, str], Awaitable[Frame]]  # (message, sender participant) -> reply
+# (message, sender participant) -> reply: typed (sent as its to_wire()), or a map (other rooms')
+Handler = Callable[[Any, str], Awaitable[Frame | TypedReply]]
 
 
 class Links(Protocol):

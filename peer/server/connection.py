@@ -74,6 +74,7 @@ from peer.protocol.api_events import (
     Subscribed,
     Unsubscribed,
 )
+from peer.protocol.replies import Reply
 from peer.server.service import CLIENT, READY, ClientRef, PeerService
 
 __all__ = ["ApiConnection", "ConnectionSettings"]
@@ -277,8 +278,8 @@ class ApiConnection:
             elif isinstance(request, Unsubscribe):
                 await self._unsubscribe(rid, request.subscription)
             else:
-                result = await self._call(request)
-                await self._send(Ok(rid, result))
+                reply = await self._call(request)
+                await self._send(Ok(rid, reply.to_wire()))
         except FedstreamError as exc:
             await self._send_error(ErrorReply.of(rid, exc))
         except Exception:
@@ -286,7 +287,7 @@ class ApiConnection:
             log.exception("API request %s (id %s) from %s failed", op, rid, self._stream.peer)
             await self._send(ErrorReply.internal(rid))
 
-    async def _call(self, request: Request) -> dict[str, Any]:
+    async def _call(self, request: Request) -> Reply:
         """The one dispatch table: each request to the service method that answers it."""
         service = self._service
         match request:

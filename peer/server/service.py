@@ -12,6 +12,15 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from peer.protocol.api import READY
+from peer.protocol.replies import (
+    CreateQueryReply,
+    CreateSchemaReply,
+    CreateStreamReply,
+    LookupReply,
+    PushReply,
+    SetQueryStatusReply,
+    StatusReply,
+)
 
 __all__ = ["CLIENT", "READY", "AnnouncedBatches", "ClientRef", "PeerService"]
 
@@ -55,26 +64,27 @@ class AnnouncedBatches:
 class PeerService(Protocol):
     """What the API server needs from a peer (the real ``Peer`` implements it).
 
-    Methods raise :class:`~peer.errors.FedstreamError` subclasses for anything the caller got
-    wrong; the server passes those to the client with their code. They may be cancelled (the
-    client went away) and must leave no half-done change behind when they are.
+    Methods return the typed results of :mod:`peer.protocol.replies` (the server sends their
+    ``to_wire()``), and raise :class:`~peer.errors.FedstreamError` subclasses for anything
+    the caller got wrong; the server passes those to the client with their code. They may be
+    cancelled (the client went away) and must leave no half-done change behind when they are.
     """
 
-    async def create_schema(self, schema: str | dict[str, Any]) -> dict[str, Any]: ...
+    async def create_schema(self, schema: str | dict[str, Any]) -> CreateSchemaReply: ...
 
     async def create_stream(
         self, name: str, schema: str, replicas: int | None = None
-    ) -> dict[str, Any]: ...
+    ) -> CreateStreamReply: ...
 
-    async def create_query(self, query: str | dict[str, Any]) -> dict[str, Any]: ...
+    async def create_query(self, query: str | dict[str, Any]) -> CreateQueryReply: ...
 
-    async def set_query_status(self, name: str, status: str) -> dict[str, Any]: ...
+    async def set_query_status(self, name: str, status: str) -> SetQueryStatusReply: ...
 
     async def push(
         self, stream: str, payload: dict[str, Any], producer: str | None, seq: int | None
-    ) -> dict[str, Any]:
+    ) -> PushReply:
         """``payload`` is exactly one of ``{"columns": {...}}``, ``{"rows": [...]}``,
-        ``{"arrow": bytes}``; returns e.g. ``{"stream", "count", "offset"}``."""
+        ``{"arrow": bytes}``."""
         ...
 
     def subscribe(self, stream: str, start: str) -> AsyncIterator[dict[str, Any]]:
@@ -90,6 +100,6 @@ class PeerService(Protocol):
         """
         ...
 
-    async def lookup(self, name: str) -> dict[str, Any]: ...
+    async def lookup(self, name: str) -> LookupReply: ...
 
-    async def status(self) -> dict[str, Any]: ...
+    async def status(self) -> StatusReply: ...

@@ -166,5 +166,7 @@ class Cutoff:
 async def whole_again(client: Client, timeout_s: float = 60) -> None:
     """Wait until the peer ``client`` speaks to sees every member alive again."""
     async with asyncio.timeout(timeout_s):
-        while any(m["state"] != "alive" for m in (await client.status())["overlay"]["members"]):
+        while any(
+            m["state"] != "alive" for m in (await client.status()).extra["overlay"]["members"]
+        ):
             await asyncio.sleep(0.2)

@@ -12,6 +12,7 @@ from typing import Any
 
 from peer.client import Client
 from peer.node import PeerConfig
+from peer.protocol.replies import StatusReply
 from peer.testing import PeerThread, make_participants, stream_name_on
 
 SCHEMA = {"name": "tick", "fields": [{"name": "k", "type": "int"}, {"name": "t", "type": "long"}]}
@@ -44,7 +45,7 @@ def test_a_peer_left_alone_stays_up_serves_and_takes_over(tmp_path: Path) -> Non
             time.sleep(4.0)
             assert alone._thread.is_alive(), "the peer's loop ended"
 
-            async def after() -> dict[str, Any]:
+            async def after() -> StatusReply:
                 async with Client("127.0.0.1", alone.port, timeout_s=30) as c:
                     await c.push(stream, [{"k": 2, "t": 2}])
                     return await c.status()

@@ -100,7 +100,8 @@ def test_trusted_participant_works_end_to_end(
         async with tls_serving(fed) as server, fed.client(server, "mit.edu") as client:
             assert server.uses_tls
             assert client.uses_tls
-            assert client.server_info["participant"] == "mit.edu"  # who the server says we are
+            assert client.server_info is not None
+            assert client.server_info.participant == "mit.edu"  # who the server says we are
             assert client.server_participant == "acme"  # who its certificate says it is
             await with_people(client)
             sub = await client.subscribe("people")
@@ -108,7 +109,7 @@ def test_trusted_participant_works_end_to_end(
             assert reply["count"] == 1
             batch = await sub.next_batch(5)
             assert batch is not None and batch.rows() == [{"name": "ann", "id": 1}]
-            assert (await client.status())["streams"] == ["people"]
+            assert [s["name"] for s in (await client.status()).streams] == ["people"]
             assert (await client.lookup_object("people"))["kind"] == "stream"
 
     run(body)
@@ -121,7 +122,8 @@ def test_own_participant_needs_no_trust_dir(run: Run, fed: Federation) -> None:
             tls_serving(fed) as server,
             fed.client(server, "acme", trust_dir=None) as client,
         ):
-            assert client.server_info["participant"] == "acme"
+            assert client.server_info is not None
+            assert client.server_info.participant == "acme"
             assert (await client.status())["peer"] == "fake"
 
     run(body)
@@ -132,7 +134,8 @@ def test_plain_server_still_plain(run: Run) -> None:
         async with ApiServer(FakePeer(), "127.0.0.1", 0) as server:
             assert not server.uses_tls
             async with Client("127.0.0.1", server.port, timeout_s=5) as client:
-                assert "participant" not in client.server_info
+                assert client.server_info is not None
+                assert "participant" not in client.server_info.to_wire()
                 assert client.server_participant is None
                 assert (await client.status())["peer"] == "fake"
 
@@ -240,7 +243,7 @@ def test_server_keeps_serving_the_good_client_after_bad_ones(
             batch = await sub.next_batch(5)
             assert batch is not None and batch.rows() == [{"name": "bob", "id": 2}]
             async with fed.client(server, "acme", trust_dir=None) as another:
-                assert (await another.status())["streams"] == ["people"]
+                assert [s["name"] for s in (await another.status()).streams] == ["people"]
 
     run(body)
 

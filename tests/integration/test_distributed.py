@@ -19,6 +19,7 @@ import pytest
 from contracts.keys import generate
 from peer.client import Client
 from peer.errors import FedstreamError
+from peer.protocol.replies import CreateQueryReply
 from peer.testing import (
     PeerProcess,
     collect,
@@ -167,7 +168,7 @@ def test_three_peer_chain_survives_kill_9_of_the_middle_peer(
     source = stream_name_on(ids[0], ids, "ticks")
     query = json.loads(json.dumps(QUERY).replace('"ticks"', json.dumps(source)))
 
-    async def phase_one() -> dict[str, Any]:
+    async def phase_one() -> CreateQueryReply:
         async with Client("127.0.0.1", a.port, timeout_s=120) as cl:
             async with asyncio.timeout(60):
                 while len((await cl.status())["overlay"]["members"]) < 3:
@@ -180,8 +181,7 @@ def test_three_peer_chain_survives_kill_9_of_the_middle_peer(
         async with Client("127.0.0.1", c.port, timeout_s=120) as cl:
             first = await collect(cl, "chain_out", 1, timeout_s=180)
             assert first, "no result before the kill: the chain never ran"
-        dict_made: dict[str, Any] = made
-        return dict_made
+        return made
 
     made = asyncio.run(phase_one())
     print("phase one done", time.monotonic() - t0, flush=True)

@@ -21,6 +21,7 @@ import pytest
 
 from peer.client import Client
 from peer.move.plan import why_not
+from peer.protocol.replies import CreateStreamReply
 from peer.testing import (
     PeerThread,
     collect,
@@ -72,7 +73,7 @@ def run(peers: list[PeerThread]) -> None:
     want = keyed_window_sums(batches)
     by_node = {p.peer.overlay.node_id.hex(): p for p in peers}  # type: ignore[union-attr]
 
-    async def setup() -> tuple[dict[str, Any], PeerThread]:
+    async def setup() -> tuple[CreateStreamReply, PeerThread]:
         async with Client("127.0.0.1", peers[0].port, timeout_s=60) as c:
             await c.create_schema(SCHEMA)
             created = await c.create_stream("fo_ticks", "tick", replicas=3)

@@ -24,6 +24,7 @@ import pytest
 
 from peer.client import Client
 from peer.errors import FedstreamError
+from peer.protocol.replies import CreateStreamReply, LookupReply
 from peer.testing import (
     LocalFederation,
     collect,
@@ -97,7 +98,7 @@ def test_kill_9_of_an_aggregates_peer_keeps_its_output_exact(
     want = keyed_window_sums(batches)
     first = procs[NAMES[0]]
 
-    async def setup() -> dict[str, Any]:
+    async def setup() -> CreateStreamReply:
         async def ready() -> bool:
             for p in procs.values():
                 async with Client("127.0.0.1", p.port, timeout_s=10) as c:
@@ -138,7 +139,7 @@ def test_kill_9_of_an_aggregates_peer_keeps_its_output_exact(
 
     asyncio.run(through_the_kill())
 
-    async def read_back() -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    async def read_back() -> tuple[LookupReply, LookupReply, list[dict[str, Any]]]:
         async with Client("127.0.0.1", survivors[-1].port, timeout_s=60) as c:
             found = await c.lookup_object(OUT)
             query = await c.lookup_object("hf")

@@ -31,6 +31,7 @@ import pytest
 
 from peer.client import Client
 from peer.errors import FedstreamError
+from peer.protocol.replies import CreateStreamReply, LookupReply, StatusReply
 from peer.storage import spool_format as fmt
 from peer.testing import (
     LocalFederation,
@@ -149,7 +150,7 @@ def check_exactly_once(got: list[Row], acked: set[int], tried: set[int]) -> None
     assert not strays, f"rows nobody pushed: {strays[:5]}"
 
 
-async def status_of(proc: PeerProcess) -> dict[str, Any]:
+async def status_of(proc: PeerProcess) -> StatusReply:
     async with Client("127.0.0.1", proc.port, timeout_s=10) as c:
         return await c.status()
 
@@ -177,7 +178,7 @@ def test_kill_9_of_the_primary_loses_no_acknowledged_row_and_it_returns_a_follow
     by_node = {p.node_id: p for p in procs.values()}
     first = procs[NAMES[0]]
 
-    async def setup() -> dict[str, Any]:
+    async def setup() -> CreateStreamReply:
         async def ready() -> bool:
             for p in procs.values():
                 status = await status_of(p)
@@ -201,7 +202,7 @@ def test_kill_9_of_the_primary_loses_no_acknowledged_row_and_it_returns_a_follow
     survivors = [p for p in procs.values() if p is not victim]
     pusher = Pusher([p.port for p in procs.values()], seed=11)
 
-    async def through_the_kill() -> tuple[dict[str, Any], float]:
+    async def through_the_kill() -> tuple[LookupReply, float]:
         await pusher.push_range(range(15))
         # go on pushing through every peer (the victim too, until it is gone) and kill the
         # primary while batches are in flight

@@ -17,6 +17,7 @@ import pytest
 from peer.client import Client
 from peer.errors import FedstreamError, InvalidInput, NotFound, QueryError, TupleError
 from peer.protocol.api import Push
+from peer.protocol.replies import PushReply
 from peer.testing import PeerProcess, make_participants, participant_args
 from peer.testing.hostile import (
     Watch,
@@ -99,7 +100,7 @@ def test_a_compressed_arrow_bomb_is_refused_without_inflating(
         async with Client("127.0.0.1", peer.port) as client:
             async with watch(peer) as seen:
                 with pytest.raises(TupleError, match=r"push limit of 67108864 bytes") as err:
-                    await client._ask(Push("words", {"arrow": body}))
+                    await client._ask(Push("words", {"arrow": body}), PushReply)
             assert err.value.details["limit"] == "max_push_bytes"
             assert_absorbed(seen)
             # the peer still takes a batch, and the refused one left nothing behind

@@ -23,6 +23,7 @@ from contracts.keys import generate
 from peer.client import Client
 from peer.errors import FedstreamError
 from peer.node import PeerConfig
+from peer.protocol.replies import CreateQueryReply, LookupReply
 from peer.testing import (
     PeerThread,
     collect,
@@ -159,7 +160,7 @@ def on_peer(peer: PeerThread, coro: Any, timeout_s: float = 180) -> asyncio.Futu
 
 async def set_up(
     port: int, members: int, source: str, *queries: dict[str, Any]
-) -> list[dict[str, Any]]:
+) -> list[CreateQueryReply]:
     """Once ``members`` peers are in the overlay: the schema, ``source`` and the queries,
     started; the replies of ``create_query``."""
     made = []
@@ -352,7 +353,7 @@ def test_a_middle_fragment_moves_and_its_upstream_and_downstream_follow(
     third = BATCHES // 3
 
     async def scenario() -> tuple[
-        dict[str, Any], list[dict[str, Any]], dict[str, Any], set[tuple[str, str]]
+        dict[str, Any], list[dict[str, Any]], LookupReply, set[tuple[str, str]]
     ]:
         [made] = await set_up(g.port, 3, source, chain_query(source))
         await push(g.port, source, batches[:third], 0)

@@ -26,6 +26,7 @@ from overlay.link import LinkError, LinkPool
 from overlay.records import DOMAIN, decode, dht_key, encode, sign_record
 from peer.client import Client
 from peer.errors import AlreadyExists, NotFound
+from peer.protocol.replies import LookupReply
 from peer.testing import PeerProcess, make_participants, participant_args
 
 SCHEMA = {"name": "reading", "fields": [{"name": "x", "type": "int"}]}
@@ -70,10 +71,9 @@ async def stock_node(*peers: PeerProcess) -> Server:
     return server
 
 
-async def read_schema(peer: PeerProcess) -> dict[str, Any]:
+async def read_schema(peer: PeerProcess) -> LookupReply:
     async with Client("127.0.0.1", peer.port) as client:
-        info: dict[str, Any] = await client.lookup_object("reading")
-        return info
+        return await client.lookup_object("reading")
 
 
 async def store_everywhere(server: Server, key: str, raw: bytes) -> list[Any]:

@@ -21,6 +21,7 @@ import pytest
 from contracts.keys import generate
 from overlay.membership import MemberInfo, rank, stream_target
 from peer.client import Client
+from peer.protocol.replies import LookupReply, PushReply, StatusReply
 from peer.testing import PeerProcess, collect
 
 SCHEMA = {
@@ -122,7 +123,7 @@ def test_push_anywhere_query_on_host_subscribe_anywhere(
         for i in range(3000)
     ]
 
-    async def scenario() -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    async def scenario() -> tuple[list[dict[str, Any]], LookupReply, StatusReply]:
         async with Client("127.0.0.1", b.port) as cb, Client("127.0.0.1", c.port) as cc:
             await _wait_members(cc, 3)
             await cb.create_schema(SCHEMA)  # schema and stream made on a peer without Spark
@@ -211,7 +212,7 @@ def test_responsibility_moves_when_the_host_dies(
     run(before())
     host.kill()
 
-    async def after() -> dict[str, Any]:
+    async def after() -> LookupReply:
         async with Client("127.0.0.1", others[-1].port) as cl:
             await _wait_members(cl, 3, dead=1)
             rows = [{"sensor": 2, "temp": 2.0, "t": t} for t in range(10)]
@@ -242,7 +243,7 @@ def test_responsibility_moves_when_the_host_dies(
     stopper.append(again)
     assert again.node_id == host.node_id
 
-    async def rejoined() -> tuple[dict[str, Any], dict[str, Any]]:
+    async def rejoined() -> tuple[PushReply, StatusReply]:
         async with Client("127.0.0.1", again.port) as cl:
             await _wait_members(cl, 4)
             reply = await cl.push(stream, {"rows": [{"sensor": 3, "temp": 3.0, "t": 99}]})

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from peer.client import Client
+from peer.protocol.replies import CreateStreamReply, PushReply
 from peer.testing import PeerThread, run_async
 from tests.integration.test_replication import (
     SCHEMA,
@@ -52,10 +53,10 @@ def test_a_dead_replica_is_replaced_and_the_newcomer_seeded(tmp_path: Any) -> No
     try:
         by_node = {node(p): p for p in peers}
 
-        async def setup() -> dict[str, Any]:
+        async def setup() -> CreateStreamReply:
             async with Client("127.0.0.1", peers[0].port, timeout_s=30) as c:
                 await c.create_schema(SCHEMA)
-                created: dict[str, Any] = await c.create_stream("rticks", "tick", replicas=3)
+                created = await c.create_stream("rticks", "tick", replicas=3)
             await push_all([p.port for p in peers], "rticks", range(30))
             return created
 
@@ -96,9 +97,9 @@ def test_a_dead_replica_is_replaced_and_the_newcomer_seeded(tmp_path: Any) -> No
         rest = [p for p in peers if p not in closed]
         run_async(lambda: push_all([p.port for p in rest], "rticks", range(50, 60)), timeout_s=120)
 
-        async def retry() -> dict[str, Any]:
+        async def retry() -> PushReply:
             async with Client("127.0.0.1", rest[0].port, timeout_s=30) as c:
-                again: dict[str, Any] = await c.push("rticks", batch(3), producer="p", seq=3)
+                again = await c.push("rticks", batch(3), producer="p", seq=3)
             return again
 
         assert run_async(retry, timeout_s=60)["duplicate"] is True  # trimmed long ago

@@ -23,6 +23,7 @@ import pytest
 from peer.client import Client
 from peer.cluster import make_participants
 from peer.node import PeerConfig
+from peer.protocol.replies import CreateStreamReply, PushReply
 from peer.testing import PeerThread, run_async
 
 NAMES = ("alpha", "beta", "gamma")
@@ -93,11 +94,11 @@ def batch(i: int) -> list[dict[str, int]]:
 
 async def push_all(
     ports: list[int], stream: str, seqs: range, producer: str = "p", deadline_s: float = 60
-) -> dict[int, dict[str, Any]]:
+) -> dict[int, PushReply]:
     """Push batch(seq) for each seq through a random peer, retrying retriable refusals with
     the same (producer, seq) on another peer; the replies by seq."""
     rng = random.Random(seqs.start)
-    replies: dict[int, dict[str, Any]] = {}
+    replies: dict[int, PushReply] = {}
     for seq in seqs:
         end = time.monotonic() + deadline_s
         while True:
@@ -158,7 +159,7 @@ def test_a_replicated_stream_keeps_every_row_once_on_every_replica(
 ) -> None:
     ports = [p.port for p in trio]
 
-    async def scenario() -> dict[str, Any]:
+    async def scenario() -> CreateStreamReply:
         async with Client("127.0.0.1", ports[0], timeout_s=30) as c:
             await c.create_schema(SCHEMA)
             created = await c.create_stream("ticks", "tick", replicas=3)
@@ -303,7 +304,7 @@ def test_a_partition_leaves_one_primary_and_one_log(five: list[PeerThread]) -> N
     assert planned is not None
     replicas, partner = planned
 
-    async def setup() -> dict[str, Any]:
+    async def setup() -> CreateStreamReply:
         async with Client("127.0.0.1", ports[3], timeout_s=30) as c:
             await c.create_schema(SCHEMA)
             created = await c.create_stream(stream, "tick", replicas=3)
@@ -316,7 +317,7 @@ def test_a_partition_leaves_one_primary_and_one_log(five: list[PeerThread]) -> N
     majority = [p for p in five if p not in minority]
     partition(minority, majority, cut=True)
 
-    async def during() -> tuple[list[bool], dict[int, dict[str, Any]]]:
+    async def during() -> tuple[list[bool], dict[int, PushReply]]:
         small = [try_push(p.port, stream, seq, "small", 12) for seq, p in enumerate(minority)]
         large = push_all([p.port for p in majority], stream, range(10), producer="large")
         outcomes, replies = await asyncio.gather(asyncio.gather(*small), large)

@@ -29,6 +29,15 @@ from peer.errors import (
     TupleError,
     Unavailable,
 )
+from peer.protocol.replies import (
+    CreateQueryReply,
+    CreateSchemaReply,
+    CreateStreamReply,
+    LookupReply,
+    PushReply,
+    SetQueryStatusReply,
+    StatusReply,
+)
 from peer.server import ApiServer, PeerService
 
 TEST_TIMEOUT_S = 20
@@ -52,7 +61,7 @@ class FakePeer:
         self.slow_release = asyncio.Event()
         self.subscribe_calls = 0
 
-    async def create_schema(self, schema: str | dict[str, Any]) -> dict[str, Any]:
+    async def create_schema(self, schema: str | dict[str, Any]) -> CreateSchemaReply:
         if isinstance(schema, str):
             try:
                 schema = json.loads(schema)
@@ -61,29 +70,29 @@ class FakePeer:
         assert isinstance(schema, dict)
         fields = {f["name"]: f["type"] for f in schema["fields"]}
         self.schemas[schema["name"]] = fields
-        return {"schema": schema["name"], "fields": len(fields)}
+        return CreateSchemaReply(schema["name"], list(fields))
 
     async def create_stream(
         self, name: str, schema: str, replicas: int | None = None
-    ) -> dict[str, Any]:
+    ) -> CreateStreamReply:
         if schema not in self.schemas:
             raise NotFound(f"no schema {schema!r}", schema=schema)
         if name in self.streams:
             raise AlreadyExists(f"stream {name!r} exists", stream=name)
         self.streams[name] = schema
         self.log[name] = []
-        return {"stream": name, "schema": schema}
+        return CreateStreamReply(name, schema)
 
-    async def create_query(self, query: str | dict[str, Any]) -> dict[str, Any]:
+    async def create_query(self, query: str | dict[str, Any]) -> CreateQueryReply:
         name = query["name"] if isinstance(query, dict) else query.split('"')[1]
         self.queries[name] = "SETUP"
-        return {"query": name, "status": "SETUP"}
+        return CreateQueryReply(name, "SETUP")
 
-    async def set_query_status(self, name: str, status: str) -> dict[str, Any]:
+    async def set_query_status(self, name: str, status: str) -> SetQueryStatusReply:
         if name not in self.queries:
             raise NotFound(f"no query {name!r}", query=name)
         self.queries[name] = status
-        return {"query": name, "status": status}
+        return SetQueryStatusReply(name, status)
 
     def _columns(self, stream: str, payload: dict[str, Any]) -> dict[str, list[Any]]:
         fields = self.schemas[self.streams[stream]]
@@ -113,16 +122,16 @@ class FakePeer:
 
     async def push(
         self, stream: str, payload: dict[str, Any], producer: str | None, seq: int | None
-    ) -> dict[str, Any]:
+    ) -> PushReply:
         if stream not in self.streams:
             raise NotFound(f"no stream {stream!r}", stream=stream)
         columns = self._columns(stream, payload)
         count = len(next(iter(columns.values()), []))
         if producer is not None and seq is not None:
             if (producer, seq) in self.seen:
-                return {"stream": stream, "count": 0, "offset": None, "duplicate": True}
+                return PushReply(stream, 0, None, True)
             self.seen.add((producer, seq))
-        return {"stream": stream, "count": count, "offset": await self.append(stream, columns)}
+        return PushReply(stream, count, await self.append(stream, columns), False)
 
     async def append(self, stream: str, columns: dict[str, list[Any]]) -> int:
         """One batch into the stream's log; offsets count batches, as the spool's do."""
@@ -158,18 +167,19 @@ class FakePeer:
     def _beyond(self, stream: str, position: int) -> bool:
         return len(self.log[stream]) > position
 
-    async def lookup(self, name: str) -> dict[str, Any]:
+    async def lookup(self, name: str) -> LookupReply:
         if name == "slow":
             await self.slow_release.wait()
-            return {"name": name, "kind": "slow"}
+            return LookupReply("slow", name)
         if name == "broken":
             raise RuntimeError("secret internal detail")
         if name in self.streams:
-            return {"name": name, "kind": "stream", "schema": self.streams[name]}
+            return LookupReply("stream", name, extra={"schema": self.streams[name]})
         raise NotFound(f"no object {name!r}", name=name)
 
-    async def status(self) -> dict[str, Any]:
-        return {"peer": "fake", "streams": sorted(self.streams)}
+    async def status(self) -> StatusReply:
+        streams = [{"name": s, "latest_offset": None} for s in sorted(self.streams)]
+        return StatusReply("fake", 1, 0.0, "none", None, streams, [])
 
 
 class EagerFakePeer(FakePeer):
@@ -271,7 +281,7 @@ async def test_hello_reports_version_and_limit() -> None:
 @async_test
 async def test_every_op() -> None:
     async with serving() as (server, peer), connected(server) as client:
-        assert await client.create_schema(PEOPLE) == {"schema": "people", "fields": 2}
+        assert await client.create_schema(PEOPLE) == CreateSchemaReply("people", ["name", "id"])
         other = {"name": "other", "fields": [{"name": "x", "type": "double"}]}
         assert (await client.create_schema(json.dumps(other)))["schema"] == "other"
         assert await client.create_stream("people", "people") == {
@@ -303,7 +313,8 @@ async def test_every_op() -> None:
         assert again["count"] == 1 and dup.get("duplicate") is True
 
         assert (await client.lookup_object("people"))["kind"] == "stream"
-        assert await client.status() == {"peer": "fake", "streams": ["people"]}
+        status = await client.status()
+        assert (status.peer, [s["name"] for s in status.streams]) == ("fake", ["people"])
         assert len(peer.log["people"]) == 5
 
 
@@ -395,7 +406,9 @@ async def test_request_without_integer_id_gets_error_with_null_id() -> None:
         assert reply is not None
         assert (reply["type"], reply["id"], reply["code"]) == ("error", None, "invalid")
         await raw.send({"type": "status", "id": 2})
-        assert (await raw.recv() or {}).get("result") == {"peer": "fake", "streams": []}
+        assert (await raw.recv() or {}).get("result") == StatusReply(
+            "fake", 1, 0.0, "none", None, [], []
+        )
         await raw.close()
 
 

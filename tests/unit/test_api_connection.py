@@ -62,6 +62,7 @@ from peer.protocol.api_events import (
     SubscriptionEnded,
     Unsubscribed,
 )
+from peer.protocol.replies import HelloReply, LookupReply, StatusReply
 
 COLUMNS = {"x": [1, 2]}
 
@@ -113,9 +114,9 @@ def test_hello_sets_the_frame_limit_for_later_requests() -> None:
     pair = Pair(max_frame_bytes=4096, participant="acme")
     rid, event = pair.request(Hello("py", 1))
     assert event == RequestReceived(rid, Hello("py", 1))
-    info = {"server": "fedstream", "version": 1, "max_frame_bytes": 4096, "participant": "acme"}
+    info = HelloReply("fedstream", 1, 4096, "acme")
     assert pair.server.hello_result == info
-    assert pair.reply(Ok(rid, pair.server.hello_result)) == Replied(rid, info)
+    assert pair.reply(Ok(rid, pair.server.hello_result.to_wire())) == Replied(rid, info)
     assert (pair.client.server_info, pair.client.max_frame_bytes) == (info, 4096)
     with pytest.raises(LocalProtocolError, match="exceeds the limit"):
         pair.client.send_request(Push("s", {"columns": {"x": ["y" * 5000]}}))
@@ -127,7 +128,8 @@ def test_replies_in_any_order_each_exactly_once() -> None:
     first, _ = pair.request(Status())
     second, _ = pair.request(Lookup("people"))
     assert pair.server.in_flight == 2
-    assert pair.reply(Ok(second, {"kind": "stream"})) == Replied(second, {"kind": "stream"})
+    found = LookupReply("stream", "people")
+    assert pair.reply(Ok(second, found.to_wire())) == Replied(second, found)
     failed = pair.reply(ErrorReply.of(first, NotFound("no peer", peer="p")))
     assert isinstance(failed, RequestFailed) and failed.id == first
     assert isinstance(failed.error, NotFound) and failed.error.details == {"peer": "p"}
@@ -245,7 +247,7 @@ def test_server_caps_unused_credit_and_client_refuses_batches_beyond_it() -> Non
 
     client = ClientConnection()
     rid, _ = client.send_request(Subscribe("s", "latest", 1))
-    client.receive({"type": "ok", "id": rid, "result": {"subscription": 7}})
+    client.receive({"type": "ok", "id": rid, "result": {"subscription": 7, "stream": "s"}})
     batch = {"type": "batch", "subscription": 7, "stream": "s", "offset": 0, "columns": {}}
     assert isinstance(client.receive(batch), BatchReceived)
     with pytest.raises(RemoteProtocolError, match="more batches than the credit of 1"):
@@ -300,7 +302,8 @@ def test_server_closing_flushes_what_is_owed_then_says_why() -> None:
     pair.server.broken(RemoteProtocolError("frame of 9 bytes exceeds the limit"))
     with pytest.raises(LocalProtocolError, match="closing connection"):
         pair.server.receive({"type": "status", "id": 5})
-    assert pair.reply(Ok(rid, {})) == Replied(rid, {})
+    status = StatusReply("p", 1, 0.0, "none", None, [], [])
+    assert pair.reply(Ok(rid, status.to_wire())) == Replied(rid, status)
     farewell = pair.server.finish()
     assert farewell is not None
     assert decode(farewell) == {
@@ -330,8 +333,12 @@ def test_a_frame_without_a_type_breaks_the_connection() -> None:
 
 def test_client_refuses_replies_that_break_the_protocol() -> None:
     cases: list[tuple[Request, dict[str, Any], str]] = [
-        (Hello("py", 1), {"max_frame_bytes": "big"}, "'max_frame_bytes' must be a positive"),
-        (Subscribe("s"), {"stream": "s"}, "subscribe reply has no integer 'subscription'"),
+        (
+            Hello("py", 1),
+            {"server": "fedstream", "version": 1, "max_frame_bytes": 0},
+            "'max_frame_bytes' must be a positive",
+        ),
+        (Subscribe("s"), {"stream": "s"}, "subscribe reply: missing field 'subscription'"),
     ]
     for request, result, match in cases:
         client = ClientConnection()

@@ -45,6 +45,7 @@ from peer.protocol.api_events import (
     Unsubscribed,
 )
 from tests.unit.test_api_connection import COLUMNS, Pair, decode
+from tests.unit.test_protocol_replies import TYPED
 
 MAX_IN_FLIGHT = 3
 MAX_SUBSCRIPTIONS = 3
@@ -228,10 +229,12 @@ class Session(RuleBasedStateMachine):
     def answer(self, data: st.DataObject, ok: bool) -> None:
         rid = data.draw(st.sampled_from(sorted(self.owed)))
         request = self.owed.pop(rid)
-        result = self.server.hello_result if isinstance(request, Hello) else {"n": rid}
         if isinstance(request, Subscribe | Unsubscribe):
             ok = False  # (refused for the limit, or the subscription had ended)
-        event = self.pair.reply(Ok(rid, result) if ok else ErrorReply.of(rid, NotFound("no")))
+        result = self.server.hello_result if isinstance(request, Hello) else TYPED[request.op]
+        event = self.pair.reply(
+            Ok(rid, result.to_wire()) if ok else ErrorReply.of(rid, NotFound("no"))
+        )
         if rid not in self.waiting:
             assert isinstance(event, Ignored)
             return

@@ -34,6 +34,15 @@ from peer.client.connection import (
 )
 from peer.client.retry import DEFAULT_RETRY_DEADLINE_S, Retrying
 from peer.errors import FedstreamError, NotFound, TupleError, Unavailable
+from peer.protocol.replies import (
+    CreateQueryReply,
+    CreateSchemaReply,
+    CreateStreamReply,
+    LookupReply,
+    PushReply,
+    SetQueryStatusReply,
+    StatusReply,
+)
 from peer.server import ApiServer, PeerService
 from peer.site import LocalSite, SiteConfig
 from peer.testing import run_async
@@ -85,7 +94,7 @@ class Front:
 
     async def push(
         self, stream: str, payload: dict[str, Any], producer: str | None, seq: int | None
-    ) -> dict[str, Any]:
+    ) -> PushReply:
         self.pushes += 1
         if self.before is not None:
             await self.before()
@@ -94,27 +103,27 @@ class Front:
             await self.after()
         return reply
 
-    async def create_schema(self, schema: str | dict[str, Any]) -> dict[str, Any]:
+    async def create_schema(self, schema: str | dict[str, Any]) -> CreateSchemaReply:
         return await self.site.create_schema(schema)
 
     async def create_stream(
         self, name: str, schema: str, replicas: int | None = None
-    ) -> dict[str, Any]:
+    ) -> CreateStreamReply:
         return await self.site.create_stream(name, schema)
 
-    async def create_query(self, query: str | dict[str, Any]) -> dict[str, Any]:
+    async def create_query(self, query: str | dict[str, Any]) -> CreateQueryReply:
         return await self.site.create_query(query)
 
-    async def set_query_status(self, name: str, status: str) -> dict[str, Any]:
+    async def set_query_status(self, name: str, status: str) -> SetQueryStatusReply:
         return await self.site.set_query_status(name, status)
 
     def subscribe(self, stream: str, start: str) -> AsyncIterator[dict[str, Any]]:
         return self.site.subscribe(stream, start)
 
-    async def lookup(self, name: str) -> dict[str, Any]:
+    async def lookup(self, name: str) -> LookupReply:
         return await self.site.lookup(name)
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self) -> StatusReply:
         return await self.site.status()
 
 

@@ -15,6 +15,7 @@ from peer.federation.forward import INLINE_CHECK_BYTES, MAX_FORWARD_SLOTS, Forwa
 from peer.model.schema import parse_schema, to_arrow_schema
 from peer.model.tuples import arrow_bytes, batch_from_wire
 from peer.protocol.link import PushBatch
+from peer.protocol.replies import PushReply
 from peer.testing.hostile import arrow_bomb
 
 SCHEMA = parse_schema(
@@ -123,7 +124,7 @@ class _Router:
         self.most = max(self.most, self.in_flight)
         await self.release.wait()
         self.in_flight -= 1
-        return {"stream": message.stream, "count": 1}
+        return {"stream": message.stream, "count": 1, "offset": 0, "duplicate": False}
 
 
 class _Hosting:
@@ -132,7 +133,7 @@ class _Hosting:
 
 
 def test_forwarded_pushes_fill_a_link_and_keep_one_origin_per_slot() -> None:
-    async def go() -> tuple[_Router, list[dict[str, Any]]]:
+    async def go() -> tuple[_Router, list[PushReply]]:
         router = _Router()
         forwarder = Forwarder(router, _Hosting(), None, incarnation=7)  # type: ignore[arg-type]
         pushes = [
