@@ -29,7 +29,7 @@ a ``GROUP BY`` without a window, an aggregate over a join without a time bound, 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -147,8 +147,10 @@ class Compiler:
             if relation.window is not None and relation.unbounded is None:
                 return self.window_aggregate(sel, relation, alias, None, hint)
             raise self._unwindowed(group, relation)
-        if aggregates or having is not None:
-            raise self._unwindowed(aggregates[0] if aggregates else having, relation)
+        if aggregates:
+            raise self._unwindowed(aggregates[0], relation)
+        if having is not None:
+            raise self._unwindowed(having, relation)
         return self.project(sel, relation, scope, hint)
 
     def _unwindowed(self, node: exp.Expr, relation: Relation) -> SqlError:
@@ -169,6 +171,12 @@ class Compiler:
         )
 
     def _refuse_modifiers(self, sel: exp.Select) -> None:
+        for item in sel.expressions:
+            over = item.find(exp.Window)
+            if over is not None:
+                raise self.fail(
+                    over, "OVER windows are not supported; aggregate over TUMBLE or HOP windows"
+                )
         if sel.args.get("order") is not None:
             raise self.fail(
                 sel.args["order"],
@@ -516,7 +524,7 @@ class Compiler:
                 "timestamp_micros",
                 exp.Add(
                     this=exp.func("unix_micros", start_ref.copy()),
-                    expression=exp.Literal.number(int(round(relation.window.size_s * _US))),  # type: ignore[union-attr]
+                    expression=exp.Literal.number(round(relation.window.size_s * _US)),  # type: ignore[union-attr]
                 ),
             )
         for qualifier in ("", alias.lower()):
@@ -582,7 +590,7 @@ class Compiler:
         return f"{function}({column.name})"
 
     def _call_type(self, text: str, relation: Relation) -> str:
-        node = exp.maybe_parse(text, dialect="spark")
+        node: exp.Expr = exp.maybe_parse(text, dialect="spark")
         function = _AGGREGATES.get(type(node))
         if function == "count" or node.find(exp.Distinct) is not None:
             return "long"

@@ -23,11 +23,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlglot
-from sqlglot import exp
+from sqlglot import Token, TokenType, exp
 from sqlglot.dialects.spark import Spark
 from sqlglot.parsers.risingwave import RisingWaveParser
 from sqlglot.parsers.spark import SparkParser
-from sqlglot.tokens import Token, TokenType
 
 from peer.errors import SqlError
 
@@ -40,7 +39,10 @@ WINDOW_FUNCTIONS = ("TUMBLE", "HOP")
 class _Parser(SparkParser):
     def _parse_window_tvf(self, name: str) -> exp.Expr:
         self._match(TokenType.TABLE)
-        args: list[exp.Expr] = [self._parse_table_parts()]
+        table = self._parse_table_parts()
+        if table is None:
+            self.raise_error(f"expected TABLE stream as the first argument of {name}")
+        args: list[exp.Expr] = [table] if table is not None else []
         while self._match(TokenType.COMMA):
             arg = self._parse_assignment()
             if arg is None:
@@ -51,10 +53,7 @@ class _Parser(SparkParser):
 
     FUNCTION_PARSERS = {
         **SparkParser.FUNCTION_PARSERS,
-        **{
-            name: (lambda self, n=name: self._parse_window_tvf(n))  # type: ignore[misc]
-            for name in WINDOW_FUNCTIONS
-        },
+        **{name: (lambda self, n=name: self._parse_window_tvf(n)) for name in WINDOW_FUNCTIONS},
     }
     CONSTRAINT_PARSERS = {
         **SparkParser.CONSTRAINT_PARSERS,
@@ -109,9 +108,26 @@ def node_offset(node: exp.Expr) -> int | None:
     return min(found) if found else None
 
 
-def refuse(text: str, node: exp.Expr | int | None, reason: str, **details: Any) -> SqlError:
-    """A :class:`SqlError` at ``node`` (or an offset): 'line L, column C: reason'."""
+def refuse(
+    text: str,
+    node: exp.Expr | int | None,
+    reason: str,
+    *,
+    keyword: str | None = None,
+    **details: Any,
+) -> SqlError:
+    """A :class:`SqlError` at ``node`` (or an offset): 'line L, column C: reason'. sqlglot
+    keeps positions of names and literals only, so a clause (or ``keyword``) is found as its
+    keyword before its first positioned part."""
     offset = node if isinstance(node, int) or node is None else node_offset(node)
+    if offset is None and isinstance(node, exp.Expr) and node.parent is not None:
+        offset = node_offset(node.parent)
+    if keyword is None and isinstance(node, exp.Expr):
+        keyword = _KEYWORDS.get(type(node))
+    if keyword is not None and offset is not None:
+        # sqlglot keeps no position for a clause; point at its keyword before its first part
+        found = text.upper().rfind(keyword, 0, offset)
+        offset = found if found >= 0 else offset
     if offset is None:
         return SqlError(reason, **details)
     where = position_of(text, offset)
@@ -121,6 +137,20 @@ def refuse(text: str, node: exp.Expr | int | None, reason: str, **details: Any) 
         column=where.column,
         **details,
     )
+
+
+_KEYWORDS: dict[type[exp.Expr], str] = {
+    exp.Group: "GROUP",
+    exp.Order: "ORDER",
+    exp.Having: "HAVING",
+    exp.Limit: "LIMIT",
+    exp.Offset: "OFFSET",
+    exp.Where: "WHERE",
+    exp.Distinct: "DISTINCT",
+    exp.Join: "JOIN",
+    exp.Subquery: "SELECT",
+    exp.Select: "SELECT",
+}
 
 
 class _QuietWhileParsing(logging.Filter):

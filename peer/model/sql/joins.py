@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Protocol
 
 from sqlglot import exp
 
@@ -33,6 +33,12 @@ EPSILON_S = 0.001  # TIMESTAMP(3): one millisecond past a bound
 UNBOUNDED_S = 10 * 365 * 86400.0  # ten years: a join without a time bound keeps everything
 _US = 1_000_000
 _SIDES = ("left", "right")
+_SYMBOLS: dict[type[exp.Expr], str] = {
+    exp.GT: ">", exp.GTE: ">=", exp.LT: "<", exp.LTE: "<=", exp.EQ: "=",
+}  # fmt: skip
+_FLIPPED: dict[type[exp.Expr], type[exp.Expr]] = {
+    exp.GT: exp.LT, exp.GTE: exp.LTE, exp.LT: exp.GT, exp.LTE: exp.GTE, exp.EQ: exp.EQ,
+}  # fmt: skip
 
 
 class Checks(Protocol):
@@ -262,18 +268,16 @@ class JoinPlan:
                 return None
             if ta.side == 1:  # write it as left op' right
                 ta, tb = tb, ta
-                op = {exp.GT: exp.LT, exp.GTE: exp.LTE, exp.LT: exp.GT, exp.LTE: exp.GTE}.get(
-                    op, op
-                )
+                op = _FLIPPED[op]
             this_pair = (ta.column, tb.column)
             if pair is not None and pair != this_pair:
                 return None
             pair = this_pair
             # left + oa  op  right + ob   <=>   left - right  op  ob - oa
             value = tb.offset_s - ta.offset_s
-            symbol = {exp.GT: ">", exp.GTE: ">=", exp.LT: "<", exp.LTE: "<=", exp.EQ: "="}[op]
+            symbol = _SYMBOLS[op]
             bounds.append(({">": ">=", "<": "<="}.get(symbol, symbol), value))
-            micros = int(round(value * _US))
+            micros = round(value * _US)
             if micros == 0 and ta.offset_s == 0 and tb.offset_s == 0:
                 texts.append(f"`left`.`{ta.column.name}` {symbol} `right`.`{tb.column.name}`")
             else:

@@ -138,7 +138,8 @@ class _Script:
                 raise refuse(
                     self.text,
                     statement,
-                    f"{statement.key.upper()} is not a statement fedstream takes (CREATE "
+                    keyword=statement.key.upper(),
+                    reason=f"{statement.key.upper()} is not a statement fedstream takes (CREATE "
                     "STREAM, CREATE VIEW, CREATE QUERY ... AS INSERT, INSERT INTO ... SELECT)",
                 )
         if not self.declared and not self.queries:
@@ -248,7 +249,7 @@ class _Script:
 
     def options(self, create: exp.Create) -> list[tuple[str, str, exp.Expr]]:
         properties = create.args.get("properties")
-        out = []
+        out: list[tuple[str, str, exp.Expr]] = []
         for prop in properties.expressions if properties is not None else []:
             if not isinstance(prop, exp.Property):
                 raise refuse(self.text, prop, "options are written 'key' = 'value'")
@@ -332,7 +333,10 @@ class _Script:
             expression = f"`{c.name}`" if f.type == c.type else f"CAST(`{c.name}` AS DOUBLE)"
             params[f"expression.{i}"] = expression
             params[f"output-field-name.{i}"] = f.name
-        if all(f.name == c.name and f.type == c.type for f, c in zip(fields, relation.columns)):
+        if all(
+            f.name == c.name and f.type == c.type
+            for f, c in zip(fields, relation.columns, strict=True)
+        ):
             return relation
         return relation.renamed(boxes.add("map", [relation.stream], params, None))
 
