@@ -27,8 +27,10 @@ from typing import TYPE_CHECKING, Any
 from overlay.errors import LocalProtocolError, RemoteProtocolError
 from overlay.transport import TCP, FrameStream, Network
 from peer.client.payload import Batch, batch_payload
+from peer.client.sql import ScriptSubmitted, submit_script
 from peer.client.subscription import Subscription
 from peer.errors import FedstreamError, InvalidInput, Unauthorized, Unavailable
+from peer.model.sql import compile_script, is_sql
 from peer.protocol.api import (
     PROTOCOL_VERSION,
     CreateQuery,
@@ -290,9 +292,23 @@ class Client:
         """Create a stream; ``replicas``: how many peers hold it (default: the peer's)."""
         return await self._ask(CreateStream(name, schema, replicas))
 
-    async def create_query(self, query: str | Mapping[str, Any]) -> dict[str, Any]:
-        """Submit a query: Medusa/Borealis XML, JSON text, or a dict."""
+    async def create_query(
+        self, query: str | Mapping[str, Any], *, name: str = "query"
+    ) -> dict[str, Any]:
+        """Submit a query: Medusa/Borealis XML, JSON text, a dict, or a SQL script (compiled
+        here, see :meth:`submit_sql`; ``name`` names its INSERT without CREATE QUERY)."""
+        if isinstance(query, str) and is_sql(query):
+            return (await self.submit_sql(query, name=name)).to_wire()
         return await self._ask(CreateQuery(_plain(query)))
+
+    async def submit_sql(
+        self, text: str, *, name: str = "query", start: bool = False, namespace: str = ""
+    ) -> ScriptSubmitted:
+        """Compile a SQL script (peer.model.sql; docs/sql.md) and create its streams and
+        queries in order, starting them when ``start``. A script the compiler refuses raises
+        :class:`~peer.errors.SqlError` (line, column, reason) before anything is sent."""
+        script = compile_script(text, name=name, namespace=namespace)
+        return await submit_script(self, script, start=start)
 
     async def set_query_status(self, name: str, status: str) -> dict[str, Any]:
         """SETUP, RUNNING, STOPPED or DELETED."""
