@@ -134,6 +134,14 @@ class _Script:
                 target = statement.this.name if isinstance(statement.this, exp.Table) else ""
                 qname = self.name if unnamed == 1 else f"{self.name}_{target}"
                 self.insert(statement, qname, None)
+            elif isinstance(statement, exp.Create) and "FUNCTION" in str(statement.kind):
+                raise refuse(
+                    self.text,
+                    statement,
+                    keyword="FUNCTION",
+                    reason="user-defined functions are not supported: a box runs only the "
+                    "built-in functions of the allow-list (docs/sql.md)",
+                )
             else:
                 raise refuse(
                     self.text,
