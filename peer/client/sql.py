@@ -4,8 +4,9 @@ takes (create_schema, create_stream, create_query, start_query), sent in script 
 A script's queries may be several fedstream queries each (stages, peer.model.sql.script),
 and a stage reads the stream the stage before it writes, so stages are created and started
 in order. A source stream the script declares and the peer already has, with the same
-schema, is used as it is; any other refusal stops the submission there and raises (what
-was created before stays, as the Borealis document path does).
+schema, is used as it is (create_schema and create_stream are idempotent); any refusal
+stops the submission there and raises (what was created before stays, as the Borealis
+document path does).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from peer.errors import AlreadyExists
 from peer.model.query import query_to_dict
 from peer.model.sql import Script
 
@@ -36,20 +36,18 @@ class ScriptClient(Protocol):
 
 @dataclass(frozen=True)
 class ScriptSubmitted:
-    """What submitting a script did: the streams it created, the streams it found already
-    there, its queries (stages in order), whether they were started, and the compiler's
+    """What submitting a script did: the source streams it declared (created, or found
+    identical), its queries (stages in order), whether they were started, and the compiler's
     warnings (unbounded state, ignored options)."""
 
-    created_streams: tuple[str, ...]
-    existing_streams: tuple[str, ...]
+    streams: tuple[str, ...]
     queries: tuple[str, ...]
     started: bool
     warnings: tuple[str, ...]
 
     def to_wire(self) -> dict[str, Any]:
         return {
-            "created_streams": list(self.created_streams),
-            "existing_streams": list(self.existing_streams),
+            "streams": list(self.streams),
             "queries": list(self.queries),
             "started": self.started,
             "warnings": list(self.warnings),
@@ -58,8 +56,7 @@ class ScriptSubmitted:
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> ScriptSubmitted:
         return cls(
-            tuple(data["created_streams"]),
-            tuple(data["existing_streams"]),
+            tuple(data["streams"]),
             tuple(data["queries"]),
             bool(data["started"]),
             tuple(data["warnings"]),
@@ -69,20 +66,14 @@ class ScriptSubmitted:
 async def submit_script(client: ScriptClient, script: Script, *, start: bool) -> ScriptSubmitted:
     """Create the script's schemas and streams, then its queries (started when ``start``;
     a later stage reads an earlier one, so each is started before the next is made)."""
-    created: list[str] = []
-    existing: list[str] = []
     for stream in script.streams:
-        await client.create_schema(stream.schema.to_dict())  # the same schema again is fine
-        try:
-            await client.create_stream(stream.name, stream.schema.name, replicas=stream.replicas)
-        except AlreadyExists:
-            existing.append(stream.name)
-        else:
-            created.append(stream.name)
+        await client.create_schema(stream.schema.to_dict())
+        await client.create_stream(stream.name, stream.schema.name, replicas=stream.replicas)
     names: list[str] = []
     for query in script.queries:
         await client.create_query(query_to_dict(query))
         if start:
             await client.start_query(query.name)
         names.append(query.name)
-    return ScriptSubmitted(tuple(created), tuple(existing), tuple(names), start, script.warnings)
+    streams = tuple(stream.name for stream in script.streams)
+    return ScriptSubmitted(streams, tuple(names), start, script.warnings)
