@@ -89,19 +89,17 @@ async def cmd_stream_create(args: argparse.Namespace) -> int:
 
 
 async def _submit_sql(args: argparse.Namespace, text: str) -> int:
-    """A SQL script: compiled here (refused with line and column before anything is sent),
-    then its streams and queries created in order (peer.client.sql)."""
-    from peer.client.sql import submit_script
-    from peer.model.sql import compile_script
-
+    """A SQL script: compiled by the client (refused with line and column before anything
+    is created; the schemas of streams it reads without declaring are looked up), then its
+    streams and queries created in order (peer.client.sql)."""
     if args.deploy:
         raise UsageError("--deploy places XML queries; in SQL write /*+ OPTIONS('node'='...') */")
-    script = compile_script(text, name=Path(args.file).stem)
-    for warning in script.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
 
     async def go(client: Client) -> int:
-        print_json((await submit_script(client, script, start=args.start)).to_wire())
+        submitted = await client.submit_sql(text, name=Path(args.file).stem, start=args.start)
+        for warning in submitted.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+        print_json(submitted.to_wire())
         return 0
 
     return await with_client(args, go)

@@ -30,7 +30,8 @@ from peer.client.payload import Batch, batch_payload
 from peer.client.sql import ScriptSubmitted, submit_script
 from peer.client.subscription import Subscription
 from peer.errors import FedstreamError, InvalidInput, Unauthorized, Unavailable
-from peer.model.sql import compile_script, is_sql
+from peer.model.schema import parse_schema
+from peer.model.sql import compile_script, is_sql, read_streams
 from peer.protocol.api import (
     PROTOCOL_VERSION,
     CreateQuery,
@@ -307,7 +308,12 @@ class Client:
         """Compile a SQL script (peer.model.sql; docs/sql.md) and create its streams and
         queries in order, starting them when ``start``. A script the compiler refuses raises
         :class:`~peer.errors.SqlError` (line, column, reason) before anything is sent."""
-        script = compile_script(text, name=name, namespace=namespace)
+        known = {}
+        for stream in read_streams(text):  # streams the script reads without declaring
+            found = await self.lookup_object(namespace + stream)
+            if found.get("kind") == "stream":
+                known[stream] = parse_schema(found["schema"])
+        script = compile_script(text, name=name, streams=known, namespace=namespace)
         return await submit_script(self, script, start=start)
 
     async def set_query_status(self, name: str, status: str) -> dict[str, Any]:

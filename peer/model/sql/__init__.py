@@ -6,9 +6,9 @@ same objects the XML and JSON forms give) to create; docs/sql.md says what is ac
 how each construct becomes boxes. Pure: no Spark, no I/O.
 """
 
-from peer.model.sql.script import Script, StreamDecl, compile_script
+from peer.model.sql.script import Script, StreamDecl, compile_script, read_streams
 
-__all__ = ["Script", "StreamDecl", "compile_script", "is_sql"]
+__all__ = ["Script", "StreamDecl", "compile_script", "is_sql", "read_streams"]
 
 
 def is_sql(text: str) -> bool:

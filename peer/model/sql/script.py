@@ -89,6 +89,29 @@ def compile_script(
     return _Script(text, name, streams or {}, namespace, limits).run()
 
 
+def read_streams(text: str, *, limits: ContentLimits = DEFAULT_LIMITS) -> list[str]:
+    """The streams a script reads without declaring them (neither ``CREATE STREAM`` nor a
+    view): a client looks their schemas up and passes them to :func:`compile_script`."""
+    statements = parse_script(text, max_bytes=limits.max_query_bytes)
+    defined: set[str] = set()
+    read: list[str] = []
+    for statement in statements:
+        if isinstance(statement, exp.Create) and statement.kind in ("TABLE", "STREAM", "VIEW"):
+            defined.add(_created_name(statement).lower())
+        targets = {id(i.this) for i in statement.find_all(exp.Insert)}
+        for table in statement.find_all(exp.Table):
+            if (
+                id(table) in targets
+                or not isinstance(table.this, exp.Identifier)
+                or isinstance(table.parent, exp.Schema | exp.Create)
+            ):
+                continue
+            name = table.name
+            if name.lower() not in defined and name not in read:
+                read.append(name)
+    return read
+
+
 class _Script:
     def __init__(
         self,
