@@ -61,14 +61,14 @@ def tables() -> dict[str, pa.Table]:
                 "qty": [r[2] for r in trades],
                 "t": pa.array([r[3] for r in trades], pa.timestamp("us", tz="UTC")),
             }
-        ),  # fmt: skip
+        ),
         "quotes": pa.table(
             {
                 "sym": [r[0] for r in quotes],
                 "bid": [r[1] for r in quotes],
                 "t": pa.array([r[2] for r in quotes], pa.timestamp("us", tz="UTC")),
             }
-        ),  # fmt: skip
+        ),
     }
 
 
