@@ -248,3 +248,18 @@ def test_published_q4_is_refused_at_its_unwindowed_group_by() -> None:
     text = script("q4").splitlines()[refused.value.details["line"] - 1]
     column = refused.value.details["column"]
     assert text[column - 1 :].startswith("GROUP BY A.id, A.category")
+
+
+def test_star_expands_a_stream_and_a_join_side() -> None:
+    q = only("INSERT INTO out SELECT * FROM quotes")
+    m = dict(q.boxes[-1].params)
+    assert [m[f"output-field-name.{i}"] for i in range(3)] == ["sym", "bid", "t"]
+    q = only(
+        "INSERT INTO out SELECT qu.*, tr.px FROM trades tr JOIN quotes qu ON tr.sym = qu.sym "
+        "AND tr.t = qu.t"
+    )
+    m = dict(q.boxes[-1].params)
+    names = [m[f"output-field-name.{i}"] for i in range(4)]
+    assert names == ["qu_sym", "bid", "qu_t", "px"]
+    with pytest.raises(SqlError, match="names sym twice"):
+        compile_script(DDL + "INSERT INTO out SELECT *, sym FROM quotes", name="q")

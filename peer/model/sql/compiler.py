@@ -348,26 +348,31 @@ class Compiler:
     ) -> list[tuple[str, exp.Expr]]:
         """The select list as (output name, expression), ``*`` expanded."""
         items: list[tuple[str, exp.Expr]] = []
-        for i, item in enumerate(sel.expressions):
-            if isinstance(item, exp.Star) or (
-                isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
-            ):
-                qualifier = item.table.lower() if isinstance(item, exp.Column) else ""
-                for c in relation.columns:
-                    if (qualifier, c.name.lower()) in scope or not qualifier:
-                        items.append((c.name, exp.column(c.name)))
-                continue
-            node = item.this if isinstance(item, exp.Alias) else item
-            name = item.alias if isinstance(item, exp.Alias) else ""
-            if not name and isinstance(node, exp.Column):
-                name = node.name
-            items.append((name or f"expr_{i}", node))
         seen: set[str] = set()
-        for (name, node), item in zip(items, sel.expressions, strict=False):
-            if name.lower() in seen:
-                raise self.fail(item, f"the select list names {name} twice; rename one with AS")
-            seen.add(name.lower())
-            del node
+        for i, item in enumerate(sel.expressions):
+            found: list[tuple[str, exp.Expr]] = []
+            if isinstance(item, exp.Star):
+                found = [(c.name, exp.column(c.name, quoted=True)) for c in relation.columns]
+            elif isinstance(item, exp.Column) and isinstance(item.this, exp.Star):
+                qualifier = item.table.lower()
+                found = [
+                    (target.name, target)
+                    for (q, _), target in scope.items()
+                    if q == qualifier and isinstance(target, exp.Column)
+                ]
+                if not found:
+                    raise self.fail(item, f"unknown qualifier {item.table}")
+            else:
+                node = item.this if isinstance(item, exp.Alias) else item
+                name = item.alias if isinstance(item, exp.Alias) else ""
+                if not name and isinstance(node, exp.Column):
+                    name = node.name
+                found = [(name or f"expr_{i}", node)]
+            for name, node in found:
+                if name.lower() in seen:
+                    raise self.fail(item, f"the select list names {name} twice; rename one with AS")
+                seen.add(name.lower())
+                items.append((name, node))
         return items
 
     # -- expressions ------------------------------------------------------------------------
@@ -514,7 +519,6 @@ class Compiler:
         columns = [Column("window_start", "timestamp", False, 0.0),
                    Column("window_end", "timestamp", False, 0.0)]  # fmt: skip
         columns += [replace(c, delay_s=None) for k in keys if (c := relation.find(k))]
-        agg_relation = Relation(stream, tuple(columns))
         # columns for the aggregate's own output fields, typed by the box model
         scope: dict[tuple[str, str], exp.Expr] = {}
         start_ref = exp.column("window_start", quoted=True)

@@ -182,6 +182,7 @@ class JoinPlan:
                 scope[(self.aliases[i].lower(), c.name.lower())] = ref
                 if inputs[1 - i].find(c.name) is None:
                     scope[("", c.name.lower())] = ref
+                scope.setdefault(("", name.lower()), ref)
         stream = self.checks.out.add("join", [left.stream, right.stream], params, hint)
         reason = unbounded or left.unbounded or right.unbounded
         return Relation(stream, tuple(columns), None, reason), scope
