@@ -263,3 +263,9 @@ def test_star_expands_a_stream_and_a_join_side() -> None:
     assert names == ["qu_sym", "bid", "qu_t", "px"]
     with pytest.raises(SqlError, match="names sym twice"):
         compile_script(DDL + "INSERT INTO out SELECT *, sym FROM quotes", name="q")
+
+
+def test_an_equal_box_is_made_once() -> None:
+    # q5 counts bids per auction and window twice (AuctionBids, CountBids): one aggregate
+    first = compile_script(script("q5"), name="q5").queries[0]
+    assert [b.type for b in first.boxes] == ["aggregate", "map", "map"]

@@ -26,13 +26,23 @@ Scope = Mapping[tuple[str, str], exp.Expr]
 @dataclass
 class Boxes:
     """The boxes of one query as they are made (JSON form), and the warnings compiling it
-    raised. Every box writes a stream of its own, ``<query>.<box>``."""
+    raised. Every box writes a stream of its own, ``<query>.<box>``. A box equal to one made
+    before (type, inputs, parameters, node) is not made twice: its stream is read again, as
+    Flink reuses a common sub-plan (NEXMark q5 computes its per-window counts twice)."""
 
     query: str
     boxes: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
     def add(self, kind: str, inputs: list[str], params: dict[str, str], node: str | None) -> str:
+        for box in self.boxes:
+            if (box["type"], box["inputs"], box["params"], box.get("node")) == (
+                kind,
+                inputs,
+                params,
+                node,
+            ):
+                return str(box["outputs"][0])
         name = f"{kind}{len(self.boxes)}"
         output = f"{self.query}.{name}"
         box: dict[str, Any] = {
