@@ -35,14 +35,14 @@ class Boxes:
     warnings: list[str] = field(default_factory=list)
 
     def add(self, kind: str, inputs: list[str], params: dict[str, str], node: str | None) -> str:
-        for box in self.boxes:
-            if (box["type"], box["inputs"], box["params"], box.get("node")) == (
+        for made in self.boxes:
+            if (made["type"], made["inputs"], made["params"], made.get("node")) == (
                 kind,
                 inputs,
                 params,
                 node,
             ):
-                return str(box["outputs"][0])
+                return str(made["outputs"][0])
         name = f"{kind}{len(self.boxes)}"
         output = f"{self.query}.{name}"
         box: dict[str, Any] = {
