@@ -269,3 +269,13 @@ def test_an_equal_box_is_made_once() -> None:
     # q5 counts bids per auction and window twice (AuctionBids, CountBids): one aggregate
     first = compile_script(script("q5"), name="q5").queries[0]
     assert [b.type for b in first.boxes] == ["aggregate", "map", "map"]
+
+
+def test_having_without_a_window_is_refused_after_a_join_too() -> None:
+    with pytest.raises(SqlError, match="GROUP BY without a window") as refused:
+        compile_script(
+            DDL + "INSERT INTO out SELECT tr.sym FROM trades tr JOIN quotes qu "
+            "ON tr.sym = qu.sym AND tr.t = qu.t\nHAVING tr.px > 1",
+            name="q",
+        )
+    assert (refused.value.details["line"], refused.value.details["column"]) == (L + 1, 1)

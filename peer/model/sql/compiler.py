@@ -128,8 +128,9 @@ class Compiler:
         aggregates = [a for item in sel.expressions for a in item.find_all(exp.AggFunc)]
         if sel.args.get("joins"):
             relation, scope = self.join(sel, from_.this, sel.args["joins"], where, hint)
-            if group is not None or aggregates:
-                raise self._unwindowed(group or aggregates[0], relation)
+            culprit = group or (aggregates[0] if aggregates else having)
+            if culprit is not None:
+                raise self._unwindowed(culprit, relation)
             return self.project(sel, relation, scope, hint)
         relation, alias, tvf = self.from_item(from_.this, hint)
         scope = scope_of(relation, alias)
