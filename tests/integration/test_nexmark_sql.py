@@ -103,9 +103,9 @@ async def run_query(port: int, q: str, want: int, *, timeout_s: float) -> list[d
     compiled = compile_script(script(q), name=q, namespace=prefix)
     out = f"{prefix}nexmark_{q}"
     async with Client("127.0.0.1", port, timeout_s=120) as c:
-        for stream in compiled.streams:
-            await c.create_schema(stream.schema.to_dict())
-            await c.create_stream(stream.name, stream.schema.name, replicas=stream.replicas)
+        for declared in compiled.streams:
+            await c.create_schema(declared.schema.to_dict())
+            await c.create_stream(declared.name, declared.schema.name, replicas=declared.replicas)
         for query in compiled.queries:
             await c.create_query(query_to_dict(query))
             await c.start_query(query.name)
