@@ -152,18 +152,6 @@ def with_columns(expr: Expr, names: Mapping[str, str]) -> str:
     return tree.transform(rename).sql(dialect=_DIALECT, identify=True, comments=False)
 
 
-def allows(node: exp.Expr) -> bool:
-    """Whether the subset has a check for ``node``'s kind (an operator, literal or function of
-    the allow-list), for a caller that screens a larger SQL tree before rendering parts of it."""
-    if isinstance(node, exp.Anonymous):
-        return str(node.name).lower() in (
-            "timestamp_seconds",
-            "timestamp_millis",
-            "timestamp_micros",
-        )
-    return type(node) in _HANDLERS
-
-
 def _parse(text: str, prefix: str) -> exp.Expr:
     # sqlglot is a parser, not a validator: on malformed input it has raised ValueError,
     # KeyError, IndexError, RecursionError and others besides its own errors. Our contract is

@@ -30,31 +30,38 @@ a ``GROUP BY`` without a window, an aggregate over a join without a time bound, 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from sqlglot import exp
 
 from peer.errors import ExpressionError, SqlError
-from peer.model.expr import FUNCTIONS, allows, parse_expression
+from peer.model.expr import FUNCTIONS, parse_expression
+from peer.model.sql.aggregates import Tvf, WindowAggregate
 from peer.model.sql.build import Boxes, Scope, interval_seconds, scope_of
 from peer.model.sql.dialect import refuse
 from peer.model.sql.joins import JoinPlan
-from peer.model.sql.relation import Column, Relation, Window
+from peer.model.sql.relation import Column, Relation
 
-_AGGREGATES: dict[type[exp.Expr], str] = {
-    exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max",
-}  # fmt: skip
 _US = 1_000_000
 
 
-@dataclass(frozen=True)
-class _Tvf:
-    """A window table function's arguments."""
+# Functions the box expressions take besides FUNCTIONS: their operators spelled as calls.
+_CALL_FORMS = frozenset({"case", "cast", "try_cast", "if", "mod"})
 
-    time: Column
-    size_s: float
-    slide_s: float
+
+def _allowed_call(node: exp.Expr) -> bool:
+    """Whether a call is one box expressions take, to point at a refused one by its line and
+    column; peer.model.expr checks the whole expression again and stays the authority."""
+    if isinstance(node, exp.Binary | exp.Unary | exp.Connector | exp.Predicate):
+        return True  # operators (sqlglot types some as functions)
+    if isinstance(node, exp.Anonymous):
+        name = str(node.name)
+    elif isinstance(node, exp.Func):
+        name = node.sql_name()
+    else:
+        return True
+    return name.lower() in FUNCTIONS or name.lower() in _CALL_FORMS
 
 
 class Compiler:
@@ -143,10 +150,10 @@ class Compiler:
                     "a window table function needs GROUP BY window_start, window_end (and "
                     "keys) with aggregates: fedstream emits one row per window and group",
                 )
-            return self.window_aggregate(sel, relation, alias, tvf, hint)
+            return WindowAggregate(self).compile(sel, relation, alias, tvf, hint)
         if group is not None:
             if relation.window is not None and relation.unbounded is None:
-                return self.window_aggregate(sel, relation, alias, None, hint)
+                return WindowAggregate(self).compile(sel, relation, alias, None, hint)
             raise self._unwindowed(group, relation)
         if aggregates:
             raise self._unwindowed(aggregates[0], relation)
@@ -227,7 +234,7 @@ class Compiler:
 
     # -- FROM ------------------------------------------------------------------------------
 
-    def from_item(self, item: exp.Expr, hint: str | None) -> tuple[Relation, str, _Tvf | None]:
+    def from_item(self, item: exp.Expr, hint: str | None) -> tuple[Relation, str, Tvf | None]:
         alias = item.alias if isinstance(item, exp.Table | exp.Subquery) else ""
         if isinstance(item, exp.Subquery):
             return self.query(item.this, hint), alias, None
@@ -269,7 +276,7 @@ class Compiler:
             )
         return relation
 
-    def window_function(self, call: exp.Anonymous, hint: str | None) -> tuple[Relation, _Tvf]:
+    def window_function(self, call: exp.Anonymous, hint: str | None) -> tuple[Relation, Tvf]:
         kind = call.name.upper()
         args = list(call.expressions)
         wanted = 3 if kind == "TUMBLE" else 4
@@ -308,7 +315,7 @@ class Compiler:
             size = interval_seconds(self.text, args[3])
             if slide > size:
                 raise self.fail(args[2], "HOP's slide must not exceed its size")
-        return relation, _Tvf(time, size, slide)
+        return relation, Tvf(time, size, slide)
 
     # -- per-tuple boxes ----------------------------------------------------------------------
 
@@ -396,7 +403,7 @@ class Compiler:
                 key = (n.table.lower(), n.name.lower())
                 target = scope.get(key)
                 if target is None:
-                    raise self._unknown(n, scope)
+                    raise self.unknown(n, scope)
                 return target.copy()
             return n
 
@@ -407,7 +414,7 @@ class Compiler:
             raise self.fail(node, exc.message) from exc
         return text, checked
 
-    def _unknown(self, column: exp.Column, scope: Scope) -> SqlError:
+    def unknown(self, column: exp.Column, scope: Scope) -> SqlError:
         names = sorted({name for qualifier, name in scope if not qualifier})
         what = f"{column.table}.{column.name}" if column.table else column.name
         return self.fail(column, f"unknown column {what} (columns: {', '.join(names)})")
@@ -435,7 +442,7 @@ class Compiler:
                     "an INTERVAL may appear only in TUMBLE, HOP and a join's time bound "
                     "(a.t BETWEEN b.t - INTERVAL ... AND b.t + INTERVAL ...)",
                 )
-            if isinstance(n, exp.Func | exp.Anonymous) and not allows(n):
+            if isinstance(n, exp.Func | exp.Anonymous) and not _allowed_call(n):
                 if n.find_ancestor(exp.AggFunc) is not None and aggregates_ok:
                     continue
                 name = n.name if isinstance(n, exp.Anonymous) else n.sql_name()
@@ -444,170 +451,6 @@ class Compiler:
                     f"function {name.lower()} is not allowed: user-defined functions, reflect "
                     f"and java_method never run; the functions are {', '.join(FUNCTIONS)}",
                 )
-
-    # -- window aggregates --------------------------------------------------------------------
-
-    def window_aggregate(
-        self,
-        sel: exp.Select,
-        relation: Relation,
-        alias: str,
-        tvf: _Tvf | None,
-        hint: str | None,
-    ) -> Relation:
-        group = sel.args["group"]
-        if tvf is not None:
-            start_name, end_name = "window_start", "window_end"
-            order, size, slide = tvf.time.name, tvf.size_s, tvf.slide_s
-            slack = tvf.time.delay_s or 0.0
-        else:
-            window = relation.window
-            assert window is not None
-            if window.start is None:
-                raise self.fail(group, "the windows' start column was dropped; keep it to group")
-            start_name, end_name = window.start, window.end or ""
-            # windows one slide long, aligned as the first windows were: each holds one
-            order, size, slide, slack = window.start, window.slide_s, window.slide_s, window.slide_s
-        keys: list[str] = []
-        has = {"start": False, "end": False}
-        for key in group.expressions:
-            if not isinstance(key, exp.Column):
-                raise self.fail(key, "GROUP BY takes columns; compute expressions in a view")
-            if key.table and key.table.lower() != alias.lower():
-                raise self.fail(key, f"unknown qualifier {key.table}")
-            if key.name.lower() == start_name.lower():
-                has["start"] = True
-                continue
-            if key.name.lower() == end_name.lower():
-                has["end"] = True
-                continue
-            column = relation.find(key.name)
-            if column is None:
-                raise self._unknown(key, scope_of(relation, alias))
-            if column.name not in keys:
-                keys.append(column.name)
-        if not has["start"]:
-            raise self.fail(
-                group,
-                f"GROUP BY must name the window: {start_name}, {end_name} (and any keys)",
-            )
-        calls: dict[str, str] = {}
-        params: dict[str, str] = {
-            "window-size-by": "VALUES",
-            "window-size": f"{size:g}",
-            "advance": f"{slide:g}",
-            "order-on-field": order,
-            "slack": f"{slack:g}",
-        }
-        if keys:
-            params["group-by"] = ", ".join(keys)
-        having = sel.args.get("having")
-        found = [a for item in sel.expressions for a in item.find_all(exp.AggFunc)]
-        if having is not None:
-            found += list(having.find_all(exp.AggFunc))
-        for call in found:
-            text = call.sql()
-            if text in calls:
-                continue
-            index = len(calls)
-            calls[text] = f"agg_{index}"
-            params[f"aggregate-function.{index}"] = self.aggregate_call(call, relation, alias)
-            params[f"aggregate-function-output-name.{index}"] = f"agg_{index}"
-        if not calls:  # GROUP BY without aggregates (distinct keys per window)
-            params["aggregate-function.0"] = "count()"
-            params["aggregate-function-output-name.0"] = "agg_0"
-        stream = self.out.add("aggregate", [relation.stream], params, hint)
-        columns = [Column("window_start", "timestamp", False, 0.0),
-                   Column("window_end", "timestamp", False, 0.0)]  # fmt: skip
-        columns += [replace(c, delay_s=None) for k in keys if (c := relation.find(k))]
-        # columns for the aggregate's own output fields, typed by the box model
-        scope: dict[tuple[str, str], exp.Expr] = {}
-        start_ref = exp.column("window_start", quoted=True)
-        end_ref: exp.Expr = exp.column("window_end", quoted=True)
-        if tvf is None:
-            end_ref = exp.func(
-                "timestamp_micros",
-                exp.Add(
-                    this=exp.func("unix_micros", start_ref.copy()),
-                    expression=exp.Literal.number(round(relation.window.size_s * _US)),  # type: ignore[union-attr]
-                ),
-            )
-        for qualifier in ("", alias.lower()):
-            scope[(qualifier, start_name.lower())] = start_ref
-            if end_name:
-                scope[(qualifier, end_name.lower())] = end_ref
-            for k in keys:
-                scope[(qualifier, k.lower())] = exp.column(k, quoted=True)
-        typed = [
-            *columns,
-            *(Column(name, self._call_type(text, relation), True) for text, name in calls.items()),
-        ]
-        agg_relation = Relation(stream, tuple(typed))
-        if having is not None:
-            text, checked = self.expression(having.this, scope, agg_relation, calls)
-            if checked.type != "bool":
-                raise self.fail(having, f"HAVING must be boolean, got {checked.type}")
-            stream = self.out.add("filter", [stream], {"expression.0": text}, hint)
-            agg_relation = agg_relation.renamed(stream)
-        out_params: dict[str, str] = {}
-        out_columns: list[Column] = []
-        start_out = end_out = None
-        for i, (name, node) in enumerate(self.items(sel, agg_relation, scope)):
-            text, checked = self.expression(node, scope, agg_relation, calls)
-            out_params[f"expression.{i}"] = text
-            out_params[f"output-field-name.{i}"] = name
-            is_start = isinstance(node, exp.Column) and node.name.lower() == start_name.lower()
-            is_end = isinstance(node, exp.Column) and node.name.lower() == end_name.lower()
-            start_out = name if is_start else start_out
-            end_out = name if is_end else end_out
-            delay = 0.0 if is_start or is_end else None
-            out_columns.append(Column(name, checked.type, checked.nullable, delay))
-        stream = self.out.add("map", [stream], out_params, hint)
-        window_size = size if tvf is not None else relation.window.size_s  # type: ignore[union-attr]
-        return Relation(stream, tuple(out_columns), Window(window_size, slide, start_out, end_out))
-
-    def aggregate_call(self, call: exp.Expr, relation: Relation, alias: str) -> str:
-        function = _AGGREGATES.get(type(call))
-        if function is None:
-            raise self.fail(
-                call,
-                f"aggregate {call.sql()[:40]} is not supported (COUNT, COUNT(DISTINCT), SUM, "
-                "AVG, MIN, MAX)",
-            )
-        argument = call.this
-        if isinstance(argument, exp.Distinct):
-            if function != "count" or len(argument.expressions) != 1:
-                raise self.fail(call, "DISTINCT is supported in COUNT(DISTINCT column) only")
-            function, argument = "count_distinct", argument.expressions[0]
-        if argument is None or isinstance(argument, exp.Star):
-            if function != "count":
-                raise self.fail(call, f"{function.upper()} needs a column")
-            return "count()"
-        if not isinstance(argument, exp.Column):
-            raise self.fail(
-                argument, "aggregates take a column; compute the expression in a view first"
-            )
-        if argument.table and argument.table.lower() != alias.lower():
-            raise self.fail(argument, f"unknown qualifier {argument.table}")
-        column = relation.find(argument.name)
-        if column is None:
-            raise self._unknown(argument, scope_of(relation, alias))
-        return f"{function}({column.name})"
-
-    def _call_type(self, text: str, relation: Relation) -> str:
-        node: exp.Expr = exp.maybe_parse(text, dialect="spark")
-        function = _AGGREGATES.get(type(node))
-        if function == "count" or node.find(exp.Distinct) is not None:
-            return "long"
-        argument = node.this
-        column = relation.find(argument.name) if isinstance(argument, exp.Column) else None
-        if column is None:
-            return "long"
-        if function == "avg":
-            return "double"
-        if function == "sum":
-            return "double" if column.type == "double" else "long"
-        return column.type
 
     # -- joins ------------------------------------------------------------------------------
 
