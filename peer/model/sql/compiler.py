@@ -43,9 +43,6 @@ from peer.model.sql.dialect import refuse
 from peer.model.sql.joins import JoinPlan
 from peer.model.sql.relation import Column, Relation
 
-_US = 1_000_000
-
-
 # Functions the box expressions take besides FUNCTIONS: their operators spelled as calls.
 _CALL_FORMS = frozenset({"case", "cast", "try_cast", "if", "mod"})
 
