@@ -211,8 +211,9 @@ ON P.id = A.seller AND P.starttime = A.starttime AND P.endtime = A.endtime;
 """,
 }
 
-# q4 as published: its inner GROUP BY has no window (line 17 of the script below the source
-# DDL), so its results would change with every bid; fedstream refuses it.
+# q4 as published: its inner GROUP BY aggregates a join without a time bound and has no
+# window, so its results would change with every bid; fedstream refuses it (at that GROUP BY:
+# line 31, column 5 of script("q4")).
 REFUSED = ("q4",)
 
 
