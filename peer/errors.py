@@ -47,6 +47,13 @@ class ExpressionError(QueryError):
     code = "invalid_expression"
 
 
+class SqlError(QueryError):
+    """A SQL script is refused. Details carry the ``line`` and ``column`` (from 1) of what is
+    wrong; the message says why and what to write instead."""
+
+    code = "invalid_sql"
+
+
 class TupleError(InvalidInput):
     """A pushed batch holds a bad tuple; the whole batch was refused."""
 

@@ -93,11 +93,20 @@ def _auction_time_us(ids: np.ndarray, cfg: Any) -> np.ndarray:
     return np.asarray(cfg.time_ms(n) * 1000, dtype=np.int64)
 
 
-def summarize(q: str, columns: Any, cfg: Any) -> dict[str, list[Any]]:
+# The SQL forms (Flink's published texts) name some result columns differently.
+SQL_COLUMNS = {"date_time": "dateTime", "starttime": "stime"}
+# Queries whose published SQL text the SQL form runs: q4 as published is refused; q5's
+# published result (auction, num) has no window column to time its latency by.
+SQL_QUERIES = ("q0", "q1", "q2", "q3", "q7", "q8")
+
+
+def summarize(q: str, columns: Any, cfg: Any, *, sql: bool = False) -> dict[str, list[Any]]:
     """What latency needs of one result batch: due times (µs) with counts, or for q2 the
-    (auction, price) pairs to look up."""
+    (auction, price) pairs to look up. ``sql``: the batch is the SQL form's."""
     from peer.examples.nexmark.queries import WINDOW_S
 
+    if sql:
+        columns = {k: columns[v] for k, v in SQL_COLUMNS.items() if v in columns} | dict(columns)
     if q == "q2":
         return {"pairs": [_ints(columns["auction"]).tolist(), _ints(columns["price"]).tolist()]}
     if q in ("q0", "q1"):
@@ -257,6 +266,34 @@ class PeerSide:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(client.close(), 10)
         await asyncio.to_thread(self.proc.stop, 60)
+
+
+class PeerSqlSide(PeerSide):
+    """The same peer running NEXMark's published SQL (peer.examples.nexmark.flink_sql),
+    compiled by peer.model.sql, over streams whose time column is ``dateTime``."""
+
+    label = "fedstream SQL"
+
+    async def setup(self, point: Point, prefix: str) -> None:
+        from peer.examples.nexmark.flink_sql import script
+
+        submitted = await self.ctl.submit_sql(
+            script(point.q), name=f"nexmark_{point.q}", start=True, namespace=prefix
+        )
+        self.queries = list(submitted.queries)
+        sub = await self.subs.subscribe(f"{prefix}nexmark_{point.q}", start="earliest")
+
+        async def consume() -> None:
+            async for batch in sub:
+                summary = summarize(point.q, batch.columns, point.cfg, sql=True)
+                point.take(time.time(), summary)
+
+        self.consumer = asyncio.create_task(consume())
+
+    async def push(self, stream: str, table: pa.Table) -> None:
+        from peer.examples.nexmark.flink_sql import as_flink
+
+        await self.pusher.push(stream, as_flink(table))
 
 
 class SparkSide:
@@ -630,6 +667,9 @@ async def run_system(system: Any, args: argparse.Namespace, results: dict[str, A
     try:
         index = 0
         for q in args.queries:
+            if isinstance(system, PeerSqlSide) and q not in SQL_QUERIES:
+                print(f"  [{system.label}] {q}: not run (see SQL_QUERIES)", flush=True)
+                continue
             for rate in args.rates:
                 index += 1
                 row = await run_point(system, q, rate, index, args)
@@ -653,7 +693,7 @@ def report(results: dict[str, Any]) -> str:
     body = []
     for q in results["queries"]:
         cells = [q]
-        for system in ("fedstream", "Spark"):
+        for system in ("fedstream", "fedstream SQL", "Spark"):
             r = best.get((system, q))
             if r is None:
                 cells += ["-", "-", "-"]
@@ -666,6 +706,9 @@ def report(results: dict[str, Any]) -> str:
     header = [
         "query",
         "fedstream sustained (events/s)",
+        "per core",
+        "p50 / p99",
+        "fedstream SQL sustained",
         "per core",
         "p50 / p99",
         "plain Spark sustained",
@@ -701,6 +744,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tail", type=float, help="seconds of pushing after the measured window")
     p.add_argument("--piece", type=float, default=0.2, help="seconds of events per push")
     p.add_argument("--skip-peer", action="store_true")
+    p.add_argument(
+        "--sql",
+        action="store_true",
+        help="also run the SQL forms (Flink's published NEXMark SQL, compiled by "
+        "peer.model.sql) on a peer of their own, beside the box forms",
+    )
     p.add_argument("--skip-reference", action="store_true")
     p.add_argument("--json", type=Path, help="write the figures to this file")
     p.add_argument("--work-dir", type=Path)
@@ -727,6 +776,8 @@ async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     systems = []
     if not args.skip_peer:
         systems.append(PeerSide(work / "peer"))
+    if args.sql:
+        systems.append(PeerSqlSide(work / "peer-sql"))
     if not args.skip_reference:
         systems.append(SparkSide(work))
     for system in systems:

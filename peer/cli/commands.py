@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from peer.cli.explain import cmd_query_explain
 from peer.cli.options import UsageError, add_client_options, client_tls, peer_addrs
 from peer.cli.render import print_json, print_status
 from peer.errors import Unavailable
@@ -87,13 +88,33 @@ async def cmd_stream_create(args: argparse.Namespace) -> int:
     return await with_client(args, go)
 
 
+async def _submit_sql(args: argparse.Namespace, text: str) -> int:
+    """A SQL script: compiled by the client (refused with line and column before anything
+    is created; the schemas of streams it reads without declaring are looked up), then its
+    streams and queries created in order (peer.client.sql)."""
+    if args.deploy:
+        raise UsageError("--deploy places XML queries; in SQL write /*+ OPTIONS('node'='...') */")
+
+    async def go(client: Client) -> int:
+        submitted = await client.submit_sql(text, name=Path(args.file).stem, start=args.start)
+        for warning in submitted.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+        print_json(submitted.to_wire())
+        return 0
+
+    return await with_client(args, go)
+
+
 async def cmd_query_submit(args: argparse.Namespace) -> int:
     """Submit a query; a whole Borealis document creates its schemas, input streams and each
     of its queries in turn, placed by ``--deploy`` (peer.model.borealis)."""
     from peer.model.borealis import deployed, is_document, parse_deploy, parse_document
     from peer.model.query import parse_query, query_to_dict
+    from peer.model.sql import is_sql
 
     text = Path(args.file).read_text()
+    if args.file.endswith(".sql") or is_sql(text):
+        return await _submit_sql(args, text)
     placed = parse_deploy(Path(args.deploy).read_text()) if args.deploy else {}
     xml = text.lstrip().startswith("<")
     document = parse_document(text) if xml and is_document(text) else None
@@ -296,10 +317,13 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     p.set_defaults(run=cmd_stream_create)
 
     query = sub.add_parser("query", help="queries").add_subparsers(dest="sub", required=True)
-    p = add_client_options(query.add_parser("submit", help="submit Medusa/Borealis XML or JSON"))
+    p = add_client_options(
+        query.add_parser("submit", help="submit SQL (FILE.sql), Medusa/Borealis XML or JSON")
+    )
     p.add_argument(
         "file",
-        help="the query: Medusa or Borealis XML (a whole <borealis> document too) or JSON",
+        help="the query: a SQL script (docs/sql.md), Medusa or Borealis XML (a whole "
+        "<borealis> document too) or JSON",
     )
     p.add_argument("--start", action="store_true", help="start the query once it is submitted")
     p.add_argument(
@@ -309,6 +333,11 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         "query's boxes on the peer at that address",
     )
     p.set_defaults(run=cmd_query_submit)
+    p = query.add_parser(
+        "explain", help="print the boxes, fragments and peers a query file would use"
+    )
+    p.add_argument("file", help="a SQL script, XML or JSON query (as for submit)")
+    p.set_defaults(run=cmd_query_explain)
     for verb, status in (("start", "RUNNING"), ("stop", "STOPPED"), ("delete", "DELETED")):
         p = add_client_options(query.add_parser(verb, help=f"set a query {status}"))
         p.add_argument("name", help="the query's name")

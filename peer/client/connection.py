@@ -29,8 +29,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from overlay.errors import LocalProtocolError, RemoteProtocolError
 from overlay.transport import TCP, FrameStream, Network
 from peer.client.payload import Batch, batch_payload
+from peer.client.sql import ScriptSubmitted, submit_script
 from peer.client.subscription import Subscription
 from peer.errors import FedstreamError, InvalidInput, Unauthorized, Unavailable
+from peer.model.schema import parse_schema
+from peer.model.sql import compile_script, is_sql, read_streams
 from peer.protocol.api import (
     PROTOCOL_VERSION,
     CreateQuery,
@@ -312,9 +315,32 @@ class Client:
         """Create a stream; ``replicas``: how many peers hold it (default: the peer's)."""
         return await self._ask(CreateStream(name, schema, replicas), CreateStreamReply)
 
-    async def create_query(self, query: str | Mapping[str, Any]) -> CreateQueryReply:
-        """Submit a query: Medusa/Borealis XML, JSON text, or a dict."""
+    async def create_query(
+        self, query: str | Mapping[str, Any], *, name: str = "query"
+    ) -> CreateQueryReply:
+        """Submit a query: Medusa/Borealis XML, JSON text, a dict, or a SQL script (compiled
+        here, see :meth:`submit_sql`; ``name`` names its INSERT without CREATE QUERY). For a
+        script the reply names its last query, and ``extra`` holds what :meth:`submit_sql`
+        returns (its streams, queries and warnings)."""
+        if isinstance(query, str) and is_sql(query):
+            done = await self.submit_sql(query, name=name)
+            last = done.queries[-1] if done.queries else ""
+            return CreateQueryReply(last, "SETUP", extra=done.to_wire())
         return await self._ask(CreateQuery(_plain(query)), CreateQueryReply)
+
+    async def submit_sql(
+        self, text: str, *, name: str = "query", start: bool = False, namespace: str = ""
+    ) -> ScriptSubmitted:
+        """Compile a SQL script (peer.model.sql; docs/sql.md) and create its streams and
+        queries in order, starting them when ``start``. A script the compiler refuses raises
+        :class:`~peer.errors.SqlError` (line, column, reason) before anything is sent."""
+        known = {}
+        for stream in read_streams(text):  # streams the script reads without declaring
+            found = await self.lookup_object(namespace + stream)
+            if found.get("kind") == "stream":
+                known[stream] = parse_schema(found["schema"])
+        script = compile_script(text, name=name, streams=known, namespace=namespace)
+        return await submit_script(self, script, start=start)
 
     async def set_query_status(self, name: str, status: str) -> SetQueryStatusReply:
         """SETUP, RUNNING, STOPPED or DELETED."""

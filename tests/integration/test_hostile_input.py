@@ -15,9 +15,9 @@ import pyarrow as pa
 import pytest
 
 from peer.client import Client
-from peer.errors import FedstreamError, InvalidInput, NotFound, QueryError, TupleError
-from peer.protocol.api import Push
-from peer.protocol.replies import PushReply
+from peer.errors import FedstreamError, InvalidInput, NotFound, QueryError, SqlError, TupleError
+from peer.protocol.api import CreateQuery, Push
+from peer.protocol.replies import CreateQueryReply, PushReply
 from peer.testing import PeerProcess, make_participants, participant_args
 from peer.testing.hostile import (
     Watch,
@@ -127,6 +127,32 @@ def test_a_query_sent_as_a_map_is_held_to_the_text_limit(peers: dict[str, PeerPr
             assert err.value.details["limit"] == "max_arrows_per_box"
             with pytest.raises(NotFound):
                 await client.lookup_object("wide")
+
+    run(go())
+
+
+def test_hostile_sql_is_refused_while_the_peer_answers(peers: dict[str, PeerProcess]) -> None:
+    """SQL scripts of 1 MiB nesting, 60,000 tokens and a forbidden function: the client's
+    compiler refuses them before sending anything; the same text sent raw as a create_query
+    frame (a client that does not compile SQL) is refused by the peer as a definition that is
+    neither XML nor JSON. Meanwhile the peer answers hello."""
+    peer = peers["a"]
+    ddl = "CREATE STREAM s (a BIGINT NOT NULL, t TIMESTAMP(3) NOT NULL);\n"
+    deep = ddl + "INSERT INTO o SELECT " + "(" * 500_000 + "a" + ")" * 500_000 + " FROM s"
+    flood = ddl + "INSERT INTO o SELECT a FROM s WHERE a IN (" + ",1" * 60_000 + ")"
+    forbidden = ddl + "INSERT INTO o SELECT java_method('java.lang.System', 'exit', 0) AS x FROM s"
+
+    async def go() -> None:
+        async with Client("127.0.0.1", peer.port) as client:
+            async with watch(peer) as seen:
+                for text in (deep, flood, forbidden):
+                    with pytest.raises(SqlError):
+                        await client.create_query(text, name="hostile")
+                with pytest.raises(QueryError):
+                    await client._ask(CreateQuery(deep), CreateQueryReply)
+            assert_absorbed(seen)
+            with pytest.raises(NotFound):
+                await client.lookup_object("hostile")
 
     run(go())
 

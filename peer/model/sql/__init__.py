@@ -1,0 +1,17 @@
+"""Streaming SQL (Flink's dialect of window table functions) compiled to fedstream's boxes.
+
+:func:`compile_script` reads a script of ``CREATE STREAM``, ``CREATE VIEW`` and ``INSERT
+INTO ... SELECT`` statements and gives the schemas, streams and queries (box graphs, the
+same objects the XML and JSON forms give) to create; docs/sql.md says what is accepted and
+how each construct becomes boxes. Pure: no Spark, no I/O.
+"""
+
+from peer.model.sql.script import Script, StreamDecl, compile_script, read_streams
+
+__all__ = ["Script", "StreamDecl", "compile_script", "is_sql", "read_streams"]
+
+
+def is_sql(text: str) -> bool:
+    """Whether a query definition's text is SQL rather than XML or JSON."""
+    stripped = text.lstrip()
+    return bool(stripped) and not stripped.startswith(("<", "{", "["))
