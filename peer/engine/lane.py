@@ -41,15 +41,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from peer.engine.compile import OUT, unfold
+from peer.engine.compile import OUT
 from peer.engine.lane_source import SOURCE_NAME, shapes
 from peer.engine.lanesql import (
     VIEW,
     MemberSql,
     lane_statement,
     member_sql,
-    slot_of,
     window_member_sql,
+    window_partial_sql,
 )
 from peer.engine.lanewin import WindowState, narrow_schema, prefix_query, window_box
 from peer.model.plan import AggregateSpec, CheckedQuery, FilterSpec, MapSpec, UnionSpec
@@ -106,9 +106,11 @@ class LaneMember:
             member.window = WindowState(box.spec, narrow_schema(box), box.output_schemas[0])
         return member
 
-    def sql(self, j: int, layout: dict[str, tuple[int, int]]) -> MemberSql:
+    def sql(self, j: int, layout: dict[str, tuple[int, int]], *, preaggregate: bool) -> MemberSql:
         if self.window is None or self.prefix is None:
             return member_sql(self.checked, j, layout)
+        if preaggregate:
+            return window_partial_sql(self.prefix, self.window.partials, j, layout)
         return window_member_sql(self.prefix, self.window.narrow, self.window.order_on, j, layout)
 
     @property
@@ -120,9 +122,20 @@ class Lane:
     """Owned by the engine; every method runs on the engine's Spark thread."""
 
     def __init__(
-        self, spools: SpoolSet, root: Path, *, name: str, trigger_s: float, max_rows: int
+        self,
+        spools: SpoolSet,
+        root: Path,
+        *,
+        name: str,
+        trigger_s: float,
+        max_rows: int,
+        preaggregate: bool = True,
     ) -> None:
         self.spools = spools
+        # Windowed members: aggregate per (window, group) in the executors and collect the
+        # partials (True), or collect their rows and aggregate on the driver (False: the path
+        # before, kept for the benchmark that compares the two).
+        self.preaggregate = preaggregate
         self.root = root
         self.name = name  # the streaming query's name in the Spark session
         self.trigger_s = trigger_s
@@ -134,9 +147,14 @@ class Lane:
         self.last_batch_s = 0.0
         # The SQL of the current member set over the current streams (key, statement, slots).
         self._statement_key: tuple[tuple[str, ...], tuple[str, ...]] | None = None
-        self._statement_sql: tuple[str, dict[str, str]] = ("", {})
+        self._statement_sql: tuple[str, list[list[str]]] = ("", [])
         self.layout: dict[str, tuple[int, int]] = {}  # stream -> (index, shape) in the source
         self.phase_s: dict[str, float] = {}  # the last batch: building, collecting, appending
+        # What the driver collected: the last batch's Arrow bytes and rows, and the totals.
+        self.collected_bytes = 0
+        self.collected_rows = 0
+        self.collected_bytes_total = 0
+        self.collected_rows_total = 0
         self._lock = threading.Lock()  # members are read by the sink on a py4j thread
         # Windowed members' states: loaded from the files at the first batch with such
         # members, then kept in memory; ``_windows_batch`` is the batch they reflect.
@@ -273,18 +291,26 @@ class Lane:
             if cached is not df:
                 cached.unpersist()
         collected = time.monotonic()
+        self.collected_bytes, self.collected_rows = table.nbytes, table.num_rows
+        self.collected_bytes_total += table.nbytes
+        self.collected_rows_total += table.num_rows
         for j, member in enumerate(members):
             if member.window is not None:
-                narrow = member.window.narrow
-                rows = _member_output(table, j, 0, narrow, slots[slot_of(narrow)])
-                closed = member.window.take(rows) if rows is not None else None
+                window = member.window
+                part = _member_output(table, j, 0, slots[j][0])
+                if part is None:
+                    closed = None
+                elif self.preaggregate:
+                    closed = window.take_partials(part)
+                else:
+                    closed = window.take(part)
                 if closed is not None:
                     out = member.checked.outputs[0]
                     self.spools.get(out).append(closed, origin=member.origin, seq=batch_id)
                     member.rows_out += closed.num_rows
                 continue
-            for k, (stream, schema) in enumerate(member.outputs):
-                part = _member_output(table, j, k, schema, slots[slot_of(schema)])
+            for k, (stream, _) in enumerate(member.outputs):
+                part = _member_output(table, j, k, slots[j][k])
                 if part is not None:
                     self.spools.get(stream).append(part, origin=member.origin, seq=batch_id)
                     member.rows_out += part.num_rows
@@ -301,11 +327,12 @@ class Lane:
 
     def _statement(
         self, members: list[LaneMember], layout: dict[str, tuple[int, int]]
-    ) -> tuple[str, dict[str, str]]:
+    ) -> tuple[str, list[list[str]]]:
         """The SQL of these members over these streams, translated once and then reused."""
         key = (tuple(m.origin for m in members), tuple(layout))
         if key != self._statement_key:
-            translated = [m.sql(j, layout) for j, m in enumerate(members)]
+            pre = self.preaggregate
+            translated = [m.sql(j, layout, preaggregate=pre) for j, m in enumerate(members)]
             self._statement_key, self._statement_sql = key, lane_statement(translated)
         return self._statement_sql
 
@@ -397,13 +424,17 @@ class Lane:
         return error_line(exc) if exc is not None else "stopped"
 
 
-def _member_output(
-    table: pa.Table, member: int, output: int, schema: Schema, slot: str
-) -> pa.Table | None:
+def _member_output(table: pa.Table, member: int, output: int, slot: str) -> pa.Table | None:
+    """One output of one member: the fields of its struct column in its rows."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     if table.num_rows == 0:
         return None
     mask = pc.and_(pc.equal(table.column(MEMBER), member), pc.equal(table.column(OUT), output))
     rows = table.filter(mask)
-    return unfold(rows, slot, schema) if rows.num_rows else None
+    if not rows.num_rows:
+        return None
+    struct = rows.column(slot).combine_chunks()
+    fields = [struct.type.field(i).name for i in range(struct.type.num_fields)]
+    return pa.Table.from_arrays([struct.field(i) for i in range(len(fields))], names=fields)
