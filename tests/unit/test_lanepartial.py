@@ -117,9 +117,9 @@ def reference(rows: list[dict[str, Any]], size: int, advance: int) -> dict[Any, 
             s -= advance
     out: dict[Any, list[Any]] = {}
     for key, rs in windows.items():
-        values = []
+        values: list[Any] = []
         for fn, arg in CALLS:
-            vs = [r[arg] for r in rs if r[arg] is not None] if arg else rs
+            vs: list[Any] = [r[arg] for r in rs if r[arg] is not None] if arg else list(rs)
             if fn == "count":
                 values.append(len(vs))
             elif fn == "count_distinct":
