@@ -7,8 +7,14 @@ Each Spark streaming query runs its own micro-batch loop on the driver (planning
 commit logs: ~0.3 s of driver time per batch, shared/notes/spark.md), so a peer that ran one
 streaming query per hosted query would fall behind as soon as it hosted a dozen. Queries made
 only of filter, map and union boxes need no state, so they can share one loop: the lane.
-Windowed aggregates fed by such boxes share it too: the statement gives them their rows, and
-each keeps its own windows and watermark on the driver (``peer.engine.lanewin``).
+Windowed aggregates fed by such boxes share it too: the statement cuts their tuples into
+windows and aggregates them per (window, group) in the executors, and each member merges
+those partial aggregates into its own windows and watermark on the driver
+(``peer.engine.lanepartial``, ``peer.engine.lanewin``). So what the driver collects grows
+with the windows and groups of a batch, not with its input rows; the per-tuple members'
+rows are collected as before, since they are those members' output, which the peer appends
+to its result spools. (``Lane(preaggregate=False)`` collects the windowed members' rows and
+aggregates them on the driver instead, for comparison: scripts/bench_lane_collect.py.)
 
 The lane's streaming plan is just ``fedlane source -> foreachBatch``. The source reads the
 spools of every stream some member query reads (one wide row per tuple, tagged with its
@@ -411,6 +417,9 @@ class Lane:
             **(member.window.describe() if member.window is not None else {}),
             "last_batch_s": round(self.last_batch_s, 4),
             "phase_s": {k: round(v, 4) for k, v in self.phase_s.items()},
+            # the whole lane's last batch: what the driver collected (Arrow bytes, rows)
+            "collected_bytes": self.collected_bytes,
+            "collected_rows": self.collected_rows,
         }
 
     def active(self) -> bool:

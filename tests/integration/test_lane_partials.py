@@ -275,4 +275,6 @@ def test_windowed_members_aggregate_in_the_executors_exactly(spark: Any, tmp_pat
     assert len(per_tuple_too) == len(per_tuple)
     passed = sum(1 for r in rows if r["k"] != 3) + 1  # the flush tuple too
     assert before.collected_rows_total == passed + len(per_tuple)
-    assert before.collected_bytes_total > lane.collected_bytes_total
+    # (Bytes are not compared here: with 12 groups, ~3 windows per 100-tuple file and 13
+    # partial columns, these partials are about as large as the rows. The reduction shows
+    # where batches hold many tuples per (window, group): scripts/bench_lane_collect.py.)
