@@ -16,7 +16,7 @@ aggregate queries on one input stream (a filter that passes every tuple, then a 
 ``--window-s`` window grouped by ``k``: count(), sum(v), avg(v), min(v), max(v)). A writer
 thread appends the input to the spool every 0.1 s at the point's rate: tuple i has event time
 1000 + i / rate seconds, ``k = i mod groups``, and v from a seeded generator, so both modes
-get the same tuples. After ``--warmup-s`` the script samples every lane batch for
+get the same tuples. After ``--warmup-s`` and at least 3 lane batches the script samples every lane batch for
 ``--seconds``: the Arrow bytes and rows the driver collected (``Lane.collected_bytes``, the
 ``nbytes`` of the table ``toArrow`` returned), the batch's seconds and its collect phase.
 Input rows per batch: the rows appended while measuring over the batches run. Both modes'
@@ -142,7 +142,11 @@ def run_mode(
     writer.start()
     samples: list[dict[str, float]] = []
     try:
+        # Warm-up: the first batches start Spark's Python workers and plan the statement.
         time.sleep(args.warmup_s)
+        ready = time.monotonic() + 300
+        while lane.batches < 3 and time.monotonic() < ready:
+            time.sleep(0.1)
         seen, first_rows, first_batches = lane.batches, writer.appended, lane.batches
         deadline = time.monotonic() + args.seconds
         while time.monotonic() < deadline:
