@@ -13,8 +13,10 @@ those partial aggregates into its own windows and watermark on the driver
 (``peer.engine.lanepartial``, ``peer.engine.lanewin``). So what the driver collects grows
 with the windows and groups of a batch, not with its input rows; the per-tuple members'
 rows are collected as before, since they are those members' output, which the peer appends
-to its result spools. (``Lane(preaggregate=False)`` collects the windowed members' rows and
-aggregates them on the driver instead, for comparison: scripts/bench_lane_collect.py.)
+to its result spools. With ``preaggregate=False`` (the engine's choice on a local master,
+where the executors share the driver's process and the shuffle stage a member's GROUP BY
+adds cost more than the copy it spares: scripts/bench_lane_collect.py) the lane collects the
+windowed members' rows and computes the same partials on the driver with Arrow.
 
 The lane's streaming plan is just ``fedlane source -> foreachBatch``. The source reads the
 spools of every stream some member query reads (one wide row per tuple, tagged with its

@@ -11,8 +11,9 @@ another would see its tuples dropped as late, and its windows held open by the o
 So the lane (``peer.engine.lane``) runs such queries without Spark state: the lane's one SQL
 statement applies each member's per-tuple boxes, cuts the member's tuples into windows and
 aggregates them per (window, group) in the executors, so the driver receives partial
-aggregates, not input rows (``peer.engine.lanepartial``). Here, per member, the partials are
-merged into the member's open windows. Each member keeps its own watermark, as if it ran
+aggregates, not input rows (``peer.engine.lanepartial``; on a local master the lane collects
+the rows and the same partials are computed here with Arrow). Here, per member, the partials
+are merged into the member's open windows. Each member keeps its own watermark, as if it ran
 alone:
 
 - the watermark follows Spark's rule: the largest event time the member has seen (in whole
