@@ -17,8 +17,9 @@ aggregate queries on one input stream (a filter that passes every tuple, then a 
 thread appends the input to the spool every 0.1 s at the point's rate: tuple i has event time
 1000 + i / rate seconds, ``k = i mod groups``, and v from a seeded generator, so both modes
 get the same tuples. After ``--warmup-s`` and at least 3 lane batches the script samples
-every lane batch for ``--seconds``: the Arrow bytes and rows the driver collected (``Lane.collected_bytes``, the
-``nbytes`` of the table ``toArrow`` returned), the batch's seconds and its collect phase.
+every lane batch for ``--seconds``: the Arrow bytes and rows the driver collected
+(``Lane.collected_bytes``, the ``nbytes`` of the table ``toArrow`` returned), the batch's
+seconds and its collect phase.
 Input rows per batch: the rows appended while measuring over the batches run. Both modes'
 emitted windows are compared where both closed them (they must be equal).
 """
