@@ -7,8 +7,16 @@ Each Spark streaming query runs its own micro-batch loop on the driver (planning
 commit logs: ~0.3 s of driver time per batch, shared/notes/spark.md), so a peer that ran one
 streaming query per hosted query would fall behind as soon as it hosted a dozen. Queries made
 only of filter, map and union boxes need no state, so they can share one loop: the lane.
-Windowed aggregates fed by such boxes share it too: the statement gives them their rows, and
-each keeps its own windows and watermark on the driver (``peer.engine.lanewin``).
+Windowed aggregates fed by such boxes share it too: the statement cuts their tuples into
+windows and aggregates them per (window, group) in the executors, and each member merges
+those partial aggregates into its own windows and watermark on the driver
+(``peer.engine.lanepartial``, ``peer.engine.lanewin``). So what the driver collects grows
+with the windows and groups of a batch, not with its input rows; the per-tuple members'
+rows are collected as before, since they are those members' output, which the peer appends
+to its result spools. With ``preaggregate=False`` (the engine's choice on a local master,
+where the executors share the driver's process and the shuffle stage a member's GROUP BY
+adds cost more than the copy it spares: scripts/bench_lane_collect.py) the lane collects the
+windowed members' rows and computes the same partials on the driver with Arrow.
 
 The lane's streaming plan is just ``fedlane source -> foreachBatch``. The source reads the
 spools of every stream some member query reads (one wide row per tuple, tagged with its
@@ -41,15 +49,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from peer.engine.compile import OUT, unfold
+from peer.engine.compile import OUT
 from peer.engine.lane_source import SOURCE_NAME, shapes
 from peer.engine.lanesql import (
     VIEW,
     MemberSql,
     lane_statement,
     member_sql,
-    slot_of,
     window_member_sql,
+    window_partial_sql,
 )
 from peer.engine.lanewin import WindowState, narrow_schema, prefix_query, window_box
 from peer.model.plan import AggregateSpec, CheckedQuery, FilterSpec, MapSpec, UnionSpec
@@ -106,9 +114,11 @@ class LaneMember:
             member.window = WindowState(box.spec, narrow_schema(box), box.output_schemas[0])
         return member
 
-    def sql(self, j: int, layout: dict[str, tuple[int, int]]) -> MemberSql:
+    def sql(self, j: int, layout: dict[str, tuple[int, int]], *, preaggregate: bool) -> MemberSql:
         if self.window is None or self.prefix is None:
             return member_sql(self.checked, j, layout)
+        if preaggregate:
+            return window_partial_sql(self.prefix, self.window.partials, j, layout)
         return window_member_sql(self.prefix, self.window.narrow, self.window.order_on, j, layout)
 
     @property
@@ -120,9 +130,20 @@ class Lane:
     """Owned by the engine; every method runs on the engine's Spark thread."""
 
     def __init__(
-        self, spools: SpoolSet, root: Path, *, name: str, trigger_s: float, max_rows: int
+        self,
+        spools: SpoolSet,
+        root: Path,
+        *,
+        name: str,
+        trigger_s: float,
+        max_rows: int,
+        preaggregate: bool = True,
     ) -> None:
         self.spools = spools
+        # Windowed members: aggregate per (window, group) in the executors and collect the
+        # partials (True), or collect their rows and aggregate on the driver (False: the path
+        # before, kept for the benchmark that compares the two).
+        self.preaggregate = preaggregate
         self.root = root
         self.name = name  # the streaming query's name in the Spark session
         self.trigger_s = trigger_s
@@ -134,9 +155,14 @@ class Lane:
         self.last_batch_s = 0.0
         # The SQL of the current member set over the current streams (key, statement, slots).
         self._statement_key: tuple[tuple[str, ...], tuple[str, ...]] | None = None
-        self._statement_sql: tuple[str, dict[str, str]] = ("", {})
+        self._statement_sql: tuple[str, list[list[str]]] = ("", [])
         self.layout: dict[str, tuple[int, int]] = {}  # stream -> (index, shape) in the source
         self.phase_s: dict[str, float] = {}  # the last batch: building, collecting, appending
+        # What the driver collected: the last batch's Arrow bytes and rows, and the totals.
+        self.collected_bytes = 0
+        self.collected_rows = 0
+        self.collected_bytes_total = 0
+        self.collected_rows_total = 0
         self._lock = threading.Lock()  # members are read by the sink on a py4j thread
         # Windowed members' states: loaded from the files at the first batch with such
         # members, then kept in memory; ``_windows_batch`` is the batch they reflect.
@@ -273,18 +299,26 @@ class Lane:
             if cached is not df:
                 cached.unpersist()
         collected = time.monotonic()
+        self.collected_bytes, self.collected_rows = table.nbytes, table.num_rows
+        self.collected_bytes_total += table.nbytes
+        self.collected_rows_total += table.num_rows
         for j, member in enumerate(members):
             if member.window is not None:
-                narrow = member.window.narrow
-                rows = _member_output(table, j, 0, narrow, slots[slot_of(narrow)])
-                closed = member.window.take(rows) if rows is not None else None
+                window = member.window
+                part = _member_output(table, j, 0, slots[j][0])
+                if part is None:
+                    closed = None
+                elif self.preaggregate:
+                    closed = window.take_partials(part)
+                else:
+                    closed = window.take(part)
                 if closed is not None:
                     out = member.checked.outputs[0]
                     self.spools.get(out).append(closed, origin=member.origin, seq=batch_id)
                     member.rows_out += closed.num_rows
                 continue
-            for k, (stream, schema) in enumerate(member.outputs):
-                part = _member_output(table, j, k, schema, slots[slot_of(schema)])
+            for k, (stream, _) in enumerate(member.outputs):
+                part = _member_output(table, j, k, slots[j][k])
                 if part is not None:
                     self.spools.get(stream).append(part, origin=member.origin, seq=batch_id)
                     member.rows_out += part.num_rows
@@ -301,11 +335,12 @@ class Lane:
 
     def _statement(
         self, members: list[LaneMember], layout: dict[str, tuple[int, int]]
-    ) -> tuple[str, dict[str, str]]:
+    ) -> tuple[str, list[list[str]]]:
         """The SQL of these members over these streams, translated once and then reused."""
         key = (tuple(m.origin for m in members), tuple(layout))
         if key != self._statement_key:
-            translated = [m.sql(j, layout) for j, m in enumerate(members)]
+            pre = self.preaggregate
+            translated = [m.sql(j, layout, preaggregate=pre) for j, m in enumerate(members)]
             self._statement_key, self._statement_sql = key, lane_statement(translated)
         return self._statement_sql
 
@@ -384,6 +419,9 @@ class Lane:
             **(member.window.describe() if member.window is not None else {}),
             "last_batch_s": round(self.last_batch_s, 4),
             "phase_s": {k: round(v, 4) for k, v in self.phase_s.items()},
+            # the whole lane's last batch: what the driver collected (Arrow bytes, rows)
+            "collected_bytes": self.collected_bytes,
+            "collected_rows": self.collected_rows,
         }
 
     def active(self) -> bool:
@@ -397,13 +435,17 @@ class Lane:
         return error_line(exc) if exc is not None else "stopped"
 
 
-def _member_output(
-    table: pa.Table, member: int, output: int, schema: Schema, slot: str
-) -> pa.Table | None:
+def _member_output(table: pa.Table, member: int, output: int, slot: str) -> pa.Table | None:
+    """One output of one member: the fields of its struct column in its rows."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     if table.num_rows == 0:
         return None
     mask = pc.and_(pc.equal(table.column(MEMBER), member), pc.equal(table.column(OUT), output))
     rows = table.filter(mask)
-    return unfold(rows, slot, schema) if rows.num_rows else None
+    if not rows.num_rows:
+        return None
+    struct = rows.column(slot).combine_chunks()
+    fields = [struct.type.field(i).name for i in range(struct.type.num_fields)]
+    return pa.Table.from_arrays([struct.field(i) for i in range(len(fields))], names=fields)

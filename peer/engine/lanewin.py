@@ -9,15 +9,18 @@ query is not exact: a Spark query has ONE event-time watermark, so a stream that
 another would see its tuples dropped as late, and its windows held open by the other's.
 
 So the lane (``peer.engine.lane``) runs such queries without Spark state: the lane's one SQL
-statement applies each member's per-tuple boxes and hands the driver the narrow rows its
-aggregate needs (order value, group-by fields, arguments). Here, per member, those rows are
-cut into windows, pre-aggregated with Arrow's hash aggregation, and merged into the member's
-open windows. Each member keeps its own watermark, as if it ran alone:
+statement applies each member's per-tuple boxes, cuts the member's tuples into windows and
+aggregates them per (window, group) in the executors, so the driver receives partial
+aggregates, not input rows (``peer.engine.lanepartial``; on a local master the lane collects
+the rows and the same partials are computed here with Arrow). Here, per member, the partials
+are merged into the member's open windows. Each member keeps its own watermark, as if it ran
+alone:
 
 - the watermark follows Spark's rule: the largest event time the member has seen (in whole
   milliseconds), minus its slack, never moving back, starting at the epoch;
 - a tuple counts in a window only if the window has not been emitted yet, that is unless
-  ``window end <= watermark`` when its micro-batch runs (Spark's late-row rule);
+  ``window end <= watermark`` when its micro-batch runs (Spark's late-row rule; it drops
+  whole windows, so it applies to the partials as it would to the rows);
 - a window is emitted, once and complete, as soon as ``window end <= watermark``: in the same
   lane batch that moved the watermark (Spark emits it in the next, empty, batch);
 - windows are cut as Spark's ``window()`` cuts them (aligned to the epoch, ``start <= t <
@@ -42,12 +45,11 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from peer.engine.lanepartial import TIMESTAMP, Partials, combine, final, micros, trunc_div
+from peer.engine.lanepartial import event_micros as event_micros  # (its home before)
 from peer.model.plan import (
-    AggregateCall,
     AggregateSpec,
     CheckedBox,
     CheckedQuery,
@@ -58,8 +60,6 @@ from peer.model.plan import (
 from peer.model.schema import Field, Schema, arrow_type, to_arrow_schema
 
 MERGEABLE = frozenset({"count", "count_distinct", "sum", "avg", "min", "max"})
-WS = "__ws"  # a window's start, microseconds since the epoch
-TIMESTAMP = "timestamp"
 
 
 def window_box(checked: CheckedQuery) -> CheckedBox | None:
@@ -103,25 +103,6 @@ def narrow_schema(box: CheckedBox) -> Schema:
     return Schema(f"{source.name}__narrow", tuple(source.field(n) for n in names))
 
 
-def _micros(seconds: float) -> int:
-    return round(seconds * 1_000_000)
-
-
-def _trunc_div(value: int, by: int) -> int:
-    """Integer division toward zero (the JVM's ``/`` on longs)."""
-    q = abs(value) // by
-    return q if value >= 0 else -q
-
-
-def event_micros(column: pa.ChunkedArray | pa.Array, type_: str) -> np.ndarray:
-    """The event time Spark windows on, in microseconds (``compile.to_event_time``)."""
-    if type_ == TIMESTAMP:
-        return np.asarray(pc.cast(column, pa.int64()).to_numpy(zero_copy_only=False))
-    scaled = pc.multiply(pc.cast(column, pa.float64()), 1_000_000.0)
-    rounded = pc.round(scaled, round_mode="half_towards_infinity")
-    return np.asarray(pc.cast(rounded, pa.int64()).to_numpy(zero_copy_only=False))
-
-
 def from_micros(values: list[int], type_: str) -> pa.Array:
     """Window bounds back in the order field's type (``compile.from_event_time``)."""
     if type_ == TIMESTAMP:
@@ -142,12 +123,10 @@ class WindowState:
         self.narrow = narrow
         self.out = out
         self.order_type = spec.order_type
-        self.size = _micros(spec.window_size)
-        self.advance = _micros(spec.advance)
-        self.delay_ms = _micros(spec.slack) // 1000
-        self.per_tuple = -(-self.size // self.advance)  # windows a tuple falls in
-        self.timestamps = {f.name for f in narrow.fields if f.type == TIMESTAMP}
-        self.arrow_aggs = _arrow_aggs(spec.calls)
+        self.partials = Partials(spec, narrow)
+        self.size = self.partials.size
+        self.delay_ms = micros(spec.slack) // 1000
+        self.timestamps = self.partials.timestamps
         self.reset()
 
     def reset(self) -> None:
@@ -167,83 +146,31 @@ class WindowState:
     # ------------------------------------------------------------------ taking a batch
     def take(self, rows: pa.Table) -> pa.Table | None:
         """Merge one batch's rows (``narrow`` fields, order value never NULL) and return the
-        windows the batch closes (the output stream's schema), or None."""
+        windows the batch closes (the output stream's schema), or None. The lane's path
+        without pre-aggregation in the executors: the partials are computed here."""
         if rows.num_rows == 0:
             return None
-        ts = event_micros(rows.column(self.order_on), self.order_type)
-        newest_ms = _trunc_div(int(ts.max()), 1000)
-        columns = {
-            name: rows.column(name).cast(pa.int64())
-            if name in self.timestamps
-            else rows.column(name)
-            for name in self.narrow.names
-        }
+        return self.take_partials(self.partials.of_rows(rows))
+
+    def take_partials(self, partials: pa.Table) -> pa.Table | None:
+        """Merge one batch's partial aggregates (``Partials``: from the executors, possibly
+        several per window and group) and return the windows the batch closes, or None."""
+        if partials.num_rows == 0:
+            return None
         open_after = self.watermark_ms * 1000  # a window ending at or before it was emitted
-        last_start = ts - np.mod(ts, self.advance)
-        parts = []
-        for k in range(self.per_tuple):
-            start = last_start - k * self.advance
-            end = start + self.size
-            holds = end > ts  # the tuple falls in this window
-            keep = holds & (end > open_after)
-            self.late += int(np.count_nonzero(holds & ~keep))
-            if not keep.any():
+        newest = None
+        calls = self.spec.calls
+        for start, group, pairs, tmax, accs in self.partials.rows(partials):
+            newest = tmax if newest is None else max(newest, tmax)
+            if start + self.size <= open_after:
+                self.late += pairs
                 continue
-            mask = pa.array(keep)
-            part = {WS: pa.array(start[keep], pa.int64())}
-            part.update((name, pc.filter(col, mask)) for name, col in columns.items())
-            parts.append(pa.table(part))
-        if parts:
-            self._merge(pa.concat_tables(parts))
-        self.watermark_ms = max(self.watermark_ms, newest_ms - self.delay_ms)
-        return self._emit()
-
-    def _merge(self, table: pa.Table) -> None:
-        spec = self.spec
-        aggs = self.arrow_aggs
-        keys = [WS, *spec.group_by]
-        grouped = table.group_by(keys, use_threads=False).aggregate(aggs)
-        cols = [grouped.column(i).to_pylist() for i in range(grouped.num_columns)]
-        # Arrow puts the keys last in older releases and first in newer ones.
-        if grouped.column_names[: len(keys)] == keys:
-            key_cols, values = cols[: len(keys)], cols[len(keys) :]
-        else:
-            values, key_cols = cols[: len(aggs)], cols[len(aggs) :]
-        for r, key in enumerate(zip(*key_cols, strict=True)):
-            partial = self._partial(values, r)
+            key = (start, *group)
             have = self.groups.get(key)
-            self.groups[key] = partial if have is None else self._combine(have, partial)
-
-    def _partial(self, values: list[list[Any]], r: int) -> list[Any]:
-        out: list[Any] = []
-        i = 0
-        for call in self.spec.calls:
-            if call.function == "avg":
-                out.append([values[i][r], values[i + 1][r]])
-                i += 2
-                continue
-            value = values[i][r]
-            out.append(set(value) if call.function == "count_distinct" else value)
-            i += 1
-        return out
-
-    def _combine(self, have: list[Any], new: list[Any]) -> list[Any]:
-        out: list[Any] = []
-        for call, a, b in zip(self.spec.calls, have, new, strict=True):
-            fn = call.function
-            if fn == "count":
-                out.append(a + b)
-            elif fn == "count_distinct":
-                out.append(a | b)
-            elif fn == "avg":
-                out.append([_add(a[0], b[0]), a[1] + b[1]])
-            elif fn == "sum":
-                out.append(_add(a, b))
-            elif fn == "min":
-                out.append(b if a is None else a if b is None else min(a, b))
-            else:
-                out.append(b if a is None else a if b is None else max(a, b))
-        return out
+            self.groups[key] = accs if have is None else combine(calls, have, accs)
+        assert newest is not None
+        self.watermark_ms = max(self.watermark_ms, trunc_div(newest, 1000) - self.delay_ms)
+        return self._emit()
 
     # ------------------------------------------------------------------ emitting
     def _emit(self) -> pa.Table | None:
@@ -261,12 +188,12 @@ class WindowState:
         for g, name in enumerate(spec.group_by, start=1):
             arrays.append(self._column([k[g] for k in due], name, self.narrow.field(name)))
         for c, call in enumerate(spec.calls):
-            final = [_final(call.function, acc[c]) for acc in accs]
+            results = [final(call.function, acc[c]) for acc in accs]
             field = self.out.field(call.output_name)
             if call.function in ("min", "max") and call.argument in self.timestamps:
-                arrays.append(pa.array(final, pa.int64()).cast(arrow_type(TIMESTAMP)))
+                arrays.append(pa.array(results, pa.int64()).cast(arrow_type(TIMESTAMP)))
             else:
-                arrays.append(pa.array(final, arrow_type(field.type)))
+                arrays.append(pa.array(results, arrow_type(field.type)))
         return pa.Table.from_arrays(arrays, schema=to_arrow_schema(self.out))
 
     def _column(self, values: list[Any], name: str, field: Field) -> pa.Array:
@@ -292,42 +219,6 @@ class WindowState:
             tuple(key): [set(a) if d else a for a, d in zip(acc, distinct, strict=True)]
             for key, acc in state["g"]
         }
-
-
-def _arrow_aggs(calls: Iterable[AggregateCall]) -> list[tuple[Any, ...]]:
-    """Arrow's hash aggregations giving each call's partial state for one batch (avg: a sum
-    and a count)."""
-    valid = pc.CountOptions(mode="only_valid")
-    some = pc.ScalarAggregateOptions(min_count=1)  # NULL, not 0, when no value is present
-    aggs: list[tuple[Any, ...]] = []
-    for call in calls:
-        arg, fn = call.argument, call.function
-        if fn == "count":
-            aggs.append(
-                (WS, "count", pc.CountOptions(mode="all")) if arg is None else (arg, "count", valid)
-            )
-        elif fn == "count_distinct":
-            aggs.append((arg, "distinct", valid))
-        elif fn == "avg":
-            aggs += [(arg, "sum", some), (arg, "count", valid)]
-        else:  # sum, min, max
-            aggs.append((arg, fn, some))
-    return aggs
-
-
-def _add(a: Any, b: Any) -> Any:
-    if a is None:
-        return b
-    return a if b is None else a + b
-
-
-def _final(function: str, acc: Any) -> Any:
-    if function == "count_distinct":
-        return len(acc)
-    if function == "avg":
-        total, count = acc
-        return None if not count or total is None else total / count
-    return acc
 
 
 def _sort_key(key: Iterable[Any]) -> tuple[Any, ...]:

@@ -89,6 +89,7 @@ class Engine:
         lane_after: int = 1,
         max_backlog: int = 0,
         fetch: FetchEndpoint | None = None,
+        lane_preaggregate: bool | None = None,
     ) -> None:
         self.spools = spools
         # Input without a shared disk: with the peer's fetch server, Spark's executors fetch
@@ -121,6 +122,13 @@ class Engine:
             name=query_key(str(lane_root), "lane"),
             trigger_s=trigger_s,
             max_rows=max_rows_per_batch,
+            # Windowed lane members aggregate in the executors on a cluster, where that spares
+            # the driver their rows; on a local master the executors are this process, and
+            # the extra shuffle stage per member cost more than the rows it spared
+            # (docs/benchmarks.md, "What the lane's driver collects"). None: decide so.
+            preaggregate=(
+                not master.startswith("local") if lane_preaggregate is None else lane_preaggregate
+            ),
         )
         # Seams for replicated fragments (peer.replication.fragment_failover), called on Spark's
         # callback thread: ``on_batch(query, batch id, checkpoint)`` before a micro-batch
