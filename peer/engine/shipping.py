@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 PACKAGES = ("peer", "overlay", "contracts")
 # What executors import: the spool and lane sources, the boxes' functions, the lane's window
-# code, and this module (its check runs there).
+# code, and this module and the doctor's probe (their checks run there).
 EXECUTOR_ROOTS = (
     "peer.engine.source",
     "peer.engine.lane_source",
@@ -51,6 +51,7 @@ EXECUTOR_ROOTS = (
     "peer.engine.stateful",
     "peer.engine.compile",
     "peer.engine.shipping",
+    "peer.engine.cluster_probe",
 )
 ZIP_NAME = "fedstream-executor.zip"
 _FIXED_TIME = (2020, 1, 1, 0, 0, 0)  # the same modules make the same bytes

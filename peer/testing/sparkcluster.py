@@ -146,6 +146,7 @@ class SparkCluster:
         self.cores = cores
         self.worker_memory = worker_memory
         self.hide_code = hide_code
+        self._own_base = base is None  # removed on exit (logs and work directories)
         self.base = base or Path(tempfile.mkdtemp(prefix=f"fscluster{tag}-"))
         self.master_port = 0
         self.master_proc: subprocess.Popen[bytes] | None = None
@@ -355,3 +356,13 @@ class SparkCluster:
                 _run("ip", "link", "del", host.veth_here)
         with contextlib.suppress(RuntimeError, OSError, subprocess.TimeoutExpired):
             _run("ip", "link", "del", self.bridge)
+        if self._own_base:
+            shutil.rmtree(self.base, ignore_errors=True)
+
+    def logs(self) -> str:
+        """The tails of the Master's and Workers' logs (for a failing test's message)."""
+        parts = []
+        for path in [self.base / "master.log", *(h.log_path for h in self.hosts)]:
+            if path.exists():
+                parts.append(f"--- {path.name}\n{path.read_text(errors='replace')[-3000:]}")
+        return "\n".join(parts)
