@@ -18,9 +18,12 @@ with the peer's data directory under ``hidden`` as here.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -191,3 +194,50 @@ def test_doctor_catches_a_peer_address_executors_cannot_reach(
     assert lines["code"].startswith("ok"), out
     assert lines["reach"].startswith("FAIL executors cannot reach this peer at 127.0.0.1:"), out
     assert "ConnectionRefusedError" in lines["reach"]
+
+
+def test_a_peer_joins_with_the_cluster_as_its_engine(
+    spark_cluster: SparkCluster, hidden: Path
+) -> None:
+    """``peer join --spark-master spark://...``: the executor check passes at start, and the
+    warm-up query (the spool source, a windowed aggregate on RocksDB, foreachBatch) runs on the
+    executors, reading its spool from the peer's directory in the shared checkpoint dir."""
+    data = hidden / "peer-on-cluster"
+    data.mkdir()
+    log_path = hidden / "peer-on-cluster.log"
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "peer.cli", "-v", "join", "--data-dir", str(data),
+                "--listen", f"{spark_cluster.driver_host}:0", "--http", "off",
+                "--spark-master", spark_cluster.master_url,
+                "--checkpoint-dir", f"file://{spark_cluster.shared}",
+                "--spark-conf", "spark.executor.memory=512m",
+            ],
+            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        text = ""
+        while time.monotonic() < deadline and proc.poll() is None:
+            text = log_path.read_text(errors="replace")
+            if "spark warmed up in" in text or "warm-up did not finish" in text:
+                break
+            time.sleep(1)
+        assert proc.poll() is None, text[-4000:]
+        assert (data / "peer.json").exists(), text[-4000:]
+        assert "shipped" in text and "spark warmed up in" in text, text[-4000:] + (
+            spark_cluster.logs()
+        )
+        record = json.loads((data / "checkpoint-home.json").read_text())
+        home = spark_cluster.shared / record["name"]
+        assert (home / "checkpoints").is_dir()
+        assert (home / "executor-code" / "fedstream-executor.zip").is_file()
+        assert not (data / "checkpoints").exists()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
