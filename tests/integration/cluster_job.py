@@ -59,7 +59,7 @@ def main(master: str, driver_host: str, checkpoint: str, windows: int) -> None:
         .foreachBatch(sink)
         .start()
     )
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + 420
     while time.monotonic() < deadline:
         with lock:
             starts = {r["start"] for r in rows}

@@ -241,3 +241,49 @@ def test_a_peer_joins_with_the_cluster_as_its_engine(
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
+
+
+def test_a_worker_killed_mid_stream_and_started_again_keeps_the_result_exact(
+    spark_cluster: SparkCluster,
+) -> None:
+    """SIGKILL of a Worker host mid-stream (peer.testing.sparkcluster's helper): Spark runs the
+    lost tasks on the other executor; the Worker started again registers anew; every window
+    still equals plain Python."""
+    checkpoint = spark_cluster.shared / "job-killed"
+    commits = checkpoint / "commits"
+    job = subprocess.Popen(
+        [
+            sys.executable, "-m", "tests.integration.cluster_job", spark_cluster.master_url,
+            spark_cluster.driver_host, str(checkpoint), "40",
+        ],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+
+    def committed() -> int:
+        return len([p for p in commits.glob("[0-9]*")]) if commits.is_dir() else 0
+
+    try:
+        deadline = time.monotonic() + 300
+        while committed() < 3 and time.monotonic() < deadline and job.poll() is None:
+            time.sleep(0.2)
+        assert committed() >= 3, "the job made no progress"
+        spark_cluster.kill_worker(1)
+        mark = committed()
+        while committed() < mark + 3 and time.monotonic() < deadline and job.poll() is None:
+            time.sleep(0.2)
+        assert committed() >= mark + 3, "no progress on the one Worker left"
+        spark_cluster.start_worker(1)
+        out, err = job.communicate(timeout=400)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait(30)
+        if spark_cluster.hosts[1].proc is None:
+            spark_cluster.start_worker(1)
+    assert job.returncode == 0, err[-4000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["error"] is None
+    got = sorted((r["start"], r["grp"], r["n"], r["total"]) for r in result["rows"])
+    starts = {start for start, *_ in got}
+    assert len(starts) >= 40 and starts == set(range(0, 5 * len(starts), 5))
+    assert got == _expected(starts)

@@ -228,3 +228,12 @@ def test_the_zip_imports_on_its_own(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().startswith(str(archive))
+
+
+def test_doctor_checks_a_checkpoint_dir_only_with_a_cluster(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from peer.cli import main
+
+    assert main(["doctor", "--quick", "--checkpoint-dir", "/shared/ck"]) == 2
+    assert "give --spark-master too" in capsys.readouterr().err
