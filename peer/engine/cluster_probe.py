@@ -235,7 +235,7 @@ class ClusterProbe:
         listener = threading.Thread(target=accept, name="doctor-reach", daemon=True)
         listener.start()
         try:
-            tasks = self.executors * 2
+            tasks = self.executors * 4
             rdd = self.spark.sparkContext.parallelize(range(tasks), tasks)
             answers = run_bounded(
                 self.spark,
@@ -272,7 +272,7 @@ class ClusterProbe:
             ) from exc
         try:
             token = uuid.uuid4().hex
-            tasks = self.executors * 2
+            tasks = self.executors * 4
             rdd = self.spark.sparkContext.parallelize(range(tasks), tasks)
             marks = run_bounded(
                 self.spark,

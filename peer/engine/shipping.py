@@ -148,9 +148,17 @@ def executor_count(spark: SparkSession) -> int:
     return max(0, len(infos) - 1)
 
 
-def wait_for_executors(spark: SparkSession, timeout_s: float) -> int:
+def wait_for_executors(spark: SparkSession, timeout_s: float, settle_s: float = 5.0) -> int:
+    """How many executors registered: once one has, until no other came for ``settle_s``
+    (executors of one cluster start together, not at once), within ``timeout_s`` in all."""
     deadline = time.monotonic() + timeout_s
-    while (count := executor_count(spark)) == 0 and time.monotonic() < deadline:
+    count, since = 0, time.monotonic()
+    while time.monotonic() < deadline:
+        now = executor_count(spark)
+        if now != count:
+            count, since = now, time.monotonic()
+        elif count and time.monotonic() - since >= settle_s:
+            break
         time.sleep(0.5)
     return count
 
