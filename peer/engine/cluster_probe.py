@@ -184,7 +184,8 @@ class ClusterProbe:
             ship_dir=Path(self._ship.name),
             check=False,
         )
-        self.executors = wait_for_executors(self.spark, self.timeout_s)
+        # executors start one after another: a doctor waits longer for the last than a peer
+        self.executors = wait_for_executors(self.spark, self.timeout_s, settle_s=15.0)
         if self.executors == 0:
             sc = self.spark.sparkContext
             driver = (
