@@ -264,7 +264,7 @@ class SparkCluster:
         ]
         return "\n".join(lines)
 
-    def start_worker(self, index: int, timeout_s: float = 90) -> WorkerHost:
+    def start_worker(self, index: int, timeout_s: float = 240) -> WorkerHost:
         """Start Worker ``index`` on its host and wait until the Master registered it."""
         host = self.hosts[index]
         if host.proc is not None and host.proc.poll() is None:
@@ -327,7 +327,7 @@ class SparkCluster:
         needle: str,
         proc: subprocess.Popen[bytes],
         what: str,
-        timeout_s: float = 90,
+        timeout_s: float = 240,
         since: int = 0,
     ) -> None:
         deadline = time.monotonic() + timeout_s
