@@ -55,6 +55,7 @@ class PeerConfig:
     engine: bool = True
     spark_master: str = "local[*]"
     spark_conf: dict[str, str] = field(default_factory=dict)
+    checkpoint_root: Path | None = None  # None: DATA_DIR/checkpoints (peer.engine.checkpoint_home)
     trigger_s: float = 0.0
     max_rows_per_batch: int = 200_000
     # Run filter/map/union-only queries together in one streaming query (peer.engine.lane).
@@ -129,8 +130,7 @@ class PeerConfig:
 
 
 class Peer:
-    """A peer process's objects, built from a :class:`PeerConfig` and run under one
-    TaskGroup until :meth:`stop`."""
+    """A peer's objects, built from a :class:`PeerConfig`, run in one TaskGroup until stop()."""
 
     def __init__(self, config: PeerConfig) -> None:
         self.config = config
@@ -222,7 +222,7 @@ class Peer:
             )
         engine = Engine(
             site.spools,
-            self.data_dir / "checkpoints",
+            config.checkpoint_root or self.data_dir / "checkpoints",
             master=config.spark_master,
             conf=config.spark_conf,
             trigger_s=config.trigger_s,

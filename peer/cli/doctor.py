@@ -1,4 +1,8 @@
-"""``peer doctor``: what is wrong with this machine for running a peer, and how to fix it."""
+"""``peer doctor``: what is wrong with this machine for running a peer, and how to fix it.
+
+With ``--spark-master`` of a cluster, the cluster is checked instead of a local Spark
+(:mod:`peer.engine.cluster_probe`): master, driver address, executors, shipped code,
+executors reaching this peer, and the shared checkpoint directory."""
 
 from __future__ import annotations
 
@@ -12,6 +16,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from peer.cli.options import UsageError, parse_addr
+from peer.engine.cluster_conf import is_cluster
+from peer.engine.cluster_probe import ClusterProbe
 from peer.engine.java import HOW_TO_FIX, find_java
 from peer.errors import FedstreamError
 from peer.storage.spool_format import STREAM_FILE, scan_spools
@@ -111,7 +118,11 @@ def _spark() -> str:
     return f"Spark {version} started and ran a job in {time.monotonic() - started:.1f} s"
 
 
-def run_doctor(*, data_dir: Path, listen: str, spark: bool = True) -> int:
+def run_doctor(
+    *, data_dir: Path, listen: str, spark: bool = True, cluster: ClusterProbe | None = None
+) -> int:
+    """Print each check's outcome; 0 when all passed. With ``cluster``, the cluster's checks
+    (peer.engine.cluster_probe) replace the local Spark start-up check."""
     checks: list[tuple[str, Callable[[], str]]] = [
         ("python", _python),
         ("packages", _packages),
@@ -120,8 +131,20 @@ def run_doctor(*, data_dir: Path, listen: str, spark: bool = True) -> int:
         ("spools", _spools(data_dir)),
         ("port", _port(listen)),
     ]
-    if spark:
+    if cluster is not None:
+        checks.extend(cluster.checks())
+    elif spark:
         checks.append(("spark", _spark))
+    try:
+        failed = _report(checks)
+    finally:
+        if cluster is not None:
+            cluster.close()
+    print("all good" if not failed else f"{failed} problem(s) found")
+    return 0 if not failed else 1
+
+
+def _report(checks: list[tuple[str, Callable[[], str]]]) -> int:
     failed = 0
     for name, check in checks:
         try:
@@ -134,12 +157,25 @@ def run_doctor(*, data_dir: Path, listen: str, spark: bool = True) -> int:
             failed += 1
             hint = f" {HOW_TO_FIX}" if name == "spark" else ""
             print(f"FAIL  {name:9} {exc}{hint}")
-    print("all good" if not failed else f"{failed} problem(s) found")
-    return 0 if not failed else 1
+    return failed
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    return run_doctor(data_dir=Path(args.data_dir), listen=args.listen, spark=not args.quick)
+    cluster = None
+    if args.spark_master is not None and is_cluster(args.spark_master):
+        cluster = ClusterProbe(
+            args.spark_master,
+            parse_addr(args.listen, what="--listen"),
+            driver_host=args.spark_driver_host,
+            spark_conf=tuple(args.spark_conf),
+            checkpoint_dir=args.checkpoint_dir,
+            timeout_s=args.cluster_timeout,
+        )
+    elif args.checkpoint_dir is not None:
+        raise UsageError("--checkpoint-dir is checked with a cluster: give --spark-master too")
+    return run_doctor(
+        data_dir=Path(args.data_dir), listen=args.listen, spark=not args.quick, cluster=cluster
+    )
 
 
 def add_doctor_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -154,4 +190,35 @@ def add_doctor_command(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         help="the client API address that must be free to listen on",
     )
     p.add_argument("--quick", action="store_true", help="skip the Spark start-up check")
+    p.add_argument(
+        "--spark-master",
+        metavar="URL",
+        help="check this cluster instead of a local Spark: the master answers, executors "
+        "start, import the peer's code, reach the --listen address, and share --checkpoint-dir",
+    )
+    p.add_argument(
+        "--checkpoint-dir",
+        metavar="URI",
+        help="with --spark-master: the directory that must be the same for this host and "
+        "every executor",
+    )
+    p.add_argument(
+        "--spark-driver-host",
+        metavar="HOST",
+        help="with --spark-master: the driver address executors reach (as for `peer join`)",
+    )
+    p.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --spark-master: a Spark setting, as for `peer join` (repeat)",
+    )
+    p.add_argument(
+        "--cluster-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="how long to wait for executors to register, and for each cluster check",
+    )
     p.set_defaults(sync=cmd_doctor)

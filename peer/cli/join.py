@@ -44,6 +44,7 @@ async def cmd_join(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--repair-after must be a number of seconds above 0, not {args.repair_after}"
         )
+    spark_conf, checkpoint_root = engine_options(args, host)
     if not args.no_engine:
         from peer.engine.java import find_java
 
@@ -62,6 +63,8 @@ async def cmd_join(args: argparse.Namespace) -> int:
         fuse_stateless=not args.no_lane,
         warm_up=not args.no_warm_up,
         spark_master=args.spark_master,
+        spark_conf=spark_conf,
+        checkpoint_root=checkpoint_root,
         overlay_host=overlay_host,
         overlay_port=overlay_port,
         bootstrap=bootstrap,
@@ -125,6 +128,24 @@ async def cmd_join(args: argparse.Namespace) -> int:
     with contextlib.suppress(OSError):
         (config.data_dir / "peer.json").unlink()
     return 0
+
+
+def engine_options(args: argparse.Namespace, listen_host: str) -> tuple[dict[str, str], Path]:
+    """The Spark settings and the checkpoint directory that the options give, or a usage
+    error saying what to give instead (peer.engine.cluster_conf, peer.engine.checkpoint_home)."""
+    from peer.engine.checkpoint_home import CheckpointDirError, resolve
+    from peer.engine.cluster_conf import ClusterError, driver_conf, parse_master, parse_spark_conf
+
+    try:
+        master = parse_master(args.spark_master)
+        conf = {
+            **driver_conf(master, listen_host, args.spark_driver_host),
+            **parse_spark_conf(args.spark_conf),
+        }
+        home = resolve(Path(args.data_dir), args.checkpoint_dir)
+    except (ClusterError, CheckpointDirError) as exc:
+        raise UsageError(str(exc)) from exc
+    return conf, home.root
 
 
 def refused_message(exc: NotAdmitted, data_dir: str) -> str:
@@ -305,8 +326,30 @@ def add_join_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--spark-master",
         default="local[*]",
         metavar="URL",
-        help="the Spark master of this peer's engine: local[N], spark://HOST:PORT, or "
-        "sc://HOST:PORT for Spark Connect",
+        help="the Spark master of this peer's engine: local[N], or spark://HOST:PORT for a "
+        "standalone cluster whose executors run on other hosts (docs/operations.md, "
+        "'Running a peer on a Spark cluster')",
+    )
+    p.add_argument(
+        "--spark-driver-host",
+        metavar="HOST",
+        help="with a cluster master: the address executors reach this peer's Spark driver at "
+        "(default: the --listen host)",
+    )
+    p.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting (repeat), e.g. spark.driver.port=7078, "
+        "spark.blockManager.port=7079, spark.executor.memory=2g; overrides the peer's own",
+    )
+    p.add_argument(
+        "--checkpoint-dir",
+        metavar="URI",
+        help="where Spark checkpoints and state go: a directory every cluster host mounts at "
+        "the same path (/shared/dir or file:///shared/dir); each peer takes a directory of "
+        "its own beneath it (default: DATA_DIR/checkpoints)",
     )
     p.add_argument("--no-engine", action="store_true", help="serve without Spark")
     p.add_argument(

@@ -177,6 +177,7 @@ class Engine:
                 self.master,
                 conf=self.conf,
                 warehouse_dir=str(self.checkpoint_root.parent / "warehouse"),
+                ship_dir=self.checkpoint_root.parent / "executor-code",
             )
             register_sources(session)
             register_lane_source(session)

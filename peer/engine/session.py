@@ -4,6 +4,11 @@ Settings follow the measurements in shared/notes/spark.md: few shuffle partition
 stateful checkpoints, so they must be small before the first start), the RocksDB state store,
 join state format 4, no UI, and Python workers on this very interpreter so that the spool
 data source finds pyarrow and this package.
+
+On a cluster master (``peer.engine.cluster_conf``) the driver binds the address its caller
+gives in ``conf`` instead of loopback, the peer's executor-side modules are shipped to the
+executors (``peer.engine.shipping``) and, unless ``check`` is off, the executors are checked
+to run them with this Python and pyarrow before any query starts.
 """
 
 from __future__ import annotations
@@ -11,9 +16,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from peer.engine.cluster_conf import is_cluster
 from peer.engine.java import find_java
 
 if TYPE_CHECKING:
@@ -67,17 +74,31 @@ def build_session(
     app_name: str = "fedstream-peer",
     conf: dict[str, str] | None = None,
     warehouse_dir: str | None = None,
+    *,
+    ship_dir: Path | None = None,
+    check: bool = True,
 ) -> SparkSession:
-    """Start (or return) this process's Spark session. Blocking: call off the event loop."""
+    """Start (or return) this process's Spark session. Blocking: call off the event loop.
+    On a cluster master the executors' code is written to ``ship_dir`` (default: a fresh
+    temporary directory) and shipped; ``check`` runs the executor check."""
     find_java()  # fail with the actionable message, not a py4j trace
+    cluster = is_cluster(master)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    # Without it Spark warns on every start that the host name resolves to loopback.
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    settings = dict(DEFAULT_CONF)
+    if cluster:
+        # Executors on other hosts connect back to the driver: it binds what the caller
+        # says (peer.engine.cluster_conf.driver_conf), not loopback.
+        del settings["spark.driver.bindAddress"], settings["spark.driver.host"]
+        bind = (conf or {}).get("spark.driver.bindAddress")
+        if bind and bind not in ("0.0.0.0", "::"):
+            os.environ["SPARK_LOCAL_IP"] = bind
+    else:
+        # Without it Spark warns on every start that the host name resolves to loopback.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.master(master).appName(app_name)
-    settings = dict(DEFAULT_CONF)
     if warehouse_dir:
         settings["spark.sql.warehouse.dir"] = warehouse_dir
     log4j = Path(__file__).with_name("log4j2.properties")
@@ -87,5 +108,15 @@ def build_session(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    if cluster:
+        from peer.engine import shipping
+
+        shipping.ship(spark, ship_dir or Path(tempfile.mkdtemp(prefix="fedstream-ship-")))
+        if check:
+            try:
+                shipping.check_executors(spark)
+            except BaseException:
+                spark.stop()
+                raise
     log.info("spark session ready: master=%s version=%s", master, spark.version)
     return spark

@@ -108,7 +108,14 @@ def write_contract(tmp_path: Path) -> tuple[dict[str, Path], str, Path]:
 
 
 @pytest.fixture
-def pair(tmp_path: Path, spark: Any) -> Iterator[tuple[PeerThread, PeerThread, str]]:
+def pair(
+    tmp_path: Path, spark: Any, request: pytest.FixtureRequest
+) -> Iterator[tuple[PeerThread, PeerThread, str]]:
+    """Two partners; with the parameter "shared", their checkpoints in one shared directory
+    (``--checkpoint-dir``: a directory of its own each, beneath it), as on a cluster."""
+    from peer.engine.checkpoint_home import resolve
+
+    shared = getattr(request, "param", "data-dir") == "shared"
     keys, contract_id, contracts = write_contract(tmp_path)
     fast = {"gossip_interval_s": 0.3, "suspect_after_s": 3.0, "dead_after_s": 8.0}
     started: list[PeerThread] = []
@@ -119,8 +126,10 @@ def pair(tmp_path: Path, spark: Any) -> Iterator[tuple[PeerThread, PeerThread, s
                 a = started[0].peer
                 assert a.overlay is not None
                 bootstrap = [("127.0.0.1", a.overlay.port)]
+            home = resolve(tmp_path / name, str(tmp_path / "nfs")) if shared else None
             config = PeerConfig(
                 data_dir=tmp_path / name,
+                checkpoint_root=home.root if home is not None else None,
                 port=0,
                 participant=name,
                 key_path=keys[name],
@@ -176,6 +185,7 @@ async def set_up(
     return made
 
 
+@pytest.mark.parametrize("pair", ["data-dir", "shared"], indirect=True)
 def test_a_fragment_moves_with_its_state_and_the_output_stays_exact(
     pair: tuple[PeerThread, PeerThread, str],
 ) -> None:
@@ -229,6 +239,10 @@ def test_a_fragment_moves_with_its_state_and_the_output_stays_exact(
 
     assert as_counter(rows) == want
     assert as_counter(seen) == want
+    engine_a, engine_b = site_of(a).engine, site_of(b).engine
+    assert engine_a is not None and engine_b is not None
+    assert engine_a.checkpoint_root != engine_b.checkpoint_root
+    assert any(engine_b.checkpoint_root.iterdir())  # B runs it from its own directory
 
 
 def test_a_fragment_moves_there_and_back_and_the_output_stays_exact(
