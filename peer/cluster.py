@@ -31,6 +31,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
+from peer.timing import wait_until as poll
+
 __all__ = [
     "LocalFederation",
     "PeerProcess",
@@ -363,18 +365,10 @@ async def wait_until(
 ) -> Any:
     """Await ``probe()`` every ``every_s`` until it returns something true (returned) or
     ``timeout_s`` has passed (TimeoutError naming ``what`` and the last outcome). Errors of a
-    federation in flux (a peer not up yet, refusing, timing out) count as a false outcome."""
+    federation in flux (a peer not up yet, refusing, timing out) count as a false outcome:
+    :func:`peer.timing.wait_until` with those tolerated."""
     from peer.errors import FedstreamError
 
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = await probe()
-        except (FedstreamError, TimeoutError, OSError) as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        await asyncio.sleep(every_s)
-    raise TimeoutError(f"{what}: not after {timeout_s:.0f} s (last: {last!r})")
+    return await poll(
+        probe, what, timeout_s, every_s=every_s, tolerate=(FedstreamError, TimeoutError, OSError)
+    )

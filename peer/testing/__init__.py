@@ -2,7 +2,14 @@
 
 - :class:`PeerThread` (:mod:`peer.testing.peer_thread`): a real peer on its own loop in a
   background thread, driven from a synchronous test;
-- :class:`ManualClock` (:mod:`peer.testing.clock`): a clock the test moves by hand;
+- :class:`ManualClock` (:mod:`peer.testing.clock`): a clock the test moves by hand (and that
+  a loop sleeps on, see :class:`peer.timing.Clock`);
+- :func:`wait_until` / :func:`wait_until_sync` (:mod:`peer.timing.poll`): the one poll helper,
+  asking a condition again up to a deadline, for integration tests that wait on another
+  thread, process or Spark (the async one, through :func:`peer.cluster.wait_until`, counts a
+  peer's refusals and timeouts as "not yet"); unit tests use the clock or events instead;
+- :func:`members_alive` (:mod:`peer.testing.members`): wait until a peer sees enough live
+  members of the federation;
 - :func:`run_async` (:mod:`peer.testing.runner`): an async test body on a fresh asyncio or
   uvloop loop, bounded in time;
 - from the product, for tests to import from one place: the local federation of
@@ -34,8 +41,10 @@ from peer.examples.keyed_window import (
     keyed_window_sums,
 )
 from peer.testing.clock import ManualClock
+from peer.testing.members import member_states, members_alive
 from peer.testing.peer_thread import PeerThread
 from peer.testing.runner import LOOPS, run_async
+from peer.timing import wait_until_sync
 
 __all__ = [
     "LOOPS",
@@ -50,10 +59,13 @@ __all__ = [
     "keyed_window_schema",
     "keyed_window_sums",
     "make_participants",
+    "member_states",
+    "members_alive",
     "participant_args",
     "run_async",
     "signed_contracts",
     "stream_name_on",
     "trust_all",
     "wait_until",
+    "wait_until_sync",
 ]
