@@ -12,7 +12,7 @@ This package imports nothing else of the peer: every room may use it.
 """
 
 from peer.timing.backoff import Backoff
-from peer.timing.clock import MONOTONIC, WALL, Clock, SystemClock
+from peer.timing.clock import MONOTONIC, WALL, Clock, SystemClock, wait_event
 from peer.timing.periodic import every
 from peer.timing.poll import wait_until, wait_until_sync
 
@@ -23,6 +23,7 @@ __all__ = [
     "Clock",
     "SystemClock",
     "every",
+    "wait_event",
     "wait_until",
     "wait_until_sync",
 ]

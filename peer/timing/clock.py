@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-__all__ = ["MONOTONIC", "WALL", "Clock", "SystemClock"]
+__all__ = ["MONOTONIC", "WALL", "Clock", "SystemClock", "wait_event"]
 
 
 @runtime_checkable
@@ -55,3 +55,27 @@ class SystemClock:
 
 MONOTONIC: Clock = SystemClock(time.monotonic, "monotonic")
 WALL: Clock = SystemClock(time.time, "wall")
+
+
+async def wait_event(event: asyncio.Event, timeout_s: float, clock: Clock = MONOTONIC) -> bool:
+    """Wait until ``event`` is set or ``timeout_s`` has passed on ``clock``; whether it is set.
+
+    On a system clock this is ``asyncio.timeout``; on another clock (a test's) the event and
+    the clock's sleep race in a task group of their own, and the loser is cancelled.
+    """
+    if event.is_set():
+        return True
+    if isinstance(clock, SystemClock):
+        try:
+            async with asyncio.timeout(max(0.0, timeout_s)):
+                await event.wait()
+        except TimeoutError:
+            return False
+        return True
+    async with asyncio.TaskGroup() as tg:
+        waiter = tg.create_task(event.wait())
+        sleeper = tg.create_task(clock.sleep(timeout_s))
+        await asyncio.wait((waiter, sleeper), return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        sleeper.cancel()
+    return event.is_set()

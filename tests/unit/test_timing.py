@@ -10,7 +10,7 @@ import pytest
 
 from peer.client.retry import RetryPolicy
 from peer.testing import ManualClock, member_states, members_alive
-from peer.timing import MONOTONIC, WALL, Backoff, Clock, every, wait_until
+from peer.timing import MONOTONIC, WALL, Backoff, Clock, every, wait_event, wait_until
 
 
 async def settle() -> None:
@@ -164,3 +164,22 @@ def test_members_alive_waits_for_enough_live_and_dead_members() -> None:
 
     asyncio.run(scenario())
     assert member_states({"overlay": {"members": [{"state": "dead"}]}}) == {"dead": 1}
+
+
+def test_wait_event_returns_on_the_event_or_on_the_clock() -> None:
+    async def scenario() -> None:
+        clock = ManualClock()
+        event = asyncio.Event()
+        async with asyncio.TaskGroup() as tg:
+            timed_out = tg.create_task(wait_event(event, 5, clock))
+            await settle()
+            clock.advance(5)
+            assert await timed_out is False
+            woken = tg.create_task(wait_event(event, 5, clock))
+            await settle()
+            event.set()
+            assert await woken is True
+        assert clock.sleepers == 0  # the losing sleep was cancelled
+        assert await wait_event(asyncio.Event(), 0.01) is False  # the system clock
+
+    asyncio.run(scenario())
