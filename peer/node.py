@@ -386,6 +386,8 @@ class Peer:
                         tg.create_task(self.brain.run())
                 if self.observer is not None:
                     tg.create_task(self.observer.run())
+                if self.mover is not None:  # moves left in doubt are resolved there
+                    tg.create_task(self.mover.run())
                 engine = self.site.engine if self.site is not None else None
                 if engine is not None and engine.owns_session and self.config.warm_up:
                     from peer.engine.warm import warm_up
@@ -405,8 +407,6 @@ class Peer:
         if self.http is not None:
             await self.http.close()
             self.http = None
-        if self.mover is not None:
-            await self.mover.close()
         if self.overlay is not None:
             await self.overlay.close()
             self.overlay = None

@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from peer.cluster import LocalFederation, PeerProcess, make_participants, participant_args
 from peer.demo.board import Board, DemoFailed, OutputState, PushState, hold
@@ -311,7 +311,6 @@ class Demo:
             board.outputs[s] = OutputState(s, len(want[s]))
 
         clients = [Client("127.0.0.1", p.port, timeout_s=60) for p in board.procs]
-        tasks: list[asyncio.Task[Any]] = []
         try:
             for c in clients:
                 await c.connect()
@@ -319,26 +318,30 @@ class Demo:
             await self._setup(clients[0])
             board.phase = "pushing"
             t0 = time.monotonic()
-            tasks.append(asyncio.create_task(poll(board, clients)))
-            watch_on = self.n - 1  # results are read through the last peer (relayed)
-            for s in module.OUTPUTS:
-                tasks.append(asyncio.create_task(watch(board, s, board.procs[watch_on].port)))
-            pushers = [
-                asyncio.create_task(
-                    push_stream(board, s, cut[s], when[s], t0, seed=self.seed * 1000 + i)
-                )
-                for i, s in enumerate(cut)
-            ]
-            await self._show(pushers)
-            pushed_s = max(p.finished_at for p in board.pushes.values()) - t0
-            board.phase = "checking"
-            return await check_outputs(board, self.console, clients, want, inputs, pushed_s)
+            # the view's tasks (they handle their own errors) end with the check; the pushers
+            # are watched by _show, which raises if one failed
+            async with asyncio.TaskGroup() as tg:
+                views = [tg.create_task(poll(board, clients))]
+                watch_on = self.n - 1  # results are read through the last peer (relayed)
+                for s in module.OUTPUTS:
+                    views.append(tg.create_task(watch(board, s, board.procs[watch_on].port)))
+                pushers = [
+                    tg.create_task(
+                        push_stream(board, s, cut[s], when[s], t0, seed=self.seed * 1000 + i)
+                    )
+                    for i, s in enumerate(cut)
+                ]
+                try:
+                    await self._show(pushers)
+                    pushed_s = max(p.finished_at for p in board.pushes.values()) - t0
+                    board.phase = "checking"
+                    return await check_outputs(board, self.console, clients, want, inputs, pushed_s)
+                finally:
+                    for t in views:
+                        t.cancel()
+        except* DemoFailed as failed:  # a pusher gave up: say why, as before
+            raise failed.exceptions[0] from None
         finally:
-            for t in tasks:
-                t.cancel()
-            for t in tasks:
-                with contextlib.suppress(BaseException):
-                    await t
             for c in clients:
                 with contextlib.suppress(Exception):
                     await c.close()

@@ -177,24 +177,22 @@ class Spike:
             for i in range(QUERIES):
                 await cl.create_query(spike_query(i, source))
                 await cl.start_query(f"spike{i}")
-        poller = asyncio.create_task(self._poll())
-        viewer = asyncio.create_task(self._view())
-        try:
-            await self._push(source, "warm-up", 8.0, rows=200, pause_s=0.25)
-            await self._push(source, "spike", self.duration_s, rows=self.rows, pause_s=0.0)
-            await self._push(source, "cool-down", 16.0, rows=100, pause_s=0.5)
-            # closes every window: it must pass every filter, since each fragment's
-            # watermark comes from the tuples that reach it
-            closing = {"k": [0], "v": [49], "t": [self.t + 100]}
-            await self._send(source, closing)
-            self.phase = "checking"
-            result = await self._check()
-        finally:
-            poller.cancel()
-            viewer.cancel()
-            for task in (poller, viewer):
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        async with asyncio.TaskGroup() as tg:
+            poller = tg.create_task(self._poll())
+            viewer = tg.create_task(self._view())
+            try:
+                await self._push(source, "warm-up", 8.0, rows=200, pause_s=0.25)
+                await self._push(source, "spike", self.duration_s, rows=self.rows, pause_s=0.0)
+                await self._push(source, "cool-down", 16.0, rows=100, pause_s=0.5)
+                # closes every window: it must pass every filter, since each fragment's
+                # watermark comes from the tuples that reach it
+                closing = {"k": [0], "v": [49], "t": [self.t + 100]}
+                await self._send(source, closing)
+                self.phase = "checking"
+                result = await self._check()
+            finally:
+                poller.cancel()
+                viewer.cancel()
         return result
 
     async def _send(self, source: str, batch: Batch) -> None:

@@ -100,8 +100,10 @@ class Mover:
             await self.receiver.recover()
             await self.sender.recover()
 
-    async def close(self) -> None:
-        await self.sender.close()
+    async def run(self) -> None:
+        """Resolve moves left in doubt in the background until cancelled (in the peer's task
+        group)."""
+        await self.sender.run()
 
     def register(self) -> None:
         """Serve the ``move_*`` peer-link requests."""
