@@ -8,6 +8,8 @@
   asking a condition again up to a deadline, for integration tests that wait on another
   thread, process or Spark (the async one, through :func:`peer.cluster.wait_until`, counts a
   peer's refusals and timeouts as "not yet"); unit tests use the clock or events instead;
+- :func:`all_tasks_blocked` (:mod:`peer.testing.idle`): yield until every other task waits,
+  before a unit test checks that something did not happen;
 - :func:`members_alive` (:mod:`peer.testing.members`): wait until a peer sees enough live
   members of the federation;
 - :func:`run_async` (:mod:`peer.testing.runner`): an async test body on a fresh asyncio or
@@ -41,6 +43,7 @@ from peer.examples.keyed_window import (
     keyed_window_sums,
 )
 from peer.testing.clock import ManualClock
+from peer.testing.idle import all_tasks_blocked
 from peer.testing.members import member_states, members_alive
 from peer.testing.peer_thread import PeerThread
 from peer.testing.runner import LOOPS, run_async
@@ -52,6 +55,7 @@ __all__ = [
     "ManualClock",
     "PeerProcess",
     "PeerThread",
+    "all_tasks_blocked",
     "collect",
     "keyed_window_batches",
     "keyed_window_box",
