@@ -4,6 +4,7 @@ what the receiver has not acknowledged (real spools; the peer link is a fake).""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,11 +12,11 @@ from typing import Any
 import pyarrow as pa
 
 from peer.errors import Unavailable
-from peer.federation.mirror import MIRROR_PREFIX, Mirrors
+from peer.federation.mirror import BACKOFF, MIRROR_PREFIX, Mirrors
 from peer.protocol.link import MirrorAppend
 from peer.storage.spool import Spool, SpoolSet
 from peer.storage.spool_format import read_reader_offset
-from peer.testing import wait_until
+from peer.testing import ManualClock, all_tasks_blocked, wait_until
 
 SCHEMA = pa.schema([("x", pa.int64())])
 TARGET = bytes(range(20))
@@ -177,3 +178,36 @@ def test_mirror_append_carries_tentative_entries_and_undos_on_the_wire() -> None
     bad = {**wire, "batches": [[3, b"a", "maybe"]]}
     with pytest.raises(InvalidInput, match="status one of"):
         MirrorAppend.from_wire(bad)
+
+
+def test_a_mirror_to_an_unavailable_receiver_backs_off_on_its_clock(tmp_path: Path) -> None:
+    sender = SpoolSet(tmp_path / "a", fsync=False)
+    source = sender.create("s", SCHEMA)
+    source.append(table(0))
+    clock = ManualClock()
+    tries: list[float] = []
+
+    async def refuse(_node: bytes, _message: MirrorAppend) -> dict[str, Any]:
+        tries.append(clock())
+        raise Unavailable("the receiver is away")
+
+    def more_than(n: int) -> Callable[[], bool]:
+        return lambda: len(tries) > n
+
+    async def go() -> None:
+        mirrors = Mirrors(sender, bytes(20), refuse, clock=clock)
+        mirrors.start("s", TARGET)
+        async with asyncio.TaskGroup() as tg:
+            runner = tg.create_task(mirrors.run())
+            for wait in (BACKOFF.delay_s(1), BACKOFF.delay_s(2), BACKOFF.delay_s(3)):
+                await wait_until(lambda: clock.sleepers == 1, "the pump waiting", 20, every_s=0)
+                clock.advance(wait * 0.99)  # not yet
+                await all_tasks_blocked()
+                assert clock.sleepers == 1
+                clock.advance(wait * 0.01 + 1e-9)
+                await wait_until(more_than(len(tries)), "the next try", 20, every_s=0.001)
+            runner.cancel()
+
+    asyncio.run(go())
+    gaps = [round(b - a, 6) for a, b in itertools.pairwise(tries)]
+    assert gaps == [0.1, 0.2, 0.4]  # doubling from 0.1 s, as the one Backoff says
