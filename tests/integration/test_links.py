@@ -264,6 +264,9 @@ def test_timed_out_request_is_cancelled_on_the_remote_and_frees_its_slot() -> No
     async def main() -> None:
         async with serving(max_in_flight=1) as (server, handler), pool_of() as pool:
             where = addr(server)
+            # the link first: on a loaded machine its handshake alone may outlast 0.3 s, and a
+            # request that never reached the remote has nothing there to cancel
+            await pool.link(where, timeout_s=5)
             with pytest.raises(LinkTimeout):
                 await pool.request(where, {"type": "block"}, timeout_s=0.3)
             await wait_until(

@@ -95,14 +95,13 @@ def one_leader(bus: Bus, among: list[str]) -> str | None:
 
 def submit(machine: ControlMachine, command: Command) -> Applied:
     """Submit until a leader takes it (an election may be running)."""
-    deadline = time.monotonic() + WAIT
-    while True:
-        try:
-            return machine.submit(command).result(timeout=WAIT)
-        except Unavailable:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+    return wait_until_sync(
+        lambda: machine.submit(command).result(timeout=WAIT),
+        f"a leader to take {command}",
+        WAIT,
+        every_s=0.05,
+        tolerate=(Unavailable,),
+    )
 
 
 def same_state(bus: Bus, among: list[str]) -> tuple[StreamState, ...] | None:
