@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,6 +55,7 @@ from peer.engine.lanewin import WindowState, narrow_schema, prefix_query, window
 from peer.model.plan import AggregateSpec, CheckedQuery, FilterSpec, MapSpec, UnionSpec
 from peer.model.schema import Schema
 from peer.storage.spool import SpoolSet
+from peer.timing import MONOTONIC
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -120,9 +121,17 @@ class Lane:
     """Owned by the engine; every method runs on the engine's Spark thread."""
 
     def __init__(
-        self, spools: SpoolSet, root: Path, *, name: str, trigger_s: float, max_rows: int
+        self,
+        spools: SpoolSet,
+        root: Path,
+        *,
+        name: str,
+        trigger_s: float,
+        max_rows: int,
+        clock: Callable[[], float] = MONOTONIC,
     ) -> None:
         self.spools = spools
+        self.clock = clock  # the phases of a batch (read on Spark's thread)
         self.root = root
         self.name = name  # the streaming query's name in the Spark session
         self.trigger_s = trigger_s
@@ -243,7 +252,7 @@ class Lane:
         raise KeyError(stream)
 
     def _sink(self, df: DataFrame, batch_id: int) -> None:
-        started = time.monotonic()
+        started = self.clock()
         layout = self.layout
         with self._lock:
             members = [
@@ -267,12 +276,12 @@ class Lane:
         try:
             statement, slots = self._statement(members, layout)
             cached.createOrReplaceTempView(VIEW)
-            planned = time.monotonic()
+            planned = self.clock()
             table = cached.sparkSession.sql(statement).toArrow()
         finally:
             if cached is not df:
                 cached.unpersist()
-        collected = time.monotonic()
+        collected = self.clock()
         for j, member in enumerate(members):
             if member.window is not None:
                 narrow = member.window.narrow
@@ -291,7 +300,7 @@ class Lane:
         if windows:
             self._save_windows(batch_id, windows)
         self.batches += 1
-        done = time.monotonic()
+        done = self.clock()
         self.last_batch_s = done - started
         self.phase_s = {
             "plan": planned - started,

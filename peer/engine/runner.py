@@ -40,6 +40,7 @@ from peer.model.schema import Schema, spark_ddl
 from peer.model.tentative import STABLE
 from peer.storage import spool_format as fmt
 from peer.storage.spool import SpoolSet
+from peer.timing import MONOTONIC
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -87,8 +88,10 @@ class Engine:
         fuse_stateless: bool = True,
         lane_after: int = 1,
         max_backlog: int = 0,
+        clock: Callable[[], float] = MONOTONIC,
     ) -> None:
         self.spools = spools
+        self.clock = clock  # batch durations (read on Spark's threads: a plain reading)
         # Backpressure: a query reads no new input while a reader of one of its result
         # spools is more than this many batches behind (0: off).
         self.max_backlog = max_backlog
@@ -116,6 +119,7 @@ class Engine:
             name=query_key(str(lane_root), "lane"),
             trigger_s=trigger_s,
             max_rows=max_rows_per_batch,
+            clock=clock,
         )
         # Seams for replicated fragments (peer.federation.fragments), called on Spark's
         # callback thread: ``on_batch(query, batch id, checkpoint)`` before a micro-batch
@@ -301,7 +305,7 @@ class Engine:
         tentative = status != STABLE
 
         def sink(df: DataFrame, batch_id: int) -> None:
-            started = time.monotonic()
+            started = self.clock()
             log.debug("query %s (%s): batch %d starts", name, status, batch_id)
             before_emit = None
             if self.on_batch is not None and not tentative:  # the checkpoint as it starts
@@ -322,7 +326,7 @@ class Engine:
             if running is not None:
                 running.batches += 1
                 running.rows_out += table.num_rows
-                running.last_batch_s = time.monotonic() - started
+                running.last_batch_s = self.clock() - started
             if self.on_result is not None and table.num_rows:
                 age = self._input_age_s([r for r in readers if r[0]])
                 if age is not None:
