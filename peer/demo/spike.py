@@ -44,6 +44,7 @@ from peer.cluster import (
 )
 from peer.demo.board import hold, print_dashboards
 from peer.examples.keyed_window import keyed_window_query, keyed_window_sums
+from peer.timing import every
 
 NAMES = ("alpha", "beta", "gamma")
 QUERIES = 3
@@ -223,7 +224,7 @@ class Spike:
     async def _poll(self) -> None:
         from peer.client import Client
 
-        while True:
+        async def once() -> None:
             for name, proc in self.procs.items():
                 with contextlib.suppress(Exception):
                     async with Client("127.0.0.1", proc.port, timeout_s=10) as cl:
@@ -234,7 +235,8 @@ class Spike:
                         self.util_history[name].append(
                             (time.monotonic() - self.started, float(brain["utilisation"]))
                         )
-            await asyncio.sleep(1.0)
+
+        await every(1.0, once, first_s=0, what="the spike's status poll")
 
     def _table(self) -> Table:
         table = Table(title=f"load spike: {self.phase} ({time.monotonic() - self.started:.0f} s)")
@@ -256,14 +258,17 @@ class Spike:
         return table
 
     async def _view(self) -> None:
+        async def show() -> None:
+            self.console.print(self._table())
+
         if not self.live:
-            while True:
-                await asyncio.sleep(5)
-                self.console.print(self._table())
+            await every(5.0, show, what="the spike's table")
         with Live(self._table(), console=self.console, refresh_per_second=2) as live:
-            while True:
-                await asyncio.sleep(0.5)
+
+            async def refresh() -> None:
                 live.update(self._table())
+
+            await every(0.5, refresh, what="the spike's live table")
 
     # -- checking -----------------------------------------------------------------------------
     async def _check(self) -> int:
