@@ -32,6 +32,7 @@ from peer.demo.examples import EXAMPLES, MAX_PEERS, Example, participant_names, 
 from peer.demo.feed import batches, push_stream, schedule
 from peer.demo.view import View, follow, poll, watch
 from peer.examples import Rows
+from peer.timing import wait_until
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -348,20 +349,24 @@ class Demo:
 
     async def _wait_overlay(self, clients: list[Client]) -> None:
         self.board.phase = "joining the overlay"
-        deadline = time.monotonic() + OVERLAY_TIMEOUT_S
-        while True:
-            seen = []
+        seen: list[int] = []  # alive members each peer sees, at the last look
+
+        async def all_see_all() -> bool:
+            seen.clear()
             for c in clients:
                 try:
                     members = (await c.status()).get("overlay", {}).get("members", [])
                 except Exception:
                     members = []
                 seen.append(sum(1 for m in members if m.get("state") == "alive"))
-            if all(k >= self.n for k in seen):
-                break
-            if time.monotonic() > deadline:
-                raise DemoFailed(f"the peers do not all see each other (alive members: {seen})")
-            await asyncio.sleep(0.3)
+            return all(k >= self.n for k in seen)
+
+        try:
+            await wait_until(all_see_all, "the overlay", OVERLAY_TIMEOUT_S, every_s=0.3)
+        except TimeoutError:
+            raise DemoFailed(
+                f"the peers do not all see each other (alive members: {seen})"
+            ) from None
         self.console.print(
             f"overlay formed: every peer sees {self.n} alive ({self.board.elapsed():.0f} s)"
         )
