@@ -29,11 +29,11 @@ def stand_in(tmp_path: Path, script: str) -> PeerProcess:
 def test_the_ports_are_read_once_the_marker_is_whole(tmp_path: Path) -> None:
     info = {"port": 4101, "overlay_port": 4102, "node_id": "ab" * 20, "http": ""}
     script = (
-        "import json, pathlib, time\n"
+        "import json, pathlib, signal, time\n"
         "pathlib.Path('peer.json').write_text('{\"port\": 41')\n"  # half written first
         "time.sleep(0.3)\n"
         f"pathlib.Path('peer.json').write_text({json.dumps(json.dumps(info))})\n"
-        "time.sleep(30)\n"
+        "signal.pause()\n"  # up until killed
     )
     process = stand_in(tmp_path, script)
     try:
@@ -50,7 +50,7 @@ def test_a_peer_that_exits_is_named_with_its_log(tmp_path: Path) -> None:
 
 
 def test_a_peer_too_slow_is_killed(tmp_path: Path) -> None:
-    process = stand_in(tmp_path, "import time; time.sleep(30)")
+    process = stand_in(tmp_path, "import signal; signal.pause()")
     with pytest.raises(TimeoutError, match=r"peer not ready after 0\.5 s"):
         process.wait_ready(0.5)
     assert process.proc is not None and process.proc.wait(10) != 0  # killed
