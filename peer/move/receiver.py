@@ -34,7 +34,7 @@ from peer.move.package import (
 )
 from peer.site import LocalSite
 from peer.storage.spool_format import write_reader_offset
-from peer.timing import MONOTONIC
+from peer.timing import MONOTONIC, WALL
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +67,10 @@ class MoveReceiver:
         on_arrival: ArrivalHook | None = None,
         *,
         clock: Callable[[], float] = MONOTONIC,
+        wall: Callable[[], float] = WALL,
     ) -> None:
         self.clock = clock  # how long a move in has been idle, the pause a move costs
+        self.wall = wall  # contracts are valid between two dates
         self.site = site
         self.fed = fed
         self.book = book
@@ -197,7 +199,7 @@ class MoveReceiver:
         book = self.book
         if book is None:
             raise Unauthorized("this peer holds no contracts: it takes no fragments")
-        now = datetime.now(UTC)
+        now = datetime.fromtimestamp(self.wall(), UTC)
         for contract in book.contracts_with(sender):
             if contract.id != manifest["contract"] or not (
                 contract.not_before <= now <= contract.not_after
