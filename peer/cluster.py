@@ -25,11 +25,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
+
+from peer.timing import wait_until as poll
+from peer.timing import wait_until_sync as poll_sync
 
 __all__ = [
     "LocalFederation",
@@ -99,27 +101,31 @@ class PeerProcess:
 
     def wait_ready(self, timeout_s: float = 180) -> PeerProcess:
         assert self.proc is not None, "launch() first"
-        marker = self.data_dir / "peer.json"
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
+        proc, marker = self.proc, self.data_dir / "peer.json"
+
+        def ready() -> dict[str, Any] | None:
+            if proc.poll() is not None:
                 raise RuntimeError(
-                    f"peer exited with {self.proc.returncode}: {self.log_path.read_text()[-2000:]}"
+                    f"peer exited with {proc.returncode}: {self.log_path.read_text()[-2000:]}"
                 )
-            if marker.exists():
-                try:
-                    info = json.loads(marker.read_text())
-                except ValueError:  # being written
-                    time.sleep(0.05)
-                    continue
-                self.port = int(info["port"])
-                self.overlay_port = int(info.get("overlay_port", 0))
-                self.node_id = str(info.get("node_id", ""))
-                self.http = str(info.get("http", ""))
-                return self
-            time.sleep(0.1)
-        self.kill()
-        raise TimeoutError(f"peer not ready after {timeout_s} s")
+            if not marker.exists():
+                return None
+            try:
+                found: dict[str, Any] = json.loads(marker.read_text())
+            except ValueError:  # being written
+                return None
+            return found
+
+        try:
+            info = poll_sync(ready, "peer ready", timeout_s, every_s=0.05)
+        except TimeoutError:
+            self.kill()
+            raise TimeoutError(f"peer not ready after {timeout_s} s") from None
+        self.port = int(info["port"])
+        self.overlay_port = int(info.get("overlay_port", 0))
+        self.node_id = str(info.get("node_id", ""))
+        self.http = str(info.get("http", ""))
+        return self
 
     @property
     def overlay_addr(self) -> str:
@@ -363,18 +369,10 @@ async def wait_until(
 ) -> Any:
     """Await ``probe()`` every ``every_s`` until it returns something true (returned) or
     ``timeout_s`` has passed (TimeoutError naming ``what`` and the last outcome). Errors of a
-    federation in flux (a peer not up yet, refusing, timing out) count as a false outcome."""
+    federation in flux (a peer not up yet, refusing, timing out) count as a false outcome:
+    :func:`peer.timing.wait_until` with those tolerated."""
     from peer.errors import FedstreamError
 
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = await probe()
-        except (FedstreamError, TimeoutError, OSError) as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        await asyncio.sleep(every_s)
-    raise TimeoutError(f"{what}: not after {timeout_s:.0f} s (last: {last!r})")
+    return await poll(
+        probe, what, timeout_s, every_s=every_s, tolerate=(FedstreamError, TimeoutError, OSError)
+    )

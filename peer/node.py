@@ -16,7 +16,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -32,6 +32,7 @@ from peer.protocol.link import Raw
 from peer.replication.plane import ReplicationSettings
 from peer.server import AnnouncedBatches, ApiServer, PeerService, api_server_tls, is_loopback
 from peer.site import LocalSite, SiteConfig
+from peer.timing import MONOTONIC, Clock, every
 
 if TYPE_CHECKING:
     from contracts.book import ContractBook
@@ -132,8 +133,9 @@ class PeerConfig:
 class Peer:
     """A peer's objects, built from a :class:`PeerConfig`, run in one TaskGroup until stop()."""
 
-    def __init__(self, config: PeerConfig) -> None:
+    def __init__(self, config: PeerConfig, *, clock: Clock = MONOTONIC) -> None:
         self.config = config
+        self.clock = clock  # intervals: the housekeeping rounds, the load figures
         self.data_dir = config.data_dir
         self.site: LocalSite | None = None
         self.api: ApiServer | None = None
@@ -147,9 +149,9 @@ class Peer:
         self.observer: Observer | None = None
         self.http: HttpServer | None = None
         self.fetch: FetchServer | None = None
-        self._service = ClientService()
+        self._service = ClientService(clock)
         self._stopping = asyncio.Event()
-        self._cpu_mark = (time.monotonic(), time.process_time())
+        self._cpu_mark = (clock(), time.process_time())
 
     @property
     def budget(self) -> DecodeBudget:
@@ -390,11 +392,14 @@ class Peer:
         """Serve until stop() is called (SIGINT/SIGTERM in the CLI), then close."""
         try:
             async with asyncio.TaskGroup() as tg:
-                tg.create_task(self._every(self.config.maintenance_interval_s, self._maintenance))
-                if self.site is not None:  # queries with an availability bound (issue 16)
+                housekeeping_s, site = self.config.maintenance_interval_s, self.site
+                tg.create_task(every(housekeeping_s, self._maintenance, clock=self.clock))
+                if site is not None:  # queries with an availability bound (issue 16)
                     tg.create_task(
-                        self._every(
-                            self.config.availability_interval_s, self.site.check_availability
+                        every(
+                            self.config.availability_interval_s,
+                            site.check_availability,
+                            clock=self.clock,
                         )
                     )
                 if self.overlay is not None and self.fed is not None:
@@ -404,6 +409,8 @@ class Peer:
                         tg.create_task(self.brain.run())
                 if self.observer is not None:
                     tg.create_task(self.observer.run())
+                if self.mover is not None:  # moves left in doubt are resolved there
+                    tg.create_task(self.mover.run())
                 engine = self.site.engine if self.site is not None else None
                 if engine is not None and engine.owns_session and self.config.warm_up:
                     from peer.engine.warm import warm_up
@@ -423,8 +430,6 @@ class Peer:
         if self.http is not None:
             await self.http.close()
             self.http = None
-        if self.mover is not None:
-            await self.mover.close()
         if self.overlay is not None:
             await self.overlay.close()
             self.overlay = None
@@ -444,18 +449,10 @@ class Peer:
         if self.site is not None:
             await self.site.maintain()
 
-    async def _every(self, interval_s: float, step: Callable[[], Awaitable[None]]) -> None:
-        while True:  # housekeeping: a failed round never takes the peer down
-            await asyncio.sleep(interval_s)
-            try:
-                await step()
-            except Exception:
-                log.exception("peer housekeeping (%s) failed; retrying next round", step)
-
     def _load_figures(self) -> dict[str, float]:
         """What this peer gossips about its load: the share of one core its process used
         since the last round, and how many streams and queries it holds."""
-        now, cpu = time.monotonic(), time.process_time()
+        now, cpu = self.clock(), time.process_time()
         last = self._cpu_mark
         self._cpu_mark = (now, cpu)
         share = (cpu - last[1]) / (now - last[0]) if now > last[0] else 0.0
@@ -492,7 +489,8 @@ class ClientService:
     """The client API's view of the peer: the site of a lone peer, the federation once the
     overlay has joined. Subscriptions announce their start position (peer.server)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = MONOTONIC) -> None:
+        self.clock = clock  # times a push for the metrics
         self.target: PeerService | None = None
         self.observer: Observer | None = None  # told of pushes and refusals
 
@@ -527,10 +525,10 @@ class ClientService:
     async def push(
         self, stream: str, payload: dict[str, Any], producer: str | None, seq: int | None
     ) -> replies.PushReply:
-        started = time.monotonic()
+        started = self.clock()
         reply = await self._counted(self._to().push(stream, payload, producer, seq))
         if self.observer is not None:
-            self.observer.pushed(stream, reply.count, time.monotonic() - started)
+            self.observer.pushed(stream, reply.count, self.clock() - started)
         return reply
 
     def subscribe(self, stream: str, start: str) -> AsyncIterator[dict[str, Any]]:

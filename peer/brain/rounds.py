@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +43,7 @@ from peer.brain.offers import (
 from peer.brain.status import BrainStatus, brain_status, load_figures
 from peer.errors import FedstreamError
 from peer.storage.ledger import Ledger, LedgerEntry
+from peer.timing import WALL, Clock, every
 
 __all__ = ["Brain"]
 
@@ -74,7 +74,7 @@ class Brain:
         capacity: float,
         *,
         meter: Meter | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = WALL,
         overload_backlog: int = OVERLOAD_BACKLOG,
     ) -> None:
         """``capacity`` is in cores, like the loads. Reads the ledger (a blocking read, once,
@@ -107,13 +107,11 @@ class Brain:
     # -- the rounds ----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """A round every ``period_s`` until cancelled; never raises anything else."""
-        while True:
-            try:
-                await self.step()
-            except Exception:
-                log.exception("brain round failed; trying again next round")
-            await asyncio.sleep(self.config.period_s)
+        """A round every ``period_s`` (the first at once) until cancelled; a failed round is
+        logged and the next one comes as usual."""
+        await every(
+            self.config.period_s, self.step, clock=self.clock, first_s=0, what="brain round"
+        )
 
     async def step(self) -> Offer | None:
         """One round: measure, then make (and carry out) at most one offer. Returns it."""

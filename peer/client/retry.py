@@ -31,6 +31,8 @@ import math
 import secrets
 from dataclasses import dataclass, field
 
+from peer.timing import Backoff
+
 __all__ = ["DEFAULT_RETRY_DEADLINE_S", "RetryPolicy", "Retrying", "new_producer_id"]
 
 DEFAULT_RETRY_DEADLINE_S = 120.0  # long enough to ride out a failover and a backlog wait
@@ -60,13 +62,12 @@ class RetryPolicy:
 
     def backoff_s(self, retry: int, draw: float) -> float:
         """The wait before retry number ``retry`` (1, 2, ...), ``draw`` in [0, 1)."""
-        if retry < 1:
-            raise ValueError(f"retry numbers start at 1, not {retry}")
-        if not 0 <= draw < 1:
-            raise ValueError(f"a random draw is in [0, 1), not {draw}")
-        # 2 ** 64 is far beyond any max_backoff_s: cap the exponent, not the float.
-        base = min(self.max_backoff_s, self.first_backoff_s * 2.0 ** min(retry - 1, 64))
-        return base * (1 - self.jitter * draw)
+        return self.backoff.delay_s(retry, draw)
+
+    @property
+    def backoff(self) -> Backoff:
+        """The peer's one backoff rule, with this policy's figures."""
+        return Backoff(self.first_backoff_s, self.max_backoff_s, self.jitter)
 
 
 @dataclass(slots=True)

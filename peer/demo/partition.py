@@ -119,45 +119,45 @@ async def _run(fed: LocalFederation, console: Any, freeze_s: float) -> int:
                             f"total {key[3]} over {key[4]} cars"
                         )
 
-        watcher = asyncio.create_task(watch())
+        async with asyncio.TaskGroup() as tg:
+            watcher = tg.create_task(watch())
 
-        async def push(client: Client, stream: str, first: int, last: int, origin: int) -> None:
-            rows = reports(first, last, origin)
-            await client.push(stream, rows)
-            pushed.extend(rows)
+            async def push(client: Client, stream: str, first: int, last: int, origin: int) -> None:
+                rows = reports(first, last, origin)
+                await client.push(stream, rows)
+                pushed.extend(rows)
 
-        t = 0
-        for _ in range(15):
-            await push(at_acme, mine, t, t + STEP, 1)
-            await push(at_globex, theirs, t, t + STEP, 2)
-            t += STEP
-            await asyncio.sleep(1.0)
-        held = t
-        assert globex.proc is not None
-        os.killpg(globex.proc.pid, signal.SIGSTOP)
-        say(f"[bold]globex frozen (SIGSTOP) for {freeze_s:g} s[/bold]; acme goes on")
-        frozen = time.monotonic()
-        try:
-            while time.monotonic() - frozen < freeze_s:
+            t = 0
+            for _ in range(15):
                 await push(at_acme, mine, t, t + STEP, 1)
+                await push(at_globex, theirs, t, t + STEP, 2)
                 t += STEP
                 await asyncio.sleep(1.0)
-        finally:
-            os.killpg(globex.proc.pid, signal.SIGCONT)
-        say("[bold]globex thawed (SIGCONT)[/bold]; it sends what it held back")
-        await push(at_globex, theirs, held, t, 2)
-        for _ in range(10):
-            await push(at_acme, mine, t, t + STEP, 1)
-            await push(at_globex, theirs, t, t + STEP, 2)
-            t += STEP
-            await asyncio.sleep(1.0)
-        want = partition_reference(pushed, t - 1)
-        deadline = time.monotonic() + 120
-        while Counter(stable) != want and time.monotonic() < deadline:
-            await asyncio.sleep(0.5)
-        await asyncio.sleep(2.0)
-        watcher.cancel()
-        await asyncio.gather(watcher, return_exceptions=True)
+            held = t
+            assert globex.proc is not None
+            os.killpg(globex.proc.pid, signal.SIGSTOP)
+            say(f"[bold]globex frozen (SIGSTOP) for {freeze_s:g} s[/bold]; acme goes on")
+            frozen = time.monotonic()
+            try:
+                while time.monotonic() - frozen < freeze_s:
+                    await push(at_acme, mine, t, t + STEP, 1)
+                    t += STEP
+                    await asyncio.sleep(1.0)
+            finally:
+                os.killpg(globex.proc.pid, signal.SIGCONT)
+            say("[bold]globex thawed (SIGCONT)[/bold]; it sends what it held back")
+            await push(at_globex, theirs, held, t, 2)
+            for _ in range(10):
+                await push(at_acme, mine, t, t + STEP, 1)
+                await push(at_globex, theirs, t, t + STEP, 2)
+                t += STEP
+                await asyncio.sleep(1.0)
+            want = partition_reference(pushed, t - 1)
+            deadline = time.monotonic() + 120
+            while Counter(stable) != want and time.monotonic() < deadline:
+                await asyncio.sleep(0.5)
+            await asyncio.sleep(2.0)
+            watcher.cancel()
     exact = Counter(stable) == want and not tentative
     verdict = "[bold green]MATCH[/bold green]" if exact else "[bold red]MISMATCH[/bold red]"
     console.print(

@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from peer.cluster import LocalFederation, PeerProcess, make_participants, participant_args
 from peer.demo.board import Board, DemoFailed, OutputState, PushState, hold
@@ -32,6 +32,7 @@ from peer.demo.examples import EXAMPLES, MAX_PEERS, Example, participant_names, 
 from peer.demo.feed import batches, push_stream, schedule
 from peer.demo.view import View, follow, poll, watch
 from peer.examples import Rows
+from peer.timing import wait_until
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -311,7 +312,6 @@ class Demo:
             board.outputs[s] = OutputState(s, len(want[s]))
 
         clients = [Client("127.0.0.1", p.port, timeout_s=60) for p in board.procs]
-        tasks: list[asyncio.Task[Any]] = []
         try:
             for c in clients:
                 await c.connect()
@@ -319,46 +319,54 @@ class Demo:
             await self._setup(clients[0])
             board.phase = "pushing"
             t0 = time.monotonic()
-            tasks.append(asyncio.create_task(poll(board, clients)))
-            watch_on = self.n - 1  # results are read through the last peer (relayed)
-            for s in module.OUTPUTS:
-                tasks.append(asyncio.create_task(watch(board, s, board.procs[watch_on].port)))
-            pushers = [
-                asyncio.create_task(
-                    push_stream(board, s, cut[s], when[s], t0, seed=self.seed * 1000 + i)
-                )
-                for i, s in enumerate(cut)
-            ]
-            await self._show(pushers)
-            pushed_s = max(p.finished_at for p in board.pushes.values()) - t0
-            board.phase = "checking"
-            return await check_outputs(board, self.console, clients, want, inputs, pushed_s)
+            # the view's tasks (they handle their own errors) end with the check; the pushers
+            # are watched by _show, which raises if one failed
+            async with asyncio.TaskGroup() as tg:
+                views = [tg.create_task(poll(board, clients))]
+                watch_on = self.n - 1  # results are read through the last peer (relayed)
+                for s in module.OUTPUTS:
+                    views.append(tg.create_task(watch(board, s, board.procs[watch_on].port)))
+                pushers = [
+                    tg.create_task(
+                        push_stream(board, s, cut[s], when[s], t0, seed=self.seed * 1000 + i)
+                    )
+                    for i, s in enumerate(cut)
+                ]
+                try:
+                    await self._show(pushers)
+                    pushed_s = max(p.finished_at for p in board.pushes.values()) - t0
+                    board.phase = "checking"
+                    return await check_outputs(board, self.console, clients, want, inputs, pushed_s)
+                finally:
+                    for t in views:
+                        t.cancel()
+        except* DemoFailed as failed:  # a pusher gave up: say why, as before
+            raise failed.exceptions[0] from None
         finally:
-            for t in tasks:
-                t.cancel()
-            for t in tasks:
-                with contextlib.suppress(BaseException):
-                    await t
             for c in clients:
                 with contextlib.suppress(Exception):
                     await c.close()
 
     async def _wait_overlay(self, clients: list[Client]) -> None:
         self.board.phase = "joining the overlay"
-        deadline = time.monotonic() + OVERLAY_TIMEOUT_S
-        while True:
-            seen = []
+        seen: list[int] = []  # alive members each peer sees, at the last look
+
+        async def all_see_all() -> bool:
+            seen.clear()
             for c in clients:
                 try:
                     members = (await c.status()).extra.get("overlay", {}).get("members", [])
                 except Exception:
                     members = []
                 seen.append(sum(1 for m in members if m.get("state") == "alive"))
-            if all(k >= self.n for k in seen):
-                break
-            if time.monotonic() > deadline:
-                raise DemoFailed(f"the peers do not all see each other (alive members: {seen})")
-            await asyncio.sleep(0.3)
+            return all(k >= self.n for k in seen)
+
+        try:
+            await wait_until(all_see_all, "the overlay", OVERLAY_TIMEOUT_S, every_s=0.3)
+        except TimeoutError:
+            raise DemoFailed(
+                f"the peers do not all see each other (alive members: {seen})"
+            ) from None
         self.console.print(
             f"overlay formed: every peer sees {self.n} alive ({self.board.elapsed():.0f} s)"
         )

@@ -44,6 +44,7 @@ from peer.cluster import (
 )
 from peer.demo.board import hold, print_dashboards
 from peer.examples.keyed_window import keyed_window_query, keyed_window_sums
+from peer.timing import every
 
 NAMES = ("alpha", "beta", "gamma")
 QUERIES = 3
@@ -177,24 +178,22 @@ class Spike:
             for i in range(QUERIES):
                 await cl.create_query(spike_query(i, source))
                 await cl.start_query(f"spike{i}")
-        poller = asyncio.create_task(self._poll())
-        viewer = asyncio.create_task(self._view())
-        try:
-            await self._push(source, "warm-up", 8.0, rows=200, pause_s=0.25)
-            await self._push(source, "spike", self.duration_s, rows=self.rows, pause_s=0.0)
-            await self._push(source, "cool-down", 16.0, rows=100, pause_s=0.5)
-            # closes every window: it must pass every filter, since each fragment's
-            # watermark comes from the tuples that reach it
-            closing = {"k": [0], "v": [49], "t": [self.t + 100]}
-            await self._send(source, closing)
-            self.phase = "checking"
-            result = await self._check()
-        finally:
-            poller.cancel()
-            viewer.cancel()
-            for task in (poller, viewer):
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        async with asyncio.TaskGroup() as tg:
+            poller = tg.create_task(self._poll())
+            viewer = tg.create_task(self._view())
+            try:
+                await self._push(source, "warm-up", 8.0, rows=200, pause_s=0.25)
+                await self._push(source, "spike", self.duration_s, rows=self.rows, pause_s=0.0)
+                await self._push(source, "cool-down", 16.0, rows=100, pause_s=0.5)
+                # closes every window: it must pass every filter, since each fragment's
+                # watermark comes from the tuples that reach it
+                closing = {"k": [0], "v": [49], "t": [self.t + 100]}
+                await self._send(source, closing)
+                self.phase = "checking"
+                result = await self._check()
+            finally:
+                poller.cancel()
+                viewer.cancel()
         return result
 
     async def _send(self, source: str, batch: Batch) -> None:
@@ -225,7 +224,7 @@ class Spike:
     async def _poll(self) -> None:
         from peer.client import Client
 
-        while True:
+        async def once() -> None:
             for name, proc in self.procs.items():
                 with contextlib.suppress(Exception):
                     async with Client("127.0.0.1", proc.port, timeout_s=10) as cl:
@@ -236,7 +235,8 @@ class Spike:
                         self.util_history[name].append(
                             (time.monotonic() - self.started, float(brain["utilisation"]))
                         )
-            await asyncio.sleep(1.0)
+
+        await every(1.0, once, first_s=0, what="the spike's status poll")
 
     def _table(self) -> Table:
         table = Table(title=f"load spike: {self.phase} ({time.monotonic() - self.started:.0f} s)")
@@ -258,14 +258,17 @@ class Spike:
         return table
 
     async def _view(self) -> None:
+        async def show() -> None:
+            self.console.print(self._table())
+
         if not self.live:
-            while True:
-                await asyncio.sleep(5)
-                self.console.print(self._table())
+            await every(5.0, show, what="the spike's table")
         with Live(self._table(), console=self.console, refresh_per_second=2) as live:
-            while True:
-                await asyncio.sleep(0.5)
+
+            async def refresh() -> None:
                 live.update(self._table())
+
+            await every(0.5, refresh, what="the spike's live table")
 
     # -- checking -----------------------------------------------------------------------------
     async def _check(self) -> int:

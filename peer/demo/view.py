@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from peer.demo.board import LATEST, Board
+from peer.timing import every
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -42,9 +43,10 @@ async def poll(board: Board, clients: list[Client]) -> None:
                 await c.close()
                 await c.connect()
 
-    while True:
+    async def all_of_them() -> None:
         await asyncio.gather(*(one(i, c) for i, c in enumerate(clients)))
-        await asyncio.sleep(REFRESH_S)
+
+    await every(REFRESH_S, all_of_them, first_s=0, what="the demo's status poll")
 
 
 async def watch(board: Board, stream: str, port: int) -> None:

@@ -44,7 +44,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,6 +63,7 @@ from peer.engine.lanewin import WindowState, narrow_schema, prefix_query, window
 from peer.model.plan import AggregateSpec, CheckedQuery, FilterSpec, MapSpec, UnionSpec
 from peer.model.schema import Schema
 from peer.storage.spool import SpoolSet
+from peer.timing import MONOTONIC
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -138,8 +139,10 @@ class Lane:
         trigger_s: float,
         max_rows: int,
         preaggregate: bool = True,
+        clock: Callable[[], float] = MONOTONIC,
     ) -> None:
         self.spools = spools
+        self.clock = clock  # the phases of a batch (read on Spark's thread)
         # Windowed members: aggregate per (window, group) in the executors and collect the
         # partials (True), or collect their rows and aggregate on the driver (False: the path
         # before, kept for the benchmark that compares the two).
@@ -269,7 +272,7 @@ class Lane:
         raise KeyError(stream)
 
     def _sink(self, df: DataFrame, batch_id: int) -> None:
-        started = time.monotonic()
+        started = self.clock()
         layout = self.layout
         with self._lock:
             members = [
@@ -293,12 +296,12 @@ class Lane:
         try:
             statement, slots = self._statement(members, layout)
             cached.createOrReplaceTempView(VIEW)
-            planned = time.monotonic()
+            planned = self.clock()
             table = cached.sparkSession.sql(statement).toArrow()
         finally:
             if cached is not df:
                 cached.unpersist()
-        collected = time.monotonic()
+        collected = self.clock()
         self.collected_bytes, self.collected_rows = table.nbytes, table.num_rows
         self.collected_bytes_total += table.nbytes
         self.collected_rows_total += table.num_rows
@@ -325,7 +328,7 @@ class Lane:
         if windows:
             self._save_windows(batch_id, windows)
         self.batches += 1
-        done = time.monotonic()
+        done = self.clock()
         self.last_batch_s = done - started
         self.phase_s = {
             "plan": planned - started,

@@ -41,6 +41,7 @@ from peer.model.schema import Schema, spark_ddl
 from peer.model.tentative import STABLE
 from peer.storage import spool_format as fmt
 from peer.storage.spool import SpoolSet
+from peer.timing import MONOTONIC
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -90,8 +91,10 @@ class Engine:
         max_backlog: int = 0,
         fetch: FetchEndpoint | None = None,
         lane_preaggregate: bool | None = None,
+        clock: Callable[[], float] = MONOTONIC,
     ) -> None:
         self.spools = spools
+        self.clock = clock  # batch durations (read on Spark's threads: a plain reading)
         # Input without a shared disk: with the peer's fetch server, Spark's executors fetch
         # spool files from it (peer.fetch) instead of opening them; None: they open them.
         self.fetch = fetch
@@ -129,6 +132,7 @@ class Engine:
             preaggregate=(
                 not master.startswith("local") if lane_preaggregate is None else lane_preaggregate
             ),
+            clock=clock,
         )
         # Seams for replicated fragments (peer.replication.fragment_failover), called on Spark's
         # callback thread: ``on_batch(query, batch id, checkpoint)`` before a micro-batch
@@ -318,7 +322,7 @@ class Engine:
         tentative = status != STABLE
 
         def sink(df: DataFrame, batch_id: int) -> None:
-            started = time.monotonic()
+            started = self.clock()
             log.debug("query %s (%s): batch %d starts", name, status, batch_id)
             before_emit = None
             if self.on_batch is not None and not tentative:  # the checkpoint as it starts
@@ -339,7 +343,7 @@ class Engine:
             if running is not None:
                 running.batches += 1
                 running.rows_out += table.num_rows
-                running.last_batch_s = time.monotonic() - started
+                running.last_batch_s = self.clock() - started
             if self.on_result is not None and table.num_rows:
                 age = self._input_age_s([r for r in readers if r[0]])
                 if age is not None:

@@ -60,6 +60,7 @@ from peer.model.tentative import TENTATIVE, UndoMark
 from peer.model.windows import AggregateSpec, JoinSpec
 from peer.storage import spool_format as fmt
 from peer.storage.spool_format import META_HEARTBEAT
+from peer.timing import MONOTONIC, WALL
 
 if TYPE_CHECKING:
     from peer.storage.spool import SpoolSet
@@ -162,7 +163,17 @@ class _Marks:
 class Availability:
     """Forks and corrects this peer's queries that have an availability bound."""
 
-    def __init__(self, engine: Engine, spools: SpoolSet, *, lead_s: float = FORK_LEAD_S) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        spools: SpoolSet,
+        *,
+        lead_s: float = FORK_LEAD_S,
+        clock: Callable[[], float] = MONOTONIC,
+        wall: Callable[[], float] = WALL,
+    ) -> None:
+        self.clock = clock  # how long an input has been missing, when to try a resume again
+        self.wall = wall  # when a fork started (reported, and compared with batch times)
         self.engine = engine
         self.spools = spools
         self.lead_s = lead_s
@@ -209,14 +220,14 @@ class Availability:
         if state is not None:
             state.tentative_tuples += rows
             if state.first_result_s is None and state.fork_started is not None:
-                state.first_result_s = round(time.time() - state.fork_started, 3)
+                state.first_result_s = round(self.wall() - state.fork_started, 3)
         if self.on_tentative is not None:
             self.on_tentative(name, rows)
 
     async def tick(self, queries: Collection[tuple[CheckedQuery, str]]) -> None:
         """Look at every running query with a bound (``(checked, incarnation)``): fork those
         missing an input, correct those whose inputs are back."""
-        now = time.monotonic()
+        now = self.clock()
         for checked, incarnation in queries:
             name = checked.query.name
             bound = checked.query.availability_bound_s
@@ -309,7 +320,7 @@ class Availability:
             return
         committed = {s: self.spools.get(s).committed(r) for s, r in stable.readers if s}
         state = self.states.setdefault(name, FragmentState())
-        state.fork_started, state.first_result_s = time.time(), None
+        state.fork_started, state.first_result_s = self.wall(), None
         await engine.stop_query(name, forks=False)
         log.info("query %s: stable stopped for a fork", name)
         token = uuid.uuid4().hex[:8]
@@ -353,7 +364,7 @@ class Availability:
             await self._resume(checked, incarnation)
             raise EngineError(f"query {name}: no tentative fork ({exc})", query=name) from exc
         self.forks[name] = Fork(
-            running, checkpoint, inputs_dir, frozenset(missing), time.time(), feeds
+            running, checkpoint, inputs_dir, frozenset(missing), self.wall(), feeds
         )
         state.tentative_since, state.forks = state.fork_started, state.forks + 1
         log.warning(
@@ -404,12 +415,12 @@ class Availability:
         """Start the stable query again from its checkpoint; if Spark refuses, it is owed
         and tried again at the next looks, at most every RESUME_RETRY_S."""
         name = checked.query.name
-        if time.monotonic() < self._owed.get(name, 0.0):
+        if self.clock() < self._owed.get(name, 0.0):
             return
         try:
             await self.engine.run_query(checked, incarnation, resume=True, placement="own")
         except EngineError as exc:
-            self._owed[name] = time.monotonic() + RESUME_RETRY_S
+            self._owed[name] = self.clock() + RESUME_RETRY_S
             log.error("query %s: the stable query did not start again: %s", name, exc.message)
             return
         self._owed.pop(name, None)

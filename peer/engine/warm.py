@@ -22,7 +22,7 @@ import contextlib
 import logging
 import shutil
 import threading
-import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -31,6 +31,7 @@ from peer.model.plan import check_query
 from peer.model.query import parse_query
 from peer.model.schema import parse_schema, spark_ddl, to_arrow_schema
 from peer.storage.spool import Spool
+from peer.timing import MONOTONIC
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -70,7 +71,9 @@ QUERY = {
 BATCHES = 3  # each closes the window of the one before: the aggregate emits
 
 
-async def warm_up(engine: Engine, *, timeout_s: float = 120.0) -> float | None:
+async def warm_up(
+    engine: Engine, *, timeout_s: float = 120.0, clock: Callable[[], float] = MONOTONIC
+) -> float | None:
     """Run the warm-up query until it emitted a window (or ``timeout_s``); the seconds it
     took, None if it did not finish (logged; nothing else depends on it)."""
     from peer.engine.compile import compile_query
@@ -79,7 +82,7 @@ async def warm_up(engine: Engine, *, timeout_s: float = 120.0) -> float | None:
     spark = engine.spark
     if spark is None:
         return None
-    began = time.monotonic()
+    began = clock()
     root = engine.checkpoint_root / "~warm-up"
     schema = parse_schema(SCHEMA)
     checked = check_query(parse_query(QUERY), {"warm_in": schema})
@@ -134,6 +137,6 @@ async def warm_up(engine: Engine, *, timeout_s: float = 120.0) -> float | None:
     finally:
         with contextlib.suppress(Exception):
             await asyncio.shield(engine.call(stop))
-    took = time.monotonic() - began
+    took = clock() - began
     log.info("spark warmed up in %.1f s", took)
     return took

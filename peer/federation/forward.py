@@ -23,7 +23,6 @@ Theory of operation
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -39,9 +38,12 @@ from peer.protocol.link import Frame, PushBatch, Subscribe
 from peer.protocol.replies import PushReply
 from peer.server.service import CLIENT
 from peer.site import LocalSite
+from peer.timing import MONOTONIC, Backoff, Clock
 
 MAX_FORWARD_SLOTS = 32  # a link's default max_in_flight (overlay.link.protocol.LinkSettings)
 FORWARD_DEADLINE_S = 30.0
+# soon at first (a failover names a new primary within a heartbeat), then less often
+HOST_BACKOFF = Backoff(0.05, 0.5)
 # An Arrow body this small that declares no more than this once decompressed is checked on the
 # event loop (tens of microseconds for a thousand rows: less than the hop to a worker thread).
 INLINE_CHECK_BYTES = 128 * 1024
@@ -80,8 +82,11 @@ class Forwarder:
         site: LocalSite,
         incarnation: int,
         quota: RelayQuota | None = None,
+        *,
+        clock: Clock = MONOTONIC,
     ) -> None:
         self.quota = quota or RelayQuota()
+        self.clock = clock  # the forwarding deadlines and the waits between tries
         self.router = router
         self.hosting = hosting
         self.site = site
@@ -114,7 +119,7 @@ class Forwarder:
         return await self._slots.get()
 
     async def _forward(self, batch: PushBatch) -> PushReply:
-        deadline = time.monotonic() + FORWARD_DEADLINE_S
+        deadline = self.clock() + FORWARD_DEADLINE_S
         fresh = False
         tries = 0
         while True:
@@ -134,17 +139,15 @@ class Forwarder:
                 self.forwarded += 1
                 return PushReply.from_wire(reply)  # (the host's site answered it)
             except Unavailable as exc:
-                if time.monotonic() >= deadline:
+                if self.clock() >= deadline:
                     raise Unavailable(
                         f"push to {batch.stream}: its host {host.hex()[:12]} stayed unreachable "
                         f"for {FORWARD_DEADLINE_S:.0f} s ({exc.message})",
                         stream=batch.stream,
                     ) from exc
                 fresh = True
-                # soon at first (a failover names a new primary within a heartbeat), then
-                # less often: 0.05 s doubling to 0.5 s
-                await asyncio.sleep(min(0.5, 0.05 * 2**tries))
                 tries += 1
+                await self.clock.sleep(HOST_BACKOFF.delay_s(tries))
 
     async def relay(self, stream: str, start: str) -> AsyncIterator[Frame]:
         """A subscription served by the stream's host, here or over a link."""
@@ -171,10 +174,10 @@ class Forwarder:
                 if not (exc.details.get("moved") or stream in self.hosting.moved_streams):
                     raise
                 if deadline is None:
-                    deadline = time.monotonic() + FORWARD_DEADLINE_S
-                elif time.monotonic() > deadline:
+                    deadline = self.clock() + FORWARD_DEADLINE_S
+                elif self.clock() > deadline:
                     raise
-                await asyncio.sleep(0.2)
+                await self.clock.sleep(0.2)
 
     async def _relay_once(self, host: bytes, stream: str, start: str) -> AsyncIterator[Frame]:
         if host == self.router.node_id:

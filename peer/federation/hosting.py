@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable
 
 from overlay.catalog import CatalogError, Placement
@@ -32,6 +31,7 @@ from peer.federation.mirror import Mirrors
 from peer.federation.records import CatalogRecords
 from peer.model.schema import parse_schema
 from peer.site import LocalSite
+from peer.timing import MONOTONIC, WALL, Clock, wait_event
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +52,19 @@ class Hosting:
         api: tuple[str, int],
         *,
         lease_s: float = LEASE_S,
+        clock: Clock = MONOTONIC,
+        wall: Callable[[], float] = WALL,
     ) -> None:
+        """``clock`` times the renewals and the waits; ``wall`` is compared with the expiry
+        written in a lease (seconds since the epoch, read by every peer)."""
         self.overlay = overlay
         self.records = records
         self.site = site
         self.mirrors = mirrors
         self.api = api
         self.lease_s = lease_s
+        self.clock = clock
+        self.wall = wall
         self.hosted: set[str] = set()  # streams this peer hosts (appends, renews the lease)
         self.moved_streams: dict[str, bytes] = {}  # streams handed over to another peer
         self._claims: dict[str, float] = {}  # adopted streams -> give up claiming at
@@ -90,7 +96,7 @@ class Hosting:
         """Host ``stream``, handed over by its previous host (a moved fragment's result)."""
         self.hosted.add(stream)
         self.moved_streams.pop(stream, None)
-        self._claims[stream] = time.monotonic() + 3 * self.lease_s
+        self._claims[stream] = self.clock() + 3 * self.lease_s
         self._claimed.set()
 
     async def hand_over(self, stream: str, target: bytes, handover_s: float) -> None:
@@ -141,7 +147,7 @@ class Hosting:
             if (
                 placement is not None
                 and placement.node_id != self.node_id
-                and placement.until > time.time()
+                and placement.until > self.wall()
             ):
                 log.warning(
                     "stream %s is hosted by %s now; forwarding to it",
@@ -155,17 +161,16 @@ class Hosting:
 
     async def run(self) -> None:
         """Renew our leases every third of a lease; claim adopted streams meanwhile."""
-        renew_at = time.monotonic() + self.lease_s / 3
+        renew_at = self.clock() + self.lease_s / 3
         while True:
-            wait = renew_at - time.monotonic()
+            wait = renew_at - self.clock()
             if self._claims:
                 wait = min(wait, CLAIM_RETRY_S)
             self._claimed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._claimed.wait(), max(0.0, wait))
+            await wait_event(self._claimed, max(0.0, wait), self.clock)
             await self._claim_adopted()
-            if time.monotonic() >= renew_at:
-                renew_at = time.monotonic() + self.lease_s / 3
+            if self.clock() >= renew_at:
+                renew_at = self.clock() + self.lease_s / 3
                 await self._renew_all()
 
     async def _claim_adopted(self) -> None:
@@ -177,7 +182,7 @@ class Hosting:
                 await self.renew(stream)
                 self._claims.pop(stream, None)
             except CatalogError as exc:
-                if time.monotonic() > give_up_at:
+                if self.clock() > give_up_at:
                     log.warning("lease of %s still not ours: %s", stream, exc)
                     self._claims.pop(stream, None)
 
@@ -206,7 +211,7 @@ class Hosting:
             placement is not None
             and placement.node_id != self.node_id
             and placement.moved_to != self.node_id  # handed over to us: ours once it lapses
-            and placement.until > time.time()
+            and placement.until > self.wall()
             and self.overlay.is_live(placement.node_id)
         ):
             log.warning(
@@ -232,7 +237,7 @@ class Hosting:
             return placement.moved_to
         if placement is not None and placement.node_id != self.node_id:
             state = self.overlay.state_of(placement.node_id)
-            if state in ("alive", "suspect") or (state is None and placement.until > time.time()):
+            if state in ("alive", "suspect") or (state is None and placement.until > self.wall()):
                 return placement.node_id
         record = await self.records.stream(stream)
         if record.get("derived_from"):
@@ -250,13 +255,13 @@ class Hosting:
         its lease, else ``recorded`` (the host a plan or a replica noted). Right after a move
         there is a moment with no lease (the old host's handover lease has run out, the new
         host's is not yet stored): a retriable answer is asked again for up to LEASE_GAP_S."""
-        deadline = time.monotonic() + LEASE_GAP_S
+        deadline = self.clock() + LEASE_GAP_S
         while True:
             try:
                 return await self.host_of(stream, fresh=True)
             except FedstreamError as exc:
-                if exc.retriable and time.monotonic() < deadline:
-                    await asyncio.sleep(0.25)
+                if exc.retriable and self.clock() < deadline:
+                    await self.clock.sleep(0.25)
                     continue
                 log.info("host of %s not found from its lease: %s", stream, exc)
                 return recorded

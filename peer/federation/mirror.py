@@ -44,6 +44,7 @@ from peer.model.tuples import arrow_bytes
 from peer.protocol.link import Frame, MirrorAppend
 from peer.storage.spool import Spool, SpoolSet
 from peer.storage.spool_format import read_reader_offset, write_reader_offset
+from peer.timing import MONOTONIC, Backoff, Clock
 
 __all__ = ["MIRROR_PREFIX", "Mirrors"]
 
@@ -58,13 +59,17 @@ ORIGIN_FILE = "mirror-origin"
 MAX_BATCHES_PER_REQUEST = 16
 MAX_BYTES_PER_REQUEST = 8 * 1024 * 1024
 RETRY_MAX_S = 5.0
+BACKOFF = Backoff(0.1, RETRY_MAX_S)  # a receiver that is unavailable, a disk that fails
 
 
 class Mirrors:
     """The mirrors this peer sends (one task each, restarted from the spools on start)."""
 
-    def __init__(self, spools: SpoolSet, node_id: bytes, send: Send) -> None:
+    def __init__(
+        self, spools: SpoolSet, node_id: bytes, send: Send, *, clock: Clock = MONOTONIC
+    ) -> None:
         self.spools = spools
+        self.clock = clock  # the waits between tries
         self.node_id = node_id
         self._send = send
         self._tasks: dict[tuple[str, bytes], asyncio.Task[None]] = {}
@@ -117,9 +122,8 @@ class Mirrors:
         tasks = [self._tasks.pop(k) for k in keys]
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if tasks:  # waits without swallowing a cancellation of pause() itself
+            await asyncio.wait(tasks)
 
     async def detach(self, stream: str, target: bytes) -> int:
         """Stop mirroring ``stream`` to ``target`` for good; the last offset it acknowledged."""
@@ -207,7 +211,7 @@ class Mirrors:
 
         spool.add_listener(on_append)
         origin = self.origin(stream)
-        backoff = 0.1
+        refused = 0  # tries in a row the receiver was unavailable
         try:
             while True:
                 wake.clear()
@@ -222,7 +226,7 @@ class Mirrors:
                     return  # unregistered: the mirror was stopped
                 except (OSError, ValueError, FedstreamError) as exc:  # a disk fault here
                     log.error("mirror of %s to %s cannot read: %s", stream, target.hex()[:12], exc)
-                    await asyncio.sleep(RETRY_MAX_S)
+                    await self.clock.sleep(RETRY_MAX_S)
                     continue
                 if not batches:
                     await wake.wait()
@@ -231,14 +235,14 @@ class Mirrors:
                     await self._send(target, MirrorAppend(stream, origin, tuple(batches)))
                 except Unavailable as exc:
                     log.info("mirror of %s to %s waits: %s", stream, target.hex()[:12], exc)
-                    await asyncio.sleep(backoff)
-                    backoff = min(RETRY_MAX_S, backoff * 2)
+                    refused += 1
+                    await self.clock.sleep(BACKOFF.delay_s(refused))
                     continue
                 except FedstreamError as exc:
                     log.warning("mirror of %s to %s refused: %s", stream, target.hex()[:12], exc)
-                    await asyncio.sleep(RETRY_MAX_S)
+                    await self.clock.sleep(RETRY_MAX_S)
                     continue
-                backoff = 0.1
+                refused = 0
                 last = batches[-1][0]
                 self.sent_batches += len(batches)
                 self.sent_bytes[stream] = self.sent_bytes.get(stream, 0) + sum(
@@ -255,7 +259,7 @@ class Mirrors:
     ) -> None:
         """Write that ``target`` acknowledged ``last``; a disk fault (ENOSPC, EIO) is logged
         and retried until it passes, never raised: the task group and the peer go on."""
-        delay = 0.1
+        failed = 0
         while True:
             try:
                 await asyncio.to_thread(
@@ -270,8 +274,8 @@ class Mirrors:
                     last,
                     exc.strerror or exc,
                 )
-                await asyncio.sleep(delay)
-                delay = min(RETRY_MAX_S, delay * 2)
+                failed += 1
+                await self.clock.sleep(BACKOFF.delay_s(failed))
 
 
 def _read_chunk(spool: Spool, start: int) -> list[tuple[int, bytes, str]]:

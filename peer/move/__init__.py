@@ -66,6 +66,7 @@ from peer.move.receiver import ArrivalHook, MoveReceiver
 from peer.move.sender import MoveSender
 from peer.protocol.link import Raw
 from peer.site import LocalSite
+from peer.timing import MONOTONIC, Clock
 
 __all__ = ["ArrivalHook", "Mover"]
 
@@ -82,6 +83,8 @@ class Mover:
         fed: Federation,
         book: ContractBook | None,
         on_arrival: ArrivalHook | None = None,
+        *,
+        clock: Clock = MONOTONIC,
     ) -> None:
         self.site = site
         self.fed = fed
@@ -90,8 +93,10 @@ class Mover:
         shutil.rmtree(root, ignore_errors=True)  # leftovers of a crash mid-move
         root.mkdir(parents=True, exist_ok=True)
         self.journal = Journal(site.data_dir)
-        self.sender = MoveSender(site, fed, self.lock, self.journal)
-        self.receiver = MoveReceiver(site, fed, book, self.lock, self.journal, on_arrival)
+        self.sender = MoveSender(site, fed, self.lock, self.journal, clock=clock)
+        self.receiver = MoveReceiver(
+            site, fed, book, self.lock, self.journal, on_arrival, clock=clock
+        )
 
     async def recover(self) -> None:
         """Finish the moves in and out that this peer's last run left unfinished (see
@@ -100,8 +105,10 @@ class Mover:
             await self.receiver.recover()
             await self.sender.recover()
 
-    async def close(self) -> None:
-        await self.sender.close()
+    async def run(self) -> None:
+        """Resolve moves left in doubt in the background until cancelled (in the peer's task
+        group)."""
+        await self.sender.run()
 
     def register(self) -> None:
         """Serve the ``move_*`` peer-link requests."""

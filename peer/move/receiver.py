@@ -6,8 +6,7 @@ import asyncio
 import contextlib
 import logging
 import shutil
-import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -35,6 +34,7 @@ from peer.move.package import (
 )
 from peer.site import LocalSite
 from peer.storage.spool_format import write_reader_offset
+from peer.timing import MONOTONIC, WALL
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,12 @@ class MoveReceiver:
         lock: asyncio.Lock,
         journal: Journal,
         on_arrival: ArrivalHook | None = None,
+        *,
+        clock: Callable[[], float] = MONOTONIC,
+        wall: Callable[[], float] = WALL,
     ) -> None:
+        self.clock = clock  # how long a move in has been idle, the pause a move costs
+        self.wall = wall  # contracts are valid between two dates
         self.site = site
         self.fed = fed
         self.book = book
@@ -88,7 +93,7 @@ class MoveReceiver:
         if found is None or found.sender != sender or not isinstance(move_id, str):
             raise NotFound(f"no move {move_id!r} from {sender} is under way here")
         incoming = found
-        incoming.touched = time.monotonic()
+        incoming.touched = self.clock()
         if op == "move_chunk":
             data = frame.get("data")
             if not isinstance(data, bytes) or not data:
@@ -148,7 +153,7 @@ class MoveReceiver:
     async def _begin(self, manifest: Any, sender: str) -> dict[str, Any]:
         site = self.site
         for key, incoming in list(self._incoming.items()):  # a sender that went silent
-            if time.monotonic() - incoming.touched > INCOMING_IDLE_S:
+            if self.clock() - incoming.touched > INCOMING_IDLE_S:
                 self._drop_incoming(key)
         checked_manifest = check_manifest(manifest)
         if site.engine is None:
@@ -194,7 +199,7 @@ class MoveReceiver:
         book = self.book
         if book is None:
             raise Unauthorized("this peer holds no contracts: it takes no fragments")
-        now = datetime.now(UTC)
+        now = datetime.fromtimestamp(self.wall(), UTC)
         for contract in book.contracts_with(sender):
             if contract.id != manifest["contract"] or not (
                 contract.not_before <= now <= contract.not_after
@@ -215,7 +220,7 @@ class MoveReceiver:
         site = self.site
         engine = site.engine
         assert engine is not None
-        started = time.monotonic()
+        started = self.clock()
         name = manifest["fragment"]
         where = incoming.path.parent
         await asyncio.to_thread(extract, incoming.path, where)
@@ -283,7 +288,7 @@ class MoveReceiver:
             await self._roll_back(arrival)
             raise
         await asyncio.to_thread(self.journal.drop_arrival, move_id)
-        resume_s = time.monotonic() - started
+        resume_s = self.clock() - started
         self._serve_arrived(manifest)
         if self.on_arrival is not None:
             try:

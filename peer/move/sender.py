@@ -6,8 +6,8 @@ import asyncio
 import contextlib
 import logging
 import shutil
-import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from peer.move.package import CHUNK_BYTES, export_fragment
 from peer.move.plan import input_modes, why_not, why_not_there
 from peer.protocol.link import Raw, StartMirror, StopMirror
 from peer.site import LocalSite
+from peer.timing import MONOTONIC, WALL, Clock
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +39,24 @@ def resolve_request(intent: Intent) -> Raw:
 
 class MoveSender:
     def __init__(
-        self, site: LocalSite, fed: Federation, lock: asyncio.Lock, journal: Journal
+        self,
+        site: LocalSite,
+        fed: Federation,
+        lock: asyncio.Lock,
+        journal: Journal,
+        *,
+        clock: Clock = MONOTONIC,
+        wall: Callable[[], float] = WALL,
     ) -> None:
         self.site = site
         self.fed = fed
         self.lock = lock  # one move in or out at a time
         self.journal = journal
         self.root = site.data_dir / "moves"
-        self.in_doubt: dict[str, asyncio.Task[None]] = {}  # move id -> its resolver
+        self.clock = clock  # the pause a move costs, the waits between resolve attempts
+        self.wall = wall  # when a fragment moved away (the catalog's record)
+        self.in_doubt: dict[str, Intent] = {}  # move id -> the move being resolved
+        self._resolvers: asyncio.TaskGroup | None = None  # run()'s, while it runs
 
     async def move_out(
         self,
@@ -64,7 +75,7 @@ class MoveSender:
         if self.lock.locked():
             raise Unavailable("another move is in flight on this peer; retry later")
         async with self.lock:
-            if any(task.get_name() == name for task in self.in_doubt.values()):
+            if any(intent.fragment == name for intent in self.in_doubt.values()):
                 raise Conflict(f"fragment {name}: its last move is in doubt", query=name)
             reason = why_not(self.site, fed.hosting.hosted, name) or why_not_there(
                 self.site, name, target
@@ -144,7 +155,7 @@ class MoveSender:
         except BaseException:
             await self._tell_target(intent)
             raise
-        started = time.monotonic()
+        started = self.clock()
         try:
             await engine.stop_query(name)  # the pause starts
             holds = {s: spools.get(s).latest for s in held}
@@ -191,7 +202,7 @@ class MoveSender:
             reply = await self._after_lost_install(intent, exc)
         finally:
             shutil.rmtree(stage, ignore_errors=True)
-        pause_s = time.monotonic() - started
+        pause_s = self.clock() - started
         await self._commit(intent)
         log.info("fragment %s moved to %s (pause %.2f s)", name, target.hex()[:12], pause_s)
         return {
@@ -238,7 +249,7 @@ class MoveSender:
                     return str(decision)
             except (FedstreamError, OSError, TimeoutError) as exc:
                 log.info("move %s of %s not resolved yet: %s", intent.id[:8], intent.fragment, exc)
-            await asyncio.sleep(RESOLVE_RETRY_S)
+            await self.clock.sleep(RESOLVE_RETRY_S)
         return None
 
     async def _tell_target(self, intent: Intent) -> None:
@@ -248,25 +259,39 @@ class MoveSender:
             async with asyncio.timeout(RESOLVE_TIMEOUT_S):
                 await self.fed.router.call(bytes.fromhex(intent.target), resolve_request(intent))
 
+    async def run(self) -> None:
+        """Resolve the moves in doubt, each in its own task of this task group, until
+        cancelled (the peer's task group runs this; a move found in doubt before it started
+        is resolved from here)."""
+        async with asyncio.TaskGroup() as tg:
+            self._resolvers = tg
+            try:
+                for intent in list(self.in_doubt.values()):
+                    tg.create_task(self._settle(intent), name=intent.fragment)
+                await asyncio.Event().wait()
+            finally:
+                self._resolvers = None
+
     def _watch(self, intent: Intent) -> None:
         """Resolve an in-doubt move in the background, then commit or undo it."""
         if intent.id in self.in_doubt:
             return
+        self.in_doubt[intent.id] = intent
+        if self._resolvers is not None:
+            self._resolvers.create_task(self._settle(intent), name=intent.fragment)
 
-        async def settle() -> None:
-            try:
-                decision = await self._resolve(intent, attempts=None)
-                async with self.lock:
-                    if decision == "installed":
-                        await self._commit(intent)
-                    else:
-                        await self._undo(intent)
-            except Exception:
-                log.exception("settling the move of %s failed", intent.fragment)
-            finally:
-                self.in_doubt.pop(intent.id, None)
-
-        self.in_doubt[intent.id] = asyncio.create_task(settle(), name=intent.fragment)
+    async def _settle(self, intent: Intent) -> None:
+        try:
+            decision = await self._resolve(intent, attempts=None)
+            async with self.lock:
+                if decision == "installed":
+                    await self._commit(intent)
+                else:
+                    await self._undo(intent)
+        except Exception:
+            log.exception("settling the move of %s failed", intent.fragment)
+        finally:
+            self.in_doubt.pop(intent.id, None)
 
     async def recover(self) -> None:
         """Finish the moves this peer's last run left unfinished: one whose install was
@@ -279,14 +304,6 @@ class MoveSender:
             else:
                 log.warning("move of %s was in doubt; asking its target", intent.fragment)
                 self._watch(intent)
-
-    async def close(self) -> None:
-        tasks = list(self.in_doubt.values())
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
 
     async def _mirrors_caught_up(
         self, goals: dict[str, int], target: bytes, *, strict: bool = False
@@ -363,7 +380,7 @@ class MoveSender:
             except FedstreamError as exc:  # the target claims it anyway once our lease ends
                 log.error("handing %s over to the new site: %s", stream, exc)
         await asyncio.to_thread(self._release, intent)
-        await asyncio.to_thread(site.catalog.add_moved, name, intent.target, time.time())
+        await asyncio.to_thread(site.catalog.add_moved, name, intent.target, self.wall())
         for stream in intent.replica_inputs:
             site.thaw(stream)
         await asyncio.to_thread(self.journal.drop_intent, intent.id)

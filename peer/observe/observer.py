@@ -26,9 +26,8 @@ import asyncio
 import contextlib
 import logging
 import threading
-import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
@@ -37,6 +36,7 @@ from peer.errors import FedstreamError
 from peer.observe.families import HISTOGRAMS, PREFIX, Snapshot, SnapshotCollector
 from peer.observe.samples import HISTORY_POINTS, SAMPLE_S, FragmentFigures, Reading, point
 from peer.protocol.link import ObservePeer
+from peer.timing import MONOTONIC, WALL, Clock, every
 
 __all__ = ["Observed", "Observer"]
 
@@ -77,8 +77,17 @@ class Observed(Protocol):
 class Observer:
     """The metrics and dashboard data of one peer."""
 
-    def __init__(self, peer: Observed, *, dashboard: str | None = None) -> None:
+    def __init__(
+        self,
+        peer: Observed,
+        *,
+        dashboard: str | None = None,
+        clock: Clock = MONOTONIC,
+        wall: Callable[[], float] = WALL,
+    ) -> None:
         self.peer = peer
+        self.clock = clock  # the sampling period and the intervals between samples
+        self.wall = wall  # the time stamps of the history and the federation view
         self.dashboard = dashboard  # this peer's dashboard URL, shown to the others
         self.registry = CollectorRegistry(auto_describe=True)
         self.collector = SnapshotCollector()
@@ -101,7 +110,7 @@ class Observer:
         self._reading: Reading | None = None
         self._latencies: dict[str, list[float]] = {}
         self._lock = threading.Lock()  # result() comes from Spark's callback thread
-        self._sampled_at = time.monotonic()
+        self._sampled_at = clock()
 
     # -- hooks: called by the peer where things happen -----------------------------------------
     def pushed(self, stream: str, rows: int, seconds: float) -> None:
@@ -134,18 +143,17 @@ class Observer:
     # -- sampling --------------------------------------------------------------------------------
     async def run(self) -> None:
         """Sample every ``SAMPLE_S`` until cancelled."""
-        while True:
-            await asyncio.sleep(SAMPLE_S)
-            try:
-                await self.sample()
-            except FedstreamError as exc:
-                log.info("metrics sample skipped: %s", exc.message)
-            except Exception:  # a sample must never take the peer down
-                log.exception("metrics sample failed; next one in %.0f s", SAMPLE_S)
+        await every(SAMPLE_S, self._sample_once, clock=self.clock, what="metrics sample")
+
+    async def _sample_once(self) -> None:
+        try:
+            await self.sample()
+        except FedstreamError as exc:  # the peer is starting or stopping: not a bug
+            log.info("metrics sample skipped: %s", exc.message)
 
     async def sample(self) -> None:
         """Read the new progress reports, then add one point to the history."""
-        now = time.monotonic()
+        now = self.clock()
         interval, self._sampled_at = now - self._sampled_at, now
         reports = await self.peer.engine_progress(dict(self.figures.marks))
         for name, durations in self.figures.add(reports, interval).items():
@@ -157,7 +165,7 @@ class Observer:
         with self._lock:
             latencies, self._latencies = self._latencies, {}
         reading = Reading(
-            time.time(),
+            self.wall(),
             dict(self.records_in),
             {q: int(c.get("rows_out", 0)) for q, c in counters.items()},
         )
@@ -237,7 +245,7 @@ class Observer:
                 return {"node_id": node.hex(), "error": exc.message}
 
         views = await asyncio.gather(*(one(n) for n in others))
-        return {"t": round(time.time(), 3), "self": own["node_id"], "peers": [own, *views]}
+        return {"t": round(self.wall(), 3), "self": own["node_id"], "peers": [own, *views]}
 
     async def handle_observe(self, message: ObservePeer, _sender: str) -> dict[str, Any]:
         """The peer-link request of another peer's dashboard."""

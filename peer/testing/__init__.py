@@ -2,7 +2,16 @@
 
 - :class:`PeerThread` (:mod:`peer.testing.peer_thread`): a real peer on its own loop in a
   background thread, driven from a synchronous test;
-- :class:`ManualClock` (:mod:`peer.testing.clock`): a clock the test moves by hand;
+- :class:`ManualClock` (:mod:`peer.testing.clock`): a clock the test moves by hand (and that
+  a loop sleeps on, see :class:`peer.timing.Clock`);
+- :func:`wait_until` / :func:`wait_until_sync` (:mod:`peer.timing.poll`): the one poll helper,
+  asking a condition again up to a deadline, for integration tests that wait on another
+  thread, process or Spark (the async one, through :func:`peer.cluster.wait_until`, counts a
+  peer's refusals and timeouts as "not yet"); unit tests use the clock or events instead;
+- :func:`all_tasks_blocked` (:mod:`peer.testing.idle`): yield until every other task waits,
+  before a unit test checks that something did not happen;
+- :func:`members_alive` (:mod:`peer.testing.members`): wait until a peer sees enough live
+  members of the federation;
 - :class:`FetchServerThread` (:mod:`peer.testing.fetch`): a peer's spool fetch server on its
   own loop in a background thread, for Spark tests of fetched input;
 - :func:`run_async` (:mod:`peer.testing.runner`): an async test body on a fresh asyncio or
@@ -37,8 +46,11 @@ from peer.examples.keyed_window import (
 )
 from peer.testing.clock import ManualClock
 from peer.testing.fetch import FetchServerThread
+from peer.testing.idle import all_tasks_blocked
+from peer.testing.members import member_states, members_alive
 from peer.testing.peer_thread import PeerThread
 from peer.testing.runner import LOOPS, run_async
+from peer.timing import wait_until_sync
 
 __all__ = [
     "LOOPS",
@@ -47,6 +59,7 @@ __all__ = [
     "ManualClock",
     "PeerProcess",
     "PeerThread",
+    "all_tasks_blocked",
     "collect",
     "keyed_window_batches",
     "keyed_window_box",
@@ -54,10 +67,13 @@ __all__ = [
     "keyed_window_schema",
     "keyed_window_sums",
     "make_participants",
+    "member_states",
+    "members_alive",
     "participant_args",
     "run_async",
     "signed_contracts",
     "stream_name_on",
     "trust_all",
     "wait_until",
+    "wait_until_sync",
 ]

@@ -25,6 +25,7 @@ from peer.cli import main
 from peer.client import Client
 from peer.errors import Unauthorized, Unavailable
 from peer.server import ApiServer, api_server_tls
+from peer.testing import wait_until
 from tests.unit.test_api import FakePeer, with_people
 from tests.unit.test_api_tls import Federation, make_federation, no_certificate_context
 
@@ -70,12 +71,6 @@ async def tls_serving(fed: Federation, **options: Any) -> AsyncIterator[ApiServe
     finally:
         async with asyncio.timeout(10):
             await server.close()
-
-
-async def until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not predicate():
-            await asyncio.sleep(0.01)
 
 
 def refusals(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -167,7 +162,12 @@ def test_client_without_certificate_is_refused(
             plain = Client("127.0.0.1", server.port, timeout_s=5)
             with pytest.raises(Unavailable, match="requires TLS"):
                 await plain.connect()
-            await until(lambda: server.connection_count == 0)
+            await wait_until(
+                lambda: server.connection_count == 0,
+                "server.connection_count == 0",
+                5.0,
+                every_s=0.01,
+            )
 
     run(body)
     assert len(refusals(caplog)) == 2
@@ -201,7 +201,12 @@ def test_client_refuses_a_server_it_does_not_trust(
             client = fed.client(server, "mit.edu", trust_dir=nobody)
             with pytest.raises(Unauthorized, match="not issued by a participant this client"):
                 await client.connect()
-            await until(lambda: server.connection_count == 0)  # and the server lets go
+            await wait_until(
+                lambda: server.connection_count == 0,
+                "server.connection_count == 0",
+                5.0,
+                every_s=0.01,
+            )  # and the server lets go
 
     run(body)
 
@@ -238,7 +243,12 @@ def test_server_keeps_serving_the_good_client_after_bad_ones(
                     with contextlib.suppress(ConnectionError):
                         assert await reader.read() == b""
                 writer.close()
-            await until(lambda: server.connection_count == 1)
+            await wait_until(
+                lambda: server.connection_count == 1,
+                "server.connection_count == 1",
+                5.0,
+                every_s=0.01,
+            )
             await good.push("people", {"name": ["bob"], "id": [2]})
             batch = await sub.next_batch(5)
             assert batch is not None and batch.rows() == [{"name": "bob", "id": 2}]

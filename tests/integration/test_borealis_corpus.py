@@ -16,7 +16,6 @@ import contextlib
 import io
 import random
 from collections import Counter, defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,21 +23,11 @@ import pytest
 
 from peer.cli import main as cli_main
 from peer.client import Client
-from peer.node import PeerConfig
 from peer.testing import PeerThread, collect
 
 pytestmark = pytest.mark.spark
 
 CORPUS = Path(__file__).parent.parent / "data" / "borealis"
-
-
-@pytest.fixture(scope="module")
-def peer(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PeerThread]:
-    data = Path(tmp_path_factory.mktemp("borealis")) / "peer"
-    with PeerThread(
-        PeerConfig(data_dir=data, port=0, maintenance_interval_s=1.0), spark
-    ) as running:
-        yield running
 
 
 def cli(peer: PeerThread, *argv: str) -> str:

@@ -10,14 +10,11 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter, defaultdict
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from peer.client import Client
-from peer.node import PeerConfig
 from peer.testing import PeerThread, collect
 
 pytestmark = pytest.mark.spark
@@ -34,14 +31,10 @@ READINGS = {
 }
 
 
-@pytest.fixture(scope="module")
-def peer(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PeerThread]:
-    data = Path(tmp_path_factory.mktemp("boxes")) / "peer"
-    with PeerThread(
-        PeerConfig(data_dir=data, port=0, maintenance_interval_s=1.0), spark
-    ) as running:
-        asyncio.run(_setup(running.port))
-        yield running
+@pytest.fixture(scope="module", autouse=True)
+def readings_schema(peer: PeerThread) -> None:
+    """The module's peer (tests/integration/conftest.py) knows the readings schema."""
+    asyncio.run(_setup(peer.port))
 
 
 async def _setup(port: int) -> None:

@@ -45,6 +45,7 @@ from overlay.records import (
     encode,
     sign_record,
 )
+from peer.testing import wait_until
 
 CA = Ed25519PrivateKey.generate()
 OTHER_CA = Ed25519PrivateKey.generate()
@@ -165,12 +166,6 @@ async def raw_store(sender: CatalogServer, to: CatalogServer, dkey: Any, value: 
 
 def hellos_pending(server: CatalogServer) -> bool:
     return server.protocol is not None and server.protocol.pending_hellos > 0
-
-
-async def wait_for(condition: Callable[[], bool], limit_s: float = 5.0) -> None:
-    async with asyncio.timeout(limit_s):
-        while not condition():
-            await asyncio.sleep(0.02)
 
 
 # -- storage (no sockets) ---------------------------------------------------------------------
@@ -305,7 +300,12 @@ def test_put_get_update_from_every_node() -> None:
                 got = await node.get(KEY, quorum=20)
                 assert got is not None and got.value == b"v2", node.port
             # Entry correction (in the background) repairs the stale copies readers met.
-            await wait_for(lambda: all(s.storage.get(DKEY) == v2 for s in holders(net)))
+            await wait_until(
+                lambda: all(s.storage.get(DKEY) == v2 for s in holders(net)),
+                "all(s.storage.get(DKEY) == v2 for s in holders(net))",
+                5.0,
+                every_s=0.02,
+            )
             # An ordinary update, read from everywhere with quorum 1.
             assert await nodes[17].put(KEY, b"v3", ALICE, expiry_s=3600) >= 15
             for node in nodes:
@@ -443,8 +443,18 @@ def test_malformed_datagrams_are_dropped() -> None:
                 # Well-formed but wrong-typed arguments: refused, answered, not raised.
                 for args in ([b"x" * 21, b"y" * 20], ["id", 5]):
                     sock.sendto(b"\x00" + msg + umsgpack.packb(["find_node", args]), addr(victim))
-            await wait_for(lambda: victim.stats.get("datagrams_dropped", 0) - before >= len(junk))
-            await wait_for(lambda: victim.stats.get("requests_refused", 0) >= 2)
+            await wait_until(
+                lambda: victim.stats.get("datagrams_dropped", 0) - before >= len(junk),
+                "victim.stats.get('datagrams_dropped', 0) - before >= len(junk)",
+                5.0,
+                every_s=0.02,
+            )
+            await wait_until(
+                lambda: victim.stats.get("requests_refused", 0) >= 2,
+                "victim.stats.get('requests_refused', 0) >= 2",
+                5.0,
+                every_s=0.02,
+            )
             got = await victim.get(KEY)
             assert got is not None and got.value == b"ok"
             got = await nodes[5].get(KEY)
@@ -546,7 +556,12 @@ def test_unverified_contacts_never_enter_routing_tables() -> None:
             assert await thief.bootstrap([addr(nodes[0])]) == 1
             await thief.get(KEY)
             strangers = {impostor.node.id, outsider.node.id, thief.node.id}
-            await wait_for(lambda: not any(map(hellos_pending, nodes)))
+            await wait_until(
+                lambda: not any(map(hellos_pending, nodes)),
+                "not any(map(hellos_pending, nodes))",
+                5.0,
+                every_s=0.02,
+            )
             for node in nodes:
                 assert not strangers & {c.id for c in node.contacts()}
                 assert node.stats.get("contacts_refused", 0) >= 1
@@ -574,7 +589,12 @@ def test_newcomer_receives_the_records_it_is_closest_to() -> None:
             for key in keys:
                 assert await net.servers[0].put(key, b"v", ALICE, expiry_s=3600) > 0
             newcomer = await net.node(node_key=newcomer_key, ksize=3)
-            await wait_for(lambda: all(newcomer.storage.get(dht_key(k)) for k in keys), 15.0)
+            await wait_until(
+                lambda: all(newcomer.storage.get(dht_key(k)) for k in keys),
+                "all(newcomer.storage.get(dht_key(k)) for k in keys)",
+                15.0,
+                every_s=0.02,
+            )
 
     run(main)
 
@@ -627,7 +647,12 @@ def test_restart_keeps_records_state_and_runs_maintenance(tmp_path: Path) -> Non
             assert second.routing_size() > 0
             got = await second.get(KEY)
             assert got is not None and got.value == b"kept"
-            await wait_for(lambda: second.stats.get("republished", 0) >= 1)
+            await wait_until(
+                lambda: second.stats.get("republished", 0) >= 1,
+                "second.stats.get('republished', 0) >= 1",
+                5.0,
+                every_s=0.02,
+            )
             assert await second.load_state(tmp_path / "missing.json") == 0
             (tmp_path / "evil.json").write_bytes(pickle.dumps({"neighbours": []}))
             with pytest.raises(DhtError, match="not a DHT state file"):
@@ -653,7 +678,12 @@ def test_stock_kademlia_node_reads_and_verifies_a_record() -> None:
             )
             assert (k, v, o) == (KEY, b"interop", pub(ALICE))
             # The nodes it talked to asked it for a hello it cannot answer (1 s timeout).
-            await wait_for(lambda: not any(map(hellos_pending, net.servers)))
+            await wait_until(
+                lambda: not any(map(hellos_pending, net.servers)),
+                "not any(map(hellos_pending, net.servers))",
+                5.0,
+                every_s=0.02,
+            )
             assert net.servers[0].stats.get("contacts_refused", 0) >= 1
             for node in net.servers:
                 await node.get(KEY)

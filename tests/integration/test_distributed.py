@@ -25,6 +25,7 @@ from peer.testing import (
     collect,
     keyed_window_box,
     keyed_window_sums,
+    members_alive,
     stream_name_on,
 )
 
@@ -170,9 +171,7 @@ def test_three_peer_chain_survives_kill_9_of_the_middle_peer(
 
     async def phase_one() -> CreateQueryReply:
         async with Client("127.0.0.1", a.port, timeout_s=120) as cl:
-            async with asyncio.timeout(60):
-                while len((await cl.status())["overlay"]["members"]) < 3:
-                    await asyncio.sleep(0.2)
+            await members_alive(cl, 3, timeout_s=60)
             await cl.create_schema(SCHEMA)
             await cl.create_stream(source, "tick")
             made = await cl.create_query(query)

@@ -49,6 +49,7 @@ from peer.model.tentative import UNDO, Entry, TentativeView
 from peer.testing import (
     LocalFederation,
     make_participants,
+    members_alive,
     netns,
     participant_args,
     stream_name_on,
@@ -122,9 +123,7 @@ def test_a_participant_cut_off_gives_tentative_results_then_the_exact_ones(
             fault.client("acme", acme) as at_acme,
             fault.client("globex", globex) as at_globex,
         ):
-            async with asyncio.timeout(60):
-                while len((await at_acme.status())["overlay"]["members"]) < 2:
-                    await asyncio.sleep(0.2)
+            await members_alive(at_acme, 2, timeout_s=60)
             await at_acme.create_schema(partition_schema("tick"))
             await at_acme.create_stream(a, "tick")
             await at_acme.create_stream(g, "tick")
@@ -282,9 +281,7 @@ def test_a_chain_is_tentative_and_corrected_on_a_third_peer(three: LocalFederati
             Client("127.0.0.1", globex.port, timeout_s=120) as at_globex,
             Client("127.0.0.1", initech.port, timeout_s=120) as at_initech,
         ):
-            async with asyncio.timeout(60):
-                while len((await at_acme.status())["overlay"]["members"]) < 3:
-                    await asyncio.sleep(0.2)
+            await members_alive(at_acme, 3, timeout_s=60)
             await at_acme.create_schema(partition_schema("tick"))
             await at_acme.create_stream(a, "tick")
             await at_acme.create_stream(g, "tick")

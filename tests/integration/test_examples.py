@@ -11,8 +11,6 @@ every output stream back and compares it, as a multiset, with ``reference``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -20,19 +18,9 @@ import pytest
 
 from peer.client import Client
 from peer.examples import columns, intrusion, traffic
-from peer.node import PeerConfig
 from peer.testing import PeerThread, collect
 
 pytestmark = pytest.mark.spark
-
-
-@pytest.fixture(scope="module")
-def peer(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PeerThread]:
-    data = Path(tmp_path_factory.mktemp("examples")) / "peer"
-    with PeerThread(
-        PeerConfig(data_dir=data, port=0, maintenance_interval_s=1.0), spark
-    ) as running:
-        yield running
 
 
 def run(

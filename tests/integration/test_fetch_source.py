@@ -20,8 +20,8 @@ from peer.engine.source import read_stream
 from peer.fetch.capability import FetchKey
 from peer.fetch.protocol import FetchEndpoint
 from peer.storage.spool import Spool
-from peer.testing import FetchServerThread
-from tests.integration.test_source import Collected, wait_for
+from peer.testing import FetchServerThread, wait_until_sync
+from tests.integration.test_source import Collected
 
 pytestmark = pytest.mark.spark
 
@@ -80,7 +80,7 @@ def test_a_filter_over_fetched_input_equals_plain_python(
         sink = Collected()
         want = sorted((r["k"], r["v"]) for r in inputs() if r["k"] == 3 and r["v"] >= 100)
         with running(frame, tmp_path / "ck", sink) as query:
-            wait_for("the filtered rows", lambda: sink.count() >= len(want), TIMEOUT_S)
+            wait_until_sync(lambda: sink.count() >= len(want), "the filtered rows", TIMEOUT_S)
             time.sleep(1.0)  # nothing more may arrive
             assert query.exception() is None
         got = sorted(zip(*(sink.table().column(c).to_pylist() for c in ("k", "v")), strict=True))
@@ -111,7 +111,7 @@ def test_a_windowed_aggregate_over_fetched_input_equals_plain_python(
         )
         sink = Collected()
         with running(frame, tmp_path / "ck", sink) as query:
-            wait_for("every window", lambda: sink.count() >= len(want), TIMEOUT_S)
+            wait_until_sync(lambda: sink.count() >= len(want), "every window", TIMEOUT_S)
             time.sleep(1.0)
             assert query.exception() is None
         table = sink.table()
@@ -128,7 +128,7 @@ def failure_of(spark: Any, spool: Spool, checkpoint: Path, endpoint: FetchEndpoi
     df = read_stream(spark, spool.directory, DDL, "q", fetch=endpoint)
     sink = Collected()
     with running(df, checkpoint, sink) as query:
-        wait_for("the query to fail", lambda: query.exception() is not None, TIMEOUT_S)
+        wait_until_sync(lambda: query.exception() is not None, "the query to fail", TIMEOUT_S)
         message = str(query.exception())
     assert sink.count() == 0
     return message
@@ -155,5 +155,5 @@ def test_capabilities_the_peer_did_not_sign_or_that_expired_are_refused(
         df = read_stream(spark, spool.directory, DDL, "q", fetch=real)
         sink = Collected()
         with running(df, tmp_path / "ck3", sink):
-            wait_for("every row", lambda: sink.count() >= FILES * ROWS, TIMEOUT_S)
+            wait_until_sync(lambda: sink.count() >= FILES * ROWS, "every row", TIMEOUT_S)
         assert sorted(sink.table().column("v").to_pylist()) == [r["v"] for r in inputs()]

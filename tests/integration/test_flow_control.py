@@ -17,7 +17,7 @@ import pytest
 from contracts.keys import generate
 from peer.client import Client
 from peer.errors import Unavailable
-from peer.testing import PeerProcess, collect, stream_name_on
+from peer.testing import PeerProcess, collect, members_alive, stream_name_on
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -98,9 +98,7 @@ def test_a_frozen_downstream_peer_slows_its_upstream_and_loses_nothing(
 
     async def setup() -> str:
         async with Client("127.0.0.1", a.port, timeout_s=120) as c:
-            async with asyncio.timeout(60):
-                while len((await c.status())["overlay"]["members"]) < 2:
-                    await asyncio.sleep(0.2)
+            await members_alive(c, 2, timeout_s=60)
             await c.create_schema(SCHEMA)
             # a source stream hosted on the upstream peer, so that the frozen one hosts none
             ids = [bytes.fromhex(a.node_id), bytes.fromhex(b.node_id)]

@@ -33,6 +33,7 @@ from peer.testing import (
     keyed_window_schema,
     keyed_window_sums,
     make_participants,
+    member_states,
     participant_args,
     wait_until,
 )
@@ -103,8 +104,8 @@ def test_kill_9_of_an_aggregates_peer_keeps_its_output_exact(
             for p in procs.values():
                 async with Client("127.0.0.1", p.port, timeout_s=10) as c:
                     status = await c.status()
-                alive = [m for m in status["overlay"]["members"] if m["state"] == "alive"]
-                if len(alive) < len(NAMES) or len(status["replication"]["voters"]) < 3:
+                alive = member_states(status)["alive"]
+                if alive < len(NAMES) or len(status["replication"]["voters"]) < 3:
                     return False
             return True
 

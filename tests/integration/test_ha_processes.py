@@ -37,6 +37,7 @@ from peer.testing import (
     LocalFederation,
     PeerProcess,
     make_participants,
+    member_states,
     participant_args,
     wait_until,
 )
@@ -182,8 +183,8 @@ def test_kill_9_of_the_primary_loses_no_acknowledged_row_and_it_returns_a_follow
         async def ready() -> bool:
             for p in procs.values():
                 status = await status_of(p)
-                alive = [m for m in status["overlay"]["members"] if m["state"] == "alive"]
-                if len(alive) < len(NAMES) or len(status["replication"]["voters"]) < 3:
+                alive = member_states(status)["alive"]
+                if alive < len(NAMES) or len(status["replication"]["voters"]) < 3:
                     return False
             return True
 

@@ -26,7 +26,7 @@ import pytest
 from overlay.tls import TlsContexts
 from overlay.wire import DecodeBudget
 from peer.node import PeerConfig
-from peer.testing import PeerThread
+from peer.testing import PeerThread, wait_until
 from peer.testing.probe import HelloProbe, connect, frame_bytes, read_frame
 from tests.integration.test_links import (
     ACME,
@@ -38,7 +38,6 @@ from tests.integration.test_links import (
     raw_client,
     run,
     serving,
-    until,
     within,
 )
 
@@ -251,12 +250,16 @@ def test_a_link_frame_over_budget_closes_only_that_link() -> None:
             )
             await stream.send(hello_of(MIT))
             assert (await within(stream.recv()) or {}).get("type") == "hello"
-            await until(lambda: len(server.links) == 2)
+            await wait_until(
+                lambda: len(server.links) == 2, "len(server.links) == 2", 5.0, every_s=0.01
+            )
             writer.write(frame_bytes({"type": "req", "id": 1, "body": {"m": [{}] * 5000}}))
             await writer.drain()
             assert await within(stream.recv()) is None
             await stream.aclose()
-            await until(lambda: len(server.links) == 1)
+            await wait_until(
+                lambda: len(server.links) == 1, "len(server.links) == 1", 5.0, every_s=0.01
+            )
             assert await pool.request(where, {"type": "echo", "x": 2}, timeout_s=5)
 
     run(main)
@@ -293,7 +296,7 @@ def test_a_half_sent_link_frame_is_dropped_in_time() -> None:
             await writer.drain()
             assert await within(stream.recv(), 5) is None
             await stream.aclose()
-            await until(lambda: not server.links)
+            await wait_until(lambda: not server.links, "not server.links", 5.0, every_s=0.01)
 
     run(main)
 
@@ -311,13 +314,23 @@ def test_a_contact_declared_dead_is_restored_when_it_comes_back() -> None:
     async def main() -> None:
         async with network(2) as net:
             a, b = net.servers
-            await until(lambda: a.routing_size() == 1 and b.routing_size() == 1)
+            await wait_until(
+                lambda: a.routing_size() == 1 and b.routing_size() == 1,
+                "a.routing_size() == 1 and b.routing_size() == 1",
+                5.0,
+                every_s=0.01,
+            )
             assert a.protocol is not None and b.protocol is not None
             a.protocol.depart(b.node.id)
             b.protocol.depart(a.node.id)
             assert a.routing_size() == 0 and b.routing_size() == 0
             a.protocol.welcome_back(b.node.id)  # the contact it had
             b.protocol.welcome_back(a.node.id, dht_addr(a))  # or the member's address
-            await until(lambda: a.routing_size() == 1 and b.routing_size() == 1)
+            await wait_until(
+                lambda: a.routing_size() == 1 and b.routing_size() == 1,
+                "a.routing_size() == 1 and b.routing_size() == 1",
+                5.0,
+                every_s=0.01,
+            )
 
     dht_run(main)

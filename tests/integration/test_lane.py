@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import pytest
 
 from peer.client import Client
 from peer.node import PeerConfig
-from peer.testing import PeerThread, collect
+from peer.testing import PeerThread, collect, wait_until_sync
 
 pytestmark = pytest.mark.spark
 
@@ -26,12 +25,9 @@ SCHEMA = {"name": "ev", "fields": [{"name": "k", "type": "int"}, {"name": "v", "
 
 
 @pytest.fixture(scope="module")
-def peer(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PeerThread]:
-    data = Path(tmp_path_factory.mktemp("lane")) / "peer"
+def peer_options() -> dict[str, Any]:
     # lane_after=0: every per-tuple query joins the lane (by default the first runs on its own).
-    config = PeerConfig(data_dir=data, port=0, maintenance_interval_s=1.0, lane_after=0)
-    with PeerThread(config, spark) as running:
-        yield running
+    return {"lane_after": 0}
 
 
 def batch(rng: random.Random, n: int) -> dict[str, list[int]]:
@@ -192,13 +188,6 @@ def test_the_lane_source_reads_each_stream_to_its_watermark(spark: Any, tmp_path
         with lock:
             return sum(1 for s, _ in seen if s == stream)
 
-    def wait_for(what: str, predicate: Any, timeout_s: float = 90.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not predicate():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-            time.sleep(0.1)
-
     frame = spark.readStream.format(SOURCE_NAME).option("spec", str(tmp_path / "spec.json"))
     query = (
         frame.load()
@@ -208,11 +197,13 @@ def test_the_lane_source_reads_each_stream_to_its_watermark(spark: Any, tmp_path
         .start()
     )
     try:
-        wait_for("both streams", lambda: count(0) >= 10 and count(1) >= 20)
+        wait_until_sync(
+            lambda: count(0) >= 10 and count(1) >= 20, "both streams", 90.0, every_s=0.1
+        )
         time.sleep(1.5)  # idle plans: the held stream stays at its watermark
         assert (count(0), count(1)) == (10, 20)
         held.hold(3)
-        wait_for("the held stream's rest", lambda: count(0) >= 20)
+        wait_until_sync(lambda: count(0) >= 20, "the held stream's rest", 90.0, every_s=0.1)
         time.sleep(0.5)
         assert query.exception() is None
     finally:

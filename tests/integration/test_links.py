@@ -41,6 +41,7 @@ from overlay.tls import (
     server_context,
 )
 from overlay.transport import FrameStream
+from peer.testing import wait_until
 
 T = TypeVar("T")
 
@@ -81,12 +82,6 @@ def run(main: Callable[[], Coroutine[Any, Any, None]], timeout_s: float = 15.0) 
 async def within(aw: Awaitable[T], timeout_s: float = 5.0) -> T:
     async with asyncio.timeout(timeout_s):
         return await aw
-
-
-async def until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not predicate():
-            await asyncio.sleep(0.01)
 
 
 class Refusal(Exception):
@@ -254,7 +249,7 @@ def test_many_concurrent_requests_are_bounded_by_max_in_flight() -> None:
                 asyncio.create_task(pool.request(where, {"type": "block", "n": i}, timeout_s=10))
                 for i in range(40)
             ]
-            await until(lambda: handler.active == 8)
+            await wait_until(lambda: handler.active == 8, "handler.active == 8", 5.0, every_s=0.01)
             await asyncio.sleep(0.2)
             assert handler.active == 8 and handler.peak == 8
             handler.gate.set()
@@ -269,9 +264,17 @@ def test_timed_out_request_is_cancelled_on_the_remote_and_frees_its_slot() -> No
     async def main() -> None:
         async with serving(max_in_flight=1) as (server, handler), pool_of() as pool:
             where = addr(server)
+            # the link first: on a loaded machine its handshake alone may outlast 0.3 s, and a
+            # request that never reached the remote has nothing there to cancel
+            await pool.link(where, timeout_s=5)
             with pytest.raises(LinkTimeout):
                 await pool.request(where, {"type": "block"}, timeout_s=0.3)
-            await until(lambda: handler.cancelled == ["block"])
+            await wait_until(
+                lambda: handler.cancelled == ["block"],
+                "handler.cancelled == ['block']",
+                5.0,
+                every_s=0.01,
+            )
             # the only slot came back with the 'cancelled' reply: the link works on
             assert (await pool.request(where, {"type": "echo", "x": 1}, timeout_s=5))["echo"] == 1
 
@@ -290,7 +293,12 @@ def test_stream_credit_bounds_a_slow_receiver_and_loses_nothing() -> None:
                 first = [await within(anext(items)) for _ in range(3)]
                 # The receiver stops consuming. The producer may run ahead by the credit
                 # only: 3 taken, credit given back in halves (4 at a time) -> 3 - 3 % 4 + 8.
-                await until(lambda: handler.produced >= credit)
+                await wait_until(
+                    lambda: handler.produced >= credit,
+                    "handler.produced >= credit",
+                    5.0,
+                    every_s=0.01,
+                )
                 await asyncio.sleep(0.3)
                 assert handler.produced == credit
                 # ... and it stays bounded however long the receiver waits
@@ -329,7 +337,9 @@ def test_a_receiver_that_stops_reading_its_socket_stalls_the_producer() -> None:
             assert (await within(stream.recv()) or {}).get("type") == "hello"
             body = {"type": "count", "n": total, "pad": pad}
             await stream.send({"type": "open", "id": 1, "body": body, "credit": 1 << 16})
-            await until(lambda: handler.produced > 8)
+            await wait_until(
+                lambda: handler.produced > 8, "handler.produced > 8", 5.0, every_s=0.01
+            )
             await asyncio.sleep(0.5)  # not reading: socket buffers and the outbox fill up
             stalled_at = handler.produced
             assert stalled_at < total / 2  # 64 MiB were asked for; a few MiB are in flight
@@ -351,7 +361,12 @@ def test_closing_a_stream_cancels_it_on_the_remote() -> None:
                 async with link.open_stream({"type": "forever"}, credit=4) as items:
                     got = [(await within(anext(items)))["i"] for _ in range(3)]
                     assert got == [0, 1, 2]
-                await until(lambda: handler.cancelled.count("stream") == round_)  # noqa: B023
+                await wait_until(
+                    lambda: handler.cancelled.count("stream") == round_,  # noqa: B023
+                    "handler.cancelled.count('stream') == round_",
+                    5.0,
+                    every_s=0.01,
+                )
             assert (await link.request({"type": "echo", "x": 2}, timeout_s=5))["echo"] == 2
 
     run(main)
@@ -487,7 +502,7 @@ def test_api_client_certificate_names_its_participant() -> None:
         try:
             ctx = client_cert_context("mit.edu", MIT.participant_key, federation(ACME))
             _, writer = await within(asyncio.open_connection("127.0.0.1", port, ssl=ctx))
-            await until(lambda: len(seen) == 1)
+            await wait_until(lambda: len(seen) == 1, "len(seen) == 1", 5.0, every_s=0.01)
             assert seen == [("mit.edu", MIT.participant_pub)]
             writer.close()
             # evil's client certificate never gets past the server's handshake
@@ -575,7 +590,7 @@ def test_a_full_server_turns_links_away_as_retriable() -> None:
                     await second.request(where, {"type": "echo", "x": 2}, timeout_s=5)
                 assert turned_away.value.retriable
                 await within(first.close())
-                await until(lambda: not server.links)
+                await wait_until(lambda: not server.links, "not server.links", 5.0, every_s=0.01)
                 assert await second.request(where, {"type": "echo", "x": 3}, timeout_s=5)
 
     run(main)
@@ -598,12 +613,16 @@ def test_a_malformed_frame_closes_only_that_link(bad: bytes) -> None:
             )
             await stream.send(hello_of(MIT))
             assert (await within(stream.recv()) or {}).get("type") == "hello"
-            await until(lambda: len(server.links) == 2)
+            await wait_until(
+                lambda: len(server.links) == 2, "len(server.links) == 2", 5.0, every_s=0.01
+            )
             writer.write(bad)
             await writer.drain()
             assert await within(stream.recv()) is None  # the server closed this link ...
             await stream.aclose()
-            await until(lambda: len(server.links) == 1)
+            await wait_until(
+                lambda: len(server.links) == 1, "len(server.links) == 1", 5.0, every_s=0.01
+            )
             # ... and only this one
             assert await pool.request(where, {"type": "echo", "x": 2}, timeout_s=5)
             assert len(pool.links) == 1
@@ -648,7 +667,12 @@ def test_more_requests_than_announced_closes_the_link() -> None:
                 await stream.send({"type": "req", "id": rid, "body": {"type": "block"}})
             assert await within(stream.recv()) is None
             await stream.aclose()
-            await until(lambda: handler.cancelled.count("block") == 2)
+            await wait_until(
+                lambda: handler.cancelled.count("block") == 2,
+                "handler.cancelled.count('block') == 2",
+                5.0,
+                every_s=0.01,
+            )
 
     run(main)
 
@@ -662,7 +686,12 @@ def test_idle_link_is_closed_and_reopened_transparently() -> None:
             where = addr(server)
             first = await pool.link(where, timeout_s=5)
             await pool.request(where, {"type": "echo", "x": 1}, timeout_s=5)
-            await until(lambda: not pool.links and not server.links)
+            await wait_until(
+                lambda: not pool.links and not server.links,
+                "not pool.links and not server.links",
+                5.0,
+                every_s=0.01,
+            )
             assert first.closed
             assert (await pool.request(where, {"type": "echo", "x": 2}, timeout_s=5))["echo"] == 2
             assert pool.links[where] is not first
@@ -690,7 +719,7 @@ def test_broken_link_is_reopened_on_next_use() -> None:
                 port = server.port
                 where = addr(server)
                 assert await pool.request(where, {"type": "echo", "x": 1}, timeout_s=5)
-            await until(lambda: not pool.links)
+            await wait_until(lambda: not pool.links, "not pool.links", 5.0, every_s=0.01)
             with pytest.raises(LinkUnavailable):
                 await pool.request(where, {"type": "echo", "x": 1}, timeout_s=5)
             async with serving(port=port) as (again, _):
@@ -725,7 +754,9 @@ def test_server_close_ends_everything_within_a_bounded_time() -> None:
                 pending = asyncio.create_task(link.request({"type": "block"}, timeout_s=30))
                 items = link.open_stream({"type": "forever"}, credit=2)
                 assert (await within(anext(items)))["i"] == 0
-                await until(lambda: handler.active == 1)
+                await wait_until(
+                    lambda: handler.active == 1, "handler.active == 1", 5.0, every_s=0.01
+                )
                 await within(server.close(), 5)
                 assert not server.links
             with pytest.raises(LinkUnavailable):
@@ -735,6 +766,11 @@ def test_server_close_ends_everything_within_a_bounded_time() -> None:
                     await within(anext(items))
             await items.aclose()
             assert handler.cancelled.count("block") == 1 and "stream" in handler.cancelled
-            await until(lambda: link.closed and not pool.links)
+            await wait_until(
+                lambda: link.closed and not pool.links,
+                "link.closed and not pool.links",
+                5.0,
+                every_s=0.01,
+            )
 
     run(main)

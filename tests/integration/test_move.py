@@ -29,6 +29,7 @@ from peer.testing import (
     collect,
     keyed_window_query,
     keyed_window_sums,
+    members_alive,
     signed_contracts,
     stream_name_on,
 )
@@ -174,9 +175,7 @@ async def set_up(
     started; the replies of ``create_query``."""
     made = []
     async with Client("127.0.0.1", port, timeout_s=120) as cl:
-        async with asyncio.timeout(60):
-            while len((await cl.status())["overlay"]["members"]) < members:
-                await asyncio.sleep(0.2)
+        await members_alive(cl, members, timeout_s=60)
         await cl.create_schema(SCHEMA)
         await cl.create_stream(source, "mtick")
         for q in queries:

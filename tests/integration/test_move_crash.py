@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -30,7 +28,7 @@ from peer.client import Client
 from peer.errors import Unavailable
 from peer.move.journal import Journal
 from peer.protocol.link import Raw
-from peer.testing import PeerThread, collect, stream_name_on
+from peer.testing import PeerThread, collect, stream_name_on, wait_until_sync
 from tests.integration.test_move import (
     BATCHES,
     engine_of,
@@ -61,14 +59,6 @@ async def nothing(*_args: Any, **_kwargs: Any) -> None:
     return None
 
 
-def wait_for(what: str, ok: Callable[[], bool], timeout_s: float = 90) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not ok():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        time.sleep(0.2)
-
-
 def runs(peer: PeerThread, name: str = "mover") -> bool:
     entry = site_of(peer).catalog.find_query(name)
     return entry is not None and entry.status == "RUNNING" and name in engine_of(peer).running
@@ -93,9 +83,11 @@ def test_a_move_cut_short_at_any_step_leaves_one_running_copy(
         restarted.append(again)
         # it listens on a new port: b sends it nothing before gossip has told b where
         port = overlay_of(again).port
-        wait_for(
-            "the partner to learn the restarted peer's address",
+        wait_until_sync(
             lambda: (info := overlay_of(b).member(a_id)) is not None and info.overlay[1] == port,
+            "the partner to learn the restarted peer's address",
+            90,
+            every_s=0.2,
         )
         return again
 
@@ -118,7 +110,12 @@ def test_a_move_cut_short_at_any_step_leaves_one_running_copy(
         a = restart(a)
         assert runs(a), "the sender did not take its fragment back"
         assert Journal(a.config.data_dir).intents() == []
-        wait_for("the target's move lock freed", lambda: not (b.peer.mover and b.peer.mover.busy))
+        wait_until_sync(
+            lambda: not (b.peer.mover and b.peer.mover.busy),
+            "the target's move lock freed",
+            90,
+            every_s=0.2,
+        )
         assert site_of(b).catalog.find_query("mover") is None
         asyncio.run(push(a.port, source, batches[n : 2 * n], n))
 
@@ -131,12 +128,14 @@ def test_a_move_cut_short_at_any_step_leaves_one_running_copy(
         assert runs(b), "the target did not run what it installed"
         assert [i.phase for i in Journal(a.config.data_dir).intents()] == ["installing"]
         a = restart(a)
-        wait_for(
-            "the restarted sender let go",
+        wait_until_sync(
             lambda: (
                 site_of(a).catalog.find_query("mover") is None
                 and site_of(a).catalog.moved() == {"mover": b_id.hex()}
             ),
+            "the restarted sender let go",
+            90,
+            every_s=0.2,
         )
         assert runs(b) and Journal(a.config.data_dir).intents() == []
         asyncio.run(push(a.port, source, batches[2 * n : 3 * n], 2 * n))

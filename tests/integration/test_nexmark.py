@@ -14,9 +14,7 @@ Rows the flush tuples make are set apart.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -37,7 +35,6 @@ from peer.examples.nexmark import (
     sql,
     stages,
 )
-from peer.node import PeerConfig
 from peer.testing import PeerThread
 
 pytestmark = pytest.mark.spark
@@ -46,15 +43,6 @@ CFG = GeneratorConfig(event_rate=100, seed=15, active_people=40)
 EVENTS = 6000
 PIECE = 500
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-@pytest.fixture(scope="module")
-def peer(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PeerThread]:
-    data = Path(tmp_path_factory.mktemp("nexmark")) / "peer"
-    with PeerThread(
-        PeerConfig(data_dir=data, port=0, maintenance_interval_s=1.0), spark
-    ) as running:
-        yield running
 
 
 @pytest.fixture(scope="module")

@@ -25,8 +25,10 @@ from peer.observe.families import FAMILIES
 from peer.testing import (
     PeerThread,
     make_participants,
+    members_alive,
     run_async,
     stream_name_on,
+    wait_until,
 )
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
@@ -84,15 +86,6 @@ async def get_text(session: aiohttp.ClientSession, address: str) -> str:
         return await response.text()
 
 
-async def until(check: Any, what: str) -> Any:
-    """Ask ``check()`` (async) until it returns something true, for up to WAIT_S."""
-    async with asyncio.timeout(WAIT_S):
-        while not (found := await check()):
-            await asyncio.sleep(0.5)
-    assert found, what
-    return found
-
-
 def samples(text: str) -> dict[str, Any]:
     return {f.name: f for f in text_string_to_metric_families(text)}
 
@@ -120,9 +113,7 @@ def test_metrics_status_and_the_federation_view(peers: list[PeerThread]) -> None
             Client("127.0.0.1", alpha.port, timeout_s=120) as a,
             Client("127.0.0.1", beta.port, timeout_s=120) as b,
         ):
-            async with asyncio.timeout(60):
-                while len((await a.status())["overlay"]["members"]) < 2:
-                    await asyncio.sleep(0.2)
+            await members_alive(a, 2, timeout_s=60)
             await a.create_schema(SCHEMA)
             await a.create_stream(source, "otick")
             await a.create_query(query)
@@ -144,7 +135,9 @@ def test_metrics_status_and_the_federation_view(peers: list[PeerThread]) -> None
                     has_out = any(s.value > 0 for s in out.samples)
                     return found if has_out and any(s.value > 0 for s in counted) else None
 
-                found = await until(results_counted, "alpha's query never counted a result")
+                found = await wait_until(
+                    results_counted, "alpha's query never counted a result", WAIT_S, every_s=0.5
+                )
                 check_families(found, source)
 
                 status = json.loads(await get_text(http, url(alpha, "/status")))
@@ -161,7 +154,9 @@ def test_metrics_status_and_the_federation_view(peers: list[PeerThread]) -> None
                     peers = {p["node_id"]: p for p in got["peers"]}
                     return got if peers.get(ids[0].hex(), {}).get("samples") else None
 
-                view = await until(sampled, "alpha keeps samples for the charts")
+                view = await wait_until(
+                    sampled, "alpha keeps samples for the charts", WAIT_S, every_s=0.5
+                )
                 by_node = {p["node_id"]: p for p in view["peers"]}
                 assert set(by_node) == {i.hex() for i in ids}
                 assert view["self"] == beta.peer.overlay.node_id.hex()  # type: ignore[union-attr]

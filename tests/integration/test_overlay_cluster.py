@@ -22,7 +22,7 @@ from contracts.keys import generate
 from overlay.membership import MemberInfo, rank, stream_target
 from peer.client import Client
 from peer.protocol.replies import LookupReply, PushReply, StatusReply
-from peer.testing import PeerProcess, collect
+from peer.testing import PeerProcess, collect, members_alive
 
 SCHEMA = {
     "name": "reading",
@@ -125,7 +125,7 @@ def test_push_anywhere_query_on_host_subscribe_anywhere(
 
     async def scenario() -> tuple[list[dict[str, Any]], LookupReply, StatusReply]:
         async with Client("127.0.0.1", b.port) as cb, Client("127.0.0.1", c.port) as cc:
-            await _wait_members(cc, 3)
+            await members_alive(cc, 3)
             await cb.create_schema(SCHEMA)  # schema and stream made on a peer without Spark
             made = await cb.create_stream("readings", "reading")
             assert made["host"] == a.node_id  # the only engine peer hosts it
@@ -190,7 +190,7 @@ def test_responsibility_moves_when_the_host_dies(
 
     async def before() -> None:
         async with Client("127.0.0.1", others[0].port) as cl:
-            await _wait_members(cl, 4)
+            await members_alive(cl, 4)
             await cl.create_schema(SCHEMA)
             made = await cl.create_stream(stream, "reading")
             assert made["host"] == host.node_id
@@ -198,7 +198,7 @@ def test_responsibility_moves_when_the_host_dies(
             # reply waits until the host has fixed its position, so nothing pushed is missed
             async with Client("127.0.0.1", others[1].port) as cs:
                 # the subscriber's peer must know the host too (gossip reaches each in turn)
-                await _wait_members(cs, 4)
+                await members_alive(cs, 4)
             async with (
                 Client("127.0.0.1", others[1].port) as cs,
                 await cs.subscribe(stream, start="latest") as sub,
@@ -214,7 +214,7 @@ def test_responsibility_moves_when_the_host_dies(
 
     async def after() -> LookupReply:
         async with Client("127.0.0.1", others[-1].port) as cl:
-            await _wait_members(cl, 3, dead=1)
+            await members_alive(cl, 3, dead=1)
             rows = [{"sensor": 2, "temp": 2.0, "t": t} for t in range(10)]
             reply = await cl.push(stream, {"rows": rows})
             assert reply["count"] == 10
@@ -245,21 +245,9 @@ def test_responsibility_moves_when_the_host_dies(
 
     async def rejoined() -> tuple[PushReply, StatusReply]:
         async with Client("127.0.0.1", again.port) as cl:
-            await _wait_members(cl, 4)
+            await members_alive(cl, 4)
             reply = await cl.push(stream, {"rows": [{"sensor": 3, "temp": 3.0, "t": 99}]})
             return reply, await cl.status()
 
     reply, status = run(rejoined())
     assert reply.get("forwarded") and stream not in status["hosted"]
-
-
-async def _wait_members(
-    client: Client, alive: int, *, dead: int = 0, timeout_s: float = 60
-) -> None:
-    async with asyncio.timeout(timeout_s):
-        while True:
-            status = await client.status()
-            states = [m["state"] for m in status["overlay"]["members"]]
-            if states.count("alive") >= alive and states.count("dead") >= dead:
-                return
-            await asyncio.sleep(0.2)

@@ -13,7 +13,7 @@ import pytest
 
 from contracts.keys import generate
 from peer.client import Client
-from peer.testing import PeerProcess
+from peer.testing import PeerProcess, members_alive
 
 pytestmark = pytest.mark.slow
 
@@ -76,13 +76,9 @@ def test_catalog_reads_survive_thirty_percent_killed(cluster: list[PeerProcess])
 
     async def detected() -> None:  # gossip declares the killed peers dead (bounded wait)
         async with Client("127.0.0.1", survivors[0].port, timeout_s=60) as client:
-            while True:
-                members = (await client.status())["overlay"]["members"]
-                if sum(m["state"] == "dead" for m in members) >= KILLED:
-                    return
-                await asyncio.sleep(0.5)
+            await members_alive(client, 0, dead=KILLED, timeout_s=120)
 
-    asyncio.run(asyncio.wait_for(detected(), 120))
+    asyncio.run(detected())
 
     async def read() -> list[tuple[str, str, Any]]:
         results = []

@@ -16,7 +16,7 @@ from typing import Any
 
 from peer.client import Client
 from peer.protocol.replies import CreateStreamReply, PushReply
-from peer.testing import PeerThread, run_async
+from peer.testing import PeerThread, run_async, wait_until_sync
 from tests.integration.test_replication import (
     SCHEMA,
     batch,
@@ -24,7 +24,6 @@ from tests.integration.test_replication import (
     push_all,
     replication_of,
     start_peers,
-    wait_for,
 )
 
 NAMES = ("alpha", "beta", "gamma", "delta", "epsilon")  # five voters: two may stop
@@ -65,7 +64,12 @@ def test_a_dead_replica_is_replaced_and_the_newcomer_seeded(tmp_path: Any) -> No
         followers = [by_node[n] for n in created["replicas"] if n != created["primary"]]
         spares = [p for p in peers if node(p) not in created["replicas"]]
         # the primary trims what every replica holds (retention 0.5 s, no reader)
-        wait_for(lambda: spool_of(primary, "rticks").earliest > 10, 30, "the primary to trim")
+        wait_until_sync(
+            lambda: spool_of(primary, "rticks").earliest > 10,
+            "the primary to trim",
+            30,
+            every_s=0.05,
+        )
         victim = followers[0]
         victim_id = node(victim)
         victim.close()
@@ -81,7 +85,12 @@ def test_a_dead_replica_is_replaced_and_the_newcomer_seeded(tmp_path: Any) -> No
             newcomers = [n for n, ok in members.items() if ok and n in map(node, spares)]
             return victim_id not in members and len(newcomers) == 1
 
-        wait_for(lambda: run_async(in_sync, timeout_s=30), 60, "the spare to join the in-sync set")
+        wait_until_sync(
+            lambda: run_async(in_sync, timeout_s=30),
+            "the spare to join the in-sync set",
+            60,
+            every_s=0.05,
+        )
         print(f"repaired and in sync {time.monotonic() - started:.1f} s after the pushes")
         spare = next(p for p in spares if replication_of(p, "rticks"))
         assert replication_of(spare, "rticks")["role"] == "follower"

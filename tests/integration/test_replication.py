@@ -24,7 +24,7 @@ from peer.client import Client
 from peer.cluster import make_participants
 from peer.node import PeerConfig
 from peer.protocol.replies import CreateStreamReply, PushReply
-from peer.testing import PeerThread, run_async
+from peer.testing import PeerThread, run_async, wait_until_sync
 
 NAMES = ("alpha", "beta", "gamma")
 SCHEMA = {"name": "tick", "fields": [{"name": "k", "type": "int"}, {"name": "v", "type": "int"}]}
@@ -72,7 +72,7 @@ def start_peers(
             return True
 
         # a stream's replicas are the live members closest to it: wait until all are known
-        wait_for(everyone_seen, 30, "every peer to see every other")
+        wait_until_sync(everyone_seen, "every peer to see every other", 30, every_s=0.05)
     except BaseException:
         for p in reversed(started):
             p.close()
@@ -145,15 +145,6 @@ def replication_of(p: PeerThread, stream: str) -> dict[str, Any]:
     return found
 
 
-def wait_for(predicate: Any, timeout_s: float, what: str) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_a_replicated_stream_keeps_every_row_once_on_every_replica(
     trio: list[PeerThread],
 ) -> None:
@@ -183,10 +174,11 @@ def test_a_replicated_stream_keeps_every_row_once_on_every_replica(
     created = run_async(scenario, timeout_s=120)
     assert created["epoch"] == 1 and len(created["replicas"]) == 3
     # the same bytes at the same offsets on every replica
-    wait_for(
+    wait_until_sync(
         lambda: all(replication_of(p, "ticks").get("log_end") == 29 for p in trio),
-        10,
         "every replica to hold 30 batches",
+        10,
+        every_s=0.05,
     )
     files = []
     for p in trio:
@@ -228,15 +220,17 @@ def test_the_primary_stops_and_another_replica_takes_over_without_loss(
     leader = next(p for p, s in zip(survivors, states, strict=True) if s["role"] == "primary")
     fed = survivors[0].peer.fed
     assert fed is not None and leader.peer.overlay is not None
+    leader_id = leader.peer.overlay.node_id
 
     async def record() -> tuple[bytes, int | None] | None:
         found = await fed.records.placement("ticks", fresh=True)
         return None if found is None else (found.node_id, found.epoch)
 
-    wait_for(
-        lambda: survivors[0].call(record()) == (leader.peer.overlay.node_id, 2),
-        30,
+    wait_until_sync(
+        lambda: survivors[0].call(record()) == (leader_id, 2),
         "the place: record to name the new primary in epoch 2",
+        30,
+        every_s=0.05,
     )
 
 
@@ -328,10 +322,11 @@ def test_a_partition_leaves_one_primary_and_one_log(five: list[PeerThread]) -> N
     partition(minority, majority, cut=False)
     run_async(lambda: push_all(ports, stream, range(5), producer="after"), timeout_s=120)
     holders = [by_node[n] for n in replicas]
-    wait_for(
+    wait_until_sync(
         lambda: len({replication_of(p, stream).get("log_end") for p in holders}) == 1,
-        20,
         "the replicas to hold one log",
+        20,
+        every_s=0.05,
     )
     states = [replication_of(p, stream) for p in holders]
     assert sorted(s["role"] for s in states) == ["follower", "follower", "primary"]

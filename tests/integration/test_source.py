@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -14,6 +14,7 @@ import pytest
 
 from peer.engine.source import SEQ_SHIFT, read_stream
 from peer.storage.spool import Spool
+from peer.testing import wait_until_sync
 
 pytestmark = pytest.mark.spark
 
@@ -58,14 +59,6 @@ class Collected:
         return list(self.table().column("k").to_pylist())
 
 
-def wait_for(what: str, predicate: Callable[[], bool], timeout_s: float = TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.1)
-
-
 @contextmanager
 def running(
     spark: Any, spool: Spool, checkpoint: Path, sink: Collected, **kwargs: Any
@@ -99,14 +92,14 @@ def test_rows_arrive_once_in_order_and_later_appends_are_picked_up(
         spool.append(rows(i * 12_000, 12_000))
     sink = Collected()
     with running(spark, spool, tmp_path / "ck", sink):
-        wait_for("the backlog", lambda: sink.count() >= 60_000)
+        wait_until_sync(lambda: sink.count() >= 60_000, "the backlog", TIMEOUT_S, every_s=0.1)
         for i in range(5, 8):
             spool.append(rows(i * 12_000, 12_000))
 
             def arrived(i: int = i) -> bool:
                 return sink.count() >= (i + 1) * 12_000
 
-            wait_for(f"file {i}", arrived)
+            wait_until_sync(arrived, f"file {i}", TIMEOUT_S, every_s=0.1)
         time.sleep(1.0)  # nothing more may arrive
     assert sink.keys() == list(range(96_000))
     table = sink.table()
@@ -121,7 +114,7 @@ def test_max_rows_bounds_each_micro_batch(spark: Any, spool: Spool, tmp_path: Pa
     spool.append(rows(2_000, 400))  # bigger than the limit: still read, alone
     sink = Collected()
     with running(spark, spool, tmp_path / "ck", sink, max_rows=250):
-        wait_for("all rows", lambda: sink.count() >= 2_400)
+        wait_until_sync(lambda: sink.count() >= 2_400, "all rows", TIMEOUT_S, every_s=0.1)
     sizes = [t.num_rows for _, t in sink.batches if t.num_rows]
     assert sizes == [200] * 10 + [400]
     assert sink.keys() == list(range(2_400))
@@ -134,16 +127,18 @@ def test_commits_advance_and_trim_deletes_consumed_files(
         spool.append(rows(i * 10, 10))
     sink = Collected()
     with running(spark, spool, tmp_path / "ck", sink, max_rows=20):
-        wait_for("all rows", lambda: sink.count() >= 60)
+        wait_until_sync(lambda: sink.count() >= 60, "all rows", TIMEOUT_S, every_s=0.1)
         # Spark commits batch N to the source when it plans batch N + 1: the last batch's
         # files stay until more data comes.
-        wait_for("a commit", lambda: spool.committed("q") >= 3)
+        wait_until_sync(lambda: spool.committed("q") >= 3, "a commit", TIMEOUT_S, every_s=0.1)
         committed = spool.committed("q")
         assert spool.trim() == committed + 1
         assert spool.earliest == committed + 1
         spool.append(rows(60, 10))
-        wait_for("the new rows", lambda: sink.count() >= 70)
-        wait_for("the commit of file 5", lambda: spool.committed("q") >= 5)
+        wait_until_sync(lambda: sink.count() >= 70, "the new rows", TIMEOUT_S, every_s=0.1)
+        wait_until_sync(
+            lambda: spool.committed("q") >= 5, "the commit of file 5", TIMEOUT_S, every_s=0.1
+        )
         spool.trim()
         assert spool.earliest == spool.committed("q") + 1
     assert sink.keys() == list(range(70))
@@ -156,13 +151,17 @@ def test_restart_on_same_checkpoint_continues_without_duplicates(
         spool.append(rows(i * 50, 50))
     first, second = Collected(), Collected()
     with running(spark, spool, tmp_path / "ck", first, max_rows=100):
-        wait_for("the first run", lambda: first.count() >= 200)
+        wait_until_sync(lambda: first.count() >= 200, "the first run", TIMEOUT_S, every_s=0.1)
     for i in range(4, 7):
         spool.append(rows(i * 50, 50))
     with running(spark, spool, tmp_path / "ck", second, max_rows=100):
-        wait_for("the second run", lambda: first.count() + second.count() >= 350)
+        wait_until_sync(
+            lambda: first.count() + second.count() >= 350, "the second run", TIMEOUT_S, every_s=0.1
+        )
         spool.append(rows(350, 50))
-        wait_for("a later append", lambda: first.count() + second.count() >= 400)
+        wait_until_sync(
+            lambda: first.count() + second.count() >= 400, "a later append", TIMEOUT_S, every_s=0.1
+        )
         time.sleep(1.0)
     # A stop between the sink and Spark's commit log makes the restart re-run the last batch
     # with the same id and the same rows (an at-least-once sink): the peer's spool keeps one
@@ -187,7 +186,7 @@ def test_with_seq_gives_strictly_increasing_arrival_order(
         first += n
     sink = Collected()
     with running(spark, spool, tmp_path / "ck", sink, with_seq=True, max_rows=100):
-        wait_for("all rows", lambda: sink.count() >= first)
+        wait_until_sync(lambda: sink.count() >= first, "all rows", TIMEOUT_S, every_s=0.1)
     table = sink.table()
     assert table.column_names == ["k", "v", "t", "__seq"]
     assert table.schema.field("__seq").type == pa.int64()
@@ -204,13 +203,15 @@ def test_a_query_reads_no_further_than_the_watermark(
     spool.hold(2)  # a replicated stream: 3..5 are not acknowledged yet
     sink = Collected()
     with running(spark, spool, tmp_path / "ck", sink):
-        wait_for("the acknowledged rows", lambda: sink.count() >= 30)
+        wait_until_sync(lambda: sink.count() >= 30, "the acknowledged rows", TIMEOUT_S, every_s=0.1)
         time.sleep(1.5)  # several idle micro-batch plans: none may pass the watermark
         assert sink.count() == 30 and spool.committed("q") <= 2
         spool.hold(4)
-        wait_for("rows up to the new watermark", lambda: sink.count() >= 50)
+        wait_until_sync(
+            lambda: sink.count() >= 50, "rows up to the new watermark", TIMEOUT_S, every_s=0.1
+        )
         time.sleep(1.0)
         assert sink.count() == 50
         spool.hold(None)  # no longer replicated: to the log end
-        wait_for("the last file", lambda: sink.count() >= 60)
+        wait_until_sync(lambda: sink.count() >= 60, "the last file", TIMEOUT_S, every_s=0.1)
     assert sink.keys() == list(range(60))

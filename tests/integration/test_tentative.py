@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,18 +23,9 @@ from peer.examples.partition import (
     window_key,
 )
 from peer.model.tentative import STABLE, TENTATIVE, UNDO, Entry, TentativeView
-from peer.node import PeerConfig
 from peer.testing import PeerThread
 
 pytestmark = pytest.mark.spark
-
-
-@pytest.fixture(scope="module")
-def peer(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PeerThread]:
-    data = Path(tmp_path_factory.mktemp("dpc")) / "peer"
-    config = PeerConfig(data_dir=data, port=0, maintenance_interval_s=1.0)
-    with PeerThread(config, spark) as running:
-        yield running
 
 
 async def record(

@@ -39,6 +39,7 @@ from peer.protocol.replies import (
     StatusReply,
 )
 from peer.server import ApiServer, PeerService
+from peer.testing import all_tasks_blocked, wait_until
 
 TEST_TIMEOUT_S = 20
 PY_TYPES = {"int": int, "long": int, "double": float, "string": str, "bool": bool}
@@ -60,6 +61,7 @@ class FakePeer:
         self.appended = asyncio.Condition()
         self.slow_release = asyncio.Event()
         self.subscribe_calls = 0
+        self.slow_waiting = 0  # lookups of "slow" waiting for slow_release
 
     async def create_schema(self, schema: str | dict[str, Any]) -> CreateSchemaReply:
         if isinstance(schema, str):
@@ -169,6 +171,7 @@ class FakePeer:
 
     async def lookup(self, name: str) -> LookupReply:
         if name == "slow":
+            self.slow_waiting += 1
             await self.slow_release.wait()
             return LookupReply("slow", name)
         if name == "broken":
@@ -463,7 +466,8 @@ async def test_credit_bounds_what_a_slow_consumer_buffers() -> None:
         sub = await client.subscribe("people")
         for i in range(20):
             await client.post_event("people", {"name": "x", "id": i})
-        await asyncio.sleep(0.2)
+        await wait_until(lambda: sub._queue.qsize() >= 4, "4 batches buffered", 5, every_s=0.01)
+        await all_tasks_blocked()
         assert sub._queue.qsize() == 4  # the peer stopped at the credit
         ids = [(await anext(sub)).rows()[0]["id"] for _ in range(20)]
         assert ids == list(range(20))
@@ -555,8 +559,7 @@ async def test_slow_subscriber_does_not_block_other_clients() -> None:
         await with_people(fast)
         lazy = await RawConnection.open(server.port)  # subscribes, then never reads
         await lazy.send({"type": "subscribe", "id": 1, "stream": "people"})
-        while peer.subscribe_calls == 0:
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: peer.subscribe_calls, "the lazy subscription", 5, every_s=0.01)
         watch = await fast.subscribe("people")
         blob = "x" * 65536
         for i in range(200):  # ~13 MiB: far more than the lazy connection's buffers hold
@@ -574,9 +577,9 @@ async def test_slow_subscriber_does_not_block_other_clients() -> None:
 async def test_requests_run_concurrently_but_bounded() -> None:
     async with serving(max_in_flight=2) as (server, peer), connected(server) as client:
         slow = [asyncio.create_task(client.lookup_object("slow")) for _ in range(2)]
-        await asyncio.sleep(0.1)
+        await wait_until(lambda: peer.slow_waiting == 2, "two slow requests", 5, every_s=0.01)
         third = asyncio.create_task(client.status())
-        await asyncio.sleep(0.2)
+        await all_tasks_blocked()
         assert not third.done()  # both slots busy: the peer stopped reading
         peer.slow_release.set()
         assert (await third)["peer"] == "fake"
@@ -584,7 +587,7 @@ async def test_requests_run_concurrently_but_bounded() -> None:
 
     async with serving() as (server, peer), connected(server) as client:
         slow_one = asyncio.create_task(client.lookup_object("slow"))
-        await asyncio.sleep(0.05)
+        await wait_until(lambda: peer.slow_waiting == 1, "the slow request", 5, every_s=0.01)
         assert (await client.status())["peer"] == "fake"  # replies out of order
         peer.slow_release.set()
         assert (await slow_one)["kind"] == "slow"
@@ -612,7 +615,12 @@ async def test_server_close_ends_everything_within_a_timeout() -> None:
     pending = asyncio.create_task(clients[1].lookup_object("slow"))
     raw = await RawConnection.open(server.port)
     await raw.send({"type": "subscribe", "id": 1, "stream": "people"})
-    await asyncio.sleep(0.1)
+    await wait_until(
+        lambda: peer.subscribe_calls == 4 and peer.slow_waiting == 1,
+        "four subscriptions and a slow request",
+        5,
+        every_s=0.01,
+    )
 
     async with asyncio.timeout(3):
         await server.close()
@@ -635,11 +643,13 @@ async def test_server_close_ends_everything_within_a_timeout() -> None:
 async def test_serve_forever_closes_when_cancelled() -> None:
     server = api_server(FakePeer())
     task = asyncio.create_task(server.serve_forever())
-    while True:
+
+    def listening() -> int | None:
         with contextlib.suppress(RuntimeError):
-            port = server.port
-            break
-        await asyncio.sleep(0.01)
+            return server.port
+        return None
+
+    port = await wait_until(listening, "the server listening", 5, every_s=0.01)
     async with Client("127.0.0.1", port, timeout_s=5, network=NETWORK) as client:
         assert (await client.status())["peer"] == "fake"
         task.cancel()

@@ -33,6 +33,7 @@ from peer.brain import Brain, kind_of
 from peer.brain.offers import OfferReply
 from peer.errors import InvalidInput, Unavailable
 from peer.storage.ledger import Ledger, with_durations
+from peer.testing import ManualClock
 
 NOW = datetime(2026, 7, 1, tzinfo=UTC)
 PERIOD_S = 5.0
@@ -67,14 +68,6 @@ def signed(
         **kw,
     )
     return ct.sign(ct.sign(contract, KEYS[a]), KEYS[b])
-
-
-class Clock:
-    def __init__(self, at: datetime = NOW) -> None:
-        self.now = at.timestamp()
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Meter:
@@ -174,7 +167,7 @@ class Net:
         self.dir.mkdir(parents=True)
         for contract in contracts:
             ct.dump(contract, self.dir / f"{contract.id}.toml")
-        self.clock = Clock()
+        self.clock = ManualClock(NOW)
         self.config = BpmConfig(**{"period_s": PERIOD_S, "offer_timeout_s": 5.0, **config})
         self.peers: dict[str, FakePeer] = {}
 
@@ -776,30 +769,33 @@ def test_a_failed_measurement_skips_the_round_and_the_next_ones_recover(tmp_path
 
 
 def test_run_keeps_going_through_failures(tmp_path: Path) -> None:
-    net = Net(tmp_path, [signed("a", "b", 2.0, cid="ab")], period_s=0.001)
+    net = Net(tmp_path, [signed("a", "b", 2.0, cid="ab")])
     a = net.add("a")
-    rounds = 0
-    enough = asyncio.Event()
+    rounds: list[float] = []
+    third = asyncio.Event()
 
     async def step() -> None:
-        nonlocal rounds
-        rounds += 1
-        if rounds >= 3:
-            enough.set()
+        rounds.append(net.clock())
+        if len(rounds) == 3:
+            third.set()
         raise RuntimeError("a bug")
 
     a.brain.step = step  # type: ignore[method-assign]
 
     async def main() -> None:
-        task = asyncio.create_task(a.brain.run())
-        async with asyncio.timeout(10):
-            await enough.wait()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        start = net.clock()
+        async with asyncio.TaskGroup() as tg:
+            task = tg.create_task(a.brain.run())
+            async with asyncio.timeout(10):
+                while not third.is_set():
+                    await asyncio.sleep(0)  # the round due now runs (and fails)
+                    if net.clock.sleepers:
+                        net.clock.advance(PERIOD_S)
+            task.cancel()
+        assert task.cancelled()  # cancelled, not swallowed
+        assert rounds == [start, start + PERIOD_S, start + 2 * PERIOD_S]  # one per period
 
     asyncio.run(main())
-    assert rounds >= 3
 
 
 def test_status(tmp_path: Path) -> None:

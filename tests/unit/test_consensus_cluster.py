@@ -19,6 +19,7 @@ import pytest
 from peer.errors import Unavailable
 from peer.replication.control import Applied, Command, CreateStream, Elect, StreamState
 from peer.replication.raft import ControlMachine, RaftTimings, decode_message
+from peer.testing import wait_until_sync
 
 IDS = [hashlib.sha1(name.encode()).hexdigest() for name in ("v1", "v2", "v3", "v4")]
 WAIT = 10.0  # the generous bound of every wait
@@ -82,16 +83,6 @@ def bus(caplog: pytest.LogCaptureFixture) -> Iterator[Bus]:
     assert failures == []  # pysyncobj logs what fails on its thread (a dump, a tick)
 
 
-def wait_until(what: str, check: Callable[[], Any], timeout: float = WAIT) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError(f"not within {timeout} s: {what}")
-
-
 def one_leader(bus: Bus, among: list[str]) -> str | None:
     leaders = {bus.machines[n].leader() for n in among}
     if len(leaders) != 1:
@@ -104,14 +95,13 @@ def one_leader(bus: Bus, among: list[str]) -> str | None:
 
 def submit(machine: ControlMachine, command: Command) -> Applied:
     """Submit until a leader takes it (an election may be running)."""
-    deadline = time.monotonic() + WAIT
-    while True:
-        try:
-            return machine.submit(command).result(timeout=WAIT)
-        except Unavailable:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+    return wait_until_sync(
+        lambda: machine.submit(command).result(timeout=WAIT),
+        f"a leader to take {command}",
+        WAIT,
+        every_s=0.05,
+        tolerate=(Unavailable,),
+    )
 
 
 def same_state(bus: Bus, among: list[str]) -> tuple[StreamState, ...] | None:
@@ -122,7 +112,11 @@ def same_state(bus: Bus, among: list[str]) -> tuple[StreamState, ...] | None:
 def three(bus: Bus, **kwargs: Any) -> str:
     for node in IDS[:3]:
         bus.start(node, IDS[:3], **kwargs)
-    return str(wait_until("a leader all agree on", lambda: one_leader(bus, IDS[:3])))
+    return str(
+        wait_until_sync(
+            lambda: one_leader(bus, IDS[:3]), "a leader all agree on", WAIT, every_s=0.01
+        )
+    )
 
 
 def test_three_voters_elect_a_leader_and_apply_a_follower_command_everywhere(bus: Bus) -> None:
@@ -133,9 +127,13 @@ def test_three_voters_elect_a_leader_and_apply_a_follower_command_everywhere(bus
     command = CreateStream("s", tuple(IDS[:3]), 2)
     applied = submit(bus.machines[follower], command)
     assert applied == Applied(command, True)
-    state = wait_until("one state", lambda: same_state(bus, IDS[:3]) or None)
+    state = wait_until_sync(
+        lambda: same_state(bus, IDS[:3]) or None, "one state", WAIT, every_s=0.01
+    )
     assert state == (StreamState("s", 1, IDS[0], tuple(IDS[:3]), tuple(IDS[:3]), 2, 1),)
-    assert wait_until("the leader's listener", lambda: heard) == [Applied(command, True)]
+    assert wait_until_sync(lambda: heard, "the leader's listener", WAIT, every_s=0.01) == [
+        Applied(command, True)
+    ]
     again = submit(bus.machines[leader], command)
     assert again == Applied(command, False, "stream 's' exists")
     assert bus.machines[follower].stream("s") == state[0]
@@ -144,7 +142,9 @@ def test_three_voters_elect_a_leader_and_apply_a_follower_command_everywhere(bus
     done: Future[int] = Future()
     bus.machines[leader].transferLeadership(callback=lambda res, err: done.set_result(err))
     assert done.result(timeout=WAIT) == 0
-    wait_until("another leader", lambda: one_leader(bus, IDS[:3]) not in (None, leader))
+    wait_until_sync(
+        lambda: one_leader(bus, IDS[:3]) not in (None, leader), "another leader", WAIT, every_s=0.01
+    )
     assert {"request_vote", "response_vote", "append_entries", "next_node_idx"} <= bus.types()
     assert {"apply_command", "apply_command_response", "timeout_now", "hello"} <= bus.types()
     assert any(m.get("entries") for m in bus.seen if m["type"] == "append_entries")
@@ -154,12 +154,19 @@ def test_a_cut_off_leader_is_replaced_and_rejoins_without_split_brain(bus: Bus) 
     old = three(bus)
     rest = [n for n in IDS[:3] if n != old]
     submit(bus.machines[rest[0]], CreateStream("before", tuple(IDS[:3]), 2))
-    wait_until("all applied", lambda: same_state(bus, IDS[:3]) and bus.machines[old].snapshot())
+    wait_until_sync(
+        lambda: same_state(bus, IDS[:3]) and bus.machines[old].snapshot(),
+        "all applied",
+        WAIT,
+        every_s=0.01,
+    )
 
     cut_at = time.monotonic()
     with bus.lock:
         bus.cut.add(old)
-    new = wait_until("a new leader among the rest", lambda: one_leader(bus, rest))
+    new = wait_until_sync(
+        lambda: one_leader(bus, rest), "a new leader among the rest", WAIT, every_s=0.01
+    )
     elected_in = time.monotonic() - cut_at
     print(f"\nnew leader elected {elected_in:.3f} s after the leader was cut off")
     assert new != old
@@ -173,12 +180,14 @@ def test_a_cut_off_leader_is_replaced_and_rejoins_without_split_brain(bus: Bus) 
 
     with bus.lock:
         bus.cut.discard(old)
-    state = wait_until(
-        "one state everywhere",
+    state = wait_until_sync(
         lambda: same_state(bus, IDS[:3]) if bus.machines[old].stream("after") else None,
+        "one state everywhere",
+        WAIT,
+        every_s=0.01,
     )
     assert [s.name for s in state] == ["after", "before"]  # "lost" applied nowhere
-    wait_until("one leader again", lambda: one_leader(bus, IDS[:3]))
+    wait_until_sync(lambda: one_leader(bus, IDS[:3]), "one leader again", WAIT, every_s=0.01)
     assert bus.machines[old].stream("lost") is None
 
 
@@ -188,11 +197,17 @@ def test_a_fourth_voter_added_catches_up_and_a_voter_can_be_removed(bus: Bus) ->
         submit(bus.machines[leader], CreateStream(f"s{i}", tuple(IDS[:3]), 2))
     fourth = bus.start(IDS[3], IDS)
     bus.machines[leader].add_voter(IDS[3]).result(timeout=WAIT)
-    wait_until(
-        "four voters everywhere", lambda: all(len(m.voters()) == 4 for m in bus.machines.values())
+    wait_until_sync(
+        lambda: all(len(m.voters()) == 4 for m in bus.machines.values()),
+        "four voters everywhere",
+        WAIT,
+        every_s=0.01,
     )
-    state = wait_until(
-        "the fourth caught up", lambda: same_state(bus, IDS) if fourth.snapshot() else None
+    state = wait_until_sync(
+        lambda: same_state(bus, IDS) if fourth.snapshot() else None,
+        "the fourth caught up",
+        WAIT,
+        every_s=0.01,
     )
     assert len(state) == 5
     assert bus.machines[leader].add_voter(IDS[3]).result(timeout=WAIT) is None  # already one
@@ -200,29 +215,35 @@ def test_a_fourth_voter_added_catches_up_and_a_voter_can_be_removed(bus: Bus) ->
     follower = next(n for n in IDS[:3] if n != leader)
     bus.machines[leader].remove_voter(follower).result(timeout=WAIT)
     remaining = [n for n in IDS if n != follower]
-    wait_until(
-        "three voters left",
+    wait_until_sync(
         lambda: all(bus.machines[n].voters() == tuple(sorted(remaining)) for n in remaining),
+        "three voters left",
+        WAIT,
+        every_s=0.01,
     )
     bus.stop(follower)
     command = Elect("s0", 1, IDS[1])
     assert submit(fourth, command).ok
-    wait_until("applied by the rest", lambda: same_state(bus, remaining))
+    wait_until_sync(lambda: same_state(bus, remaining), "applied by the rest", WAIT, every_s=0.01)
 
 
 def test_a_restarted_voter_recovers_its_state_from_its_journal(bus: Bus, tmp_path: Path) -> None:
     dirs = {n: tmp_path / n[:8] for n in IDS[:3]}
     for node in IDS[:3]:
         bus.start(node, IDS[:3], journal_dir=dirs[node])
-    leader = wait_until("a leader", lambda: one_leader(bus, IDS[:3]))
+    leader = wait_until_sync(lambda: one_leader(bus, IDS[:3]), "a leader", WAIT, every_s=0.01)
     for i in range(3):
         submit(bus.machines[leader], CreateStream(f"s{i}", tuple(IDS[:3]), 2))
     victim = next(n for n in IDS[:3] if n != leader)
-    wait_until("applied everywhere", lambda: len(bus.machines[victim].snapshot()) == 3)
+    wait_until_sync(
+        lambda: len(bus.machines[victim].snapshot()) == 3, "applied everywhere", WAIT, every_s=0.01
+    )
     bus.machines[victim].forceLogCompaction()  # a dump on disk, then more journal after it
-    wait_until("a dump", lambda: (dirs[victim] / "raft.dump").exists())
+    wait_until_sync(lambda: (dirs[victim] / "raft.dump").exists(), "a dump", WAIT, every_s=0.01)
     submit(bus.machines[leader], CreateStream("s3", tuple(IDS[:3]), 2))
-    wait_until("s3 everywhere", lambda: len(bus.machines[victim].snapshot()) == 4)
+    wait_until_sync(
+        lambda: len(bus.machines[victim].snapshot()) == 4, "s3 everywhere", WAIT, every_s=0.01
+    )
     time.sleep(1.5)  # pysyncobj saves the commit index once a second
     bus.stop(victim)
 
@@ -233,29 +254,46 @@ def test_a_restarted_voter_recovers_its_state_from_its_journal(bus: Bus, tmp_pat
     reborn.on_restored(restored.append)
     with bus.lock:
         bus.machines[victim] = reborn
-    wait_until("its state back from disk", lambda: reborn.snapshot() == same_state(bus, [leader]))
+    wait_until_sync(
+        lambda: reborn.snapshot() == same_state(bus, [leader]),
+        "its state back from disk",
+        WAIT,
+        every_s=0.01,
+    )
     assert len(reborn.snapshot()) == 4
     assert [s.name for s in restored[0]] == ["s0", "s1", "s2"]  # the dump, then the journal
     assert reborn.applied_count() == bus.machines[leader].applied_count()  # none applied twice
     with bus.lock:
         bus.cut.discard(victim)
     submit(bus.machines[leader], CreateStream("s4", tuple(IDS[:3]), 2))
-    wait_until("it follows again", lambda: len(reborn.snapshot()) == 5 and same_state(bus, IDS[:3]))
+    wait_until_sync(
+        lambda: len(reborn.snapshot()) == 5 and same_state(bus, IDS[:3]),
+        "it follows again",
+        WAIT,
+        every_s=0.01,
+    )
 
 
 def test_a_voter_far_behind_is_sent_a_snapshot(bus: Bus) -> None:
     leader = three(bus)
     for i in range(4):
         submit(bus.machines[leader], CreateStream(f"s{i}", tuple(IDS[:3]), 2))
-    wait_until("applied everywhere", lambda: same_state(bus, IDS[:3]))
+    wait_until_sync(lambda: same_state(bus, IDS[:3]), "applied everywhere", WAIT, every_s=0.01)
     for node in IDS[:3]:
         bus.machines[node].forceLogCompaction()
-    wait_until("the leader compacted", lambda: bus.machines[leader].getStatus()["log_len"] <= 3)
+    wait_until_sync(
+        lambda: bus.machines[leader].getStatus()["log_len"] <= 3,
+        "the leader compacted",
+        WAIT,
+        every_s=0.01,
+    )
     fourth = bus.start(IDS[3], IDS)
     restored: list[tuple[StreamState, ...]] = []
     fourth.on_restored(restored.append)
     bus.machines[leader].add_voter(IDS[3]).result(timeout=WAIT)
-    wait_until("caught up", lambda: same_state(bus, IDS) if fourth.snapshot() else None)
+    wait_until_sync(
+        lambda: same_state(bus, IDS) if fourth.snapshot() else None, "caught up", WAIT, every_s=0.01
+    )
     assert restored and [s.name for s in restored[-1]] == ["s0", "s1", "s2", "s3"]
     assert any(m.get("serialized") for m in bus.seen if m["type"] == "append_entries")
 

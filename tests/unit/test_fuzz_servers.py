@@ -31,6 +31,7 @@ from overlay.transport import MemoryNetwork
 from overlay.wire import encode_frame
 from peer.errors import InvalidInput
 from peer.server import ApiServer
+from peer.testing import wait_until
 from tests.unit.test_api import FakePeer
 from tests.unit.test_link_connection import ACME, Handler, Refusal
 
@@ -356,12 +357,10 @@ def test_the_api_server_answers_or_refuses_every_frame(loop: asyncio.AbstractEve
     try:
         one()
 
-        async def settled() -> None:
-            async with asyncio.timeout(10):
-                while server.connection_count:
-                    await asyncio.sleep(0.01)
-
-        loop.run_until_complete(settled())
+        settled = wait_until(
+            lambda: server.connection_count == 0, "every connection closed", 10, every_s=0.01
+        )
+        loop.run_until_complete(settled)
         assert rss_bytes() - before < 100 * 1024 * 1024
         assert replies[0] > EXAMPLES * FRAMES_PER_EXAMPLE // 10  # the frames were read
     finally:

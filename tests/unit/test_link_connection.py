@@ -18,6 +18,7 @@ import pytest
 from overlay.link import Link, LinkRemoteError, LinkSettings, LinkTimeout, LinkUnavailable
 from overlay.tls import PeerIdentity
 from overlay.transport import FrameStream, memory_stream_pair
+from peer.testing import all_tasks_blocked, wait_until
 
 TEST_TIMEOUT_S = 10
 ACME = PeerIdentity(b"\x01" * 20, b"\x11" * 32, "acme", b"\x21" * 32)
@@ -30,11 +31,6 @@ def run(main: Callable[[], Awaitable[None]]) -> None:
             await main()
 
     asyncio.run(bounded())
-
-
-async def until(predicate: Callable[[], bool]) -> None:
-    while not predicate():
-        await asyncio.sleep(0.001)
 
 
 class Refusal(Exception):
@@ -160,7 +156,12 @@ def test_a_timed_out_request_is_cancelled_on_the_remote_and_frees_its_slot() -> 
         async with linked(LinkSettings(max_in_flight=1)) as (mine, _, _, theirs):
             with pytest.raises(LinkTimeout):
                 await mine.request({"type": "block"}, 0.1)
-            await until(lambda: theirs.cancelled == ["block"])
+            await wait_until(
+                lambda: theirs.cancelled == ["block"],
+                "theirs.cancelled == ['block']",
+                5.0,
+                every_s=0.001,
+            )
             assert (await mine.request({"type": "echo", "x": 1}, 5))["echo"] == 1
 
     run(main)
@@ -170,11 +171,13 @@ def test_closing_a_link_fails_what_is_pending_on_it() -> None:
     async def main() -> None:
         async with linked() as (mine, theirs, _, handler):
             pending = asyncio.create_task(mine.request({"type": "block"}, 5))
-            await until(lambda: theirs.idle_s() == 0.0)
+            await wait_until(
+                lambda: theirs.idle_s() == 0.0, "theirs.idle_s() == 0.0", 5.0, every_s=0.001
+            )
             await theirs.close()
             with pytest.raises(LinkUnavailable):
                 await pending
-            await until(lambda: mine.closed)
+            await wait_until(lambda: mine.closed, "mine.closed", 5.0, every_s=0.001)
             with pytest.raises(LinkUnavailable):
                 await mine.request({"type": "echo", "x": 1}, 5)
             assert handler.cancelled == ["block"]
@@ -191,8 +194,13 @@ def test_stream_credit_bounds_a_slow_receiver_and_loses_nothing() -> None:
         async with linked() as (mine, _, _, theirs):
             async with mine.open_stream({"type": "count", "n": total}, credit=credit) as items:
                 first = [await anext(items) for _ in range(1)]
-                await until(lambda: theirs.produced >= credit)
-                await asyncio.sleep(0.05)
+                await wait_until(
+                    lambda: theirs.produced >= credit,
+                    "theirs.produced >= credit",
+                    5.0,
+                    every_s=0.001,
+                )
+                await all_tasks_blocked()
                 assert theirs.produced == credit  # 1 taken, none given back yet (half is 2)
                 rest = [item async for item in items]
             assert [item["i"] for item in first + rest] == list(range(total))
@@ -206,7 +214,12 @@ def test_closing_a_stream_cancels_its_producer_and_frees_the_slot() -> None:
             for round_ in range(1, 4):
                 async with mine.open_stream({"type": "forever"}, credit=2) as items:
                     assert (await anext(items))["i"] == 0
-                await until(lambda: theirs.cancelled.count("stream") == round_)  # noqa: B023
+                await wait_until(
+                    lambda: theirs.cancelled.count("stream") == round_,  # noqa: B023
+                    "theirs.cancelled.count('stream') == round_",
+                    5.0,
+                    every_s=0.001,
+                )
 
     run(main)
 
@@ -229,7 +242,7 @@ def test_a_frame_breaking_the_protocol_closes_the_link(frame: dict[str, Any]) ->
         async with raw_peer() as (link, remote):
             await remote.send(frame)
             assert await remote.recv() is None
-            await until(lambda: link.closed)
+            await wait_until(lambda: link.closed, "link.closed", 5.0, every_s=0.001)
 
     run(main)
 
@@ -241,7 +254,7 @@ def test_credit_beyond_the_limit_closes_the_link() -> None:
             await remote.send({"type": "credit", "id": 1, "n": 1 << 40})
             while (got := await remote.recv()) is not None:
                 assert got["type"] == "end"  # the stream's end may come first
-            await until(lambda: link.closed)
+            await wait_until(lambda: link.closed, "link.closed", 5.0, every_s=0.001)
 
     run(main)
 
@@ -269,6 +282,6 @@ def test_more_requests_than_announced_closes_the_link() -> None:
             for rid in (1, 2, 3):  # two were announced
                 await remote.send({"type": "req", "id": rid, "body": {"type": "block"}})
             assert await remote.recv() is None
-            await until(lambda: link.closed)
+            await wait_until(lambda: link.closed, "link.closed", 5.0, every_s=0.001)
 
     run(main)

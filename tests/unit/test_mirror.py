@@ -4,16 +4,19 @@ what the receiver has not acknowledged (real spools; the peer link is a fake).""
 from __future__ import annotations
 
 import asyncio
+import itertools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from peer.errors import Unavailable
-from peer.federation.mirror import MIRROR_PREFIX, Mirrors
+from peer.federation.mirror import BACKOFF, MIRROR_PREFIX, Mirrors
 from peer.protocol.link import MirrorAppend
 from peer.storage.spool import Spool, SpoolSet
 from peer.storage.spool_format import read_reader_offset
+from peer.testing import ManualClock, all_tasks_blocked, wait_until
 
 SCHEMA = pa.schema([("x", pa.int64())])
 TARGET = bytes(range(20))
@@ -37,6 +40,7 @@ class FakeFed:
         self.max_in_flight = 0
         self.calls = 0
         self.lose_ack_on: set[int] = set()
+        self.asked = asyncio.Event()  # set when the first request arrives
 
     def mirrors(self) -> Mirrors:
         return Mirrors(self.spools, self.node_id, self.call)
@@ -46,6 +50,7 @@ class FakeFed:
         message = MirrorAppend.from_wire(message.to_wire())
         assert target == TARGET
         self.in_flight += 1
+        self.asked.set()
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
             await self.open.wait()
@@ -64,21 +69,19 @@ def received(spool: Spool) -> list[int]:
     return [x for _, t in spool.read(spool.earliest - 1, spool.latest) for x in t["x"].to_pylist()]
 
 
-async def run_until(mirrors: Mirrors, done: Any, timeout_s: float = 20) -> None:
-    runner = asyncio.create_task(mirrors.run())
-    try:
-        async with asyncio.timeout(timeout_s):
-            while not done():
-                await asyncio.sleep(0.02)
-    finally:
+async def run_until(mirrors: Mirrors, done: Callable[[], bool], what: str) -> None:
+    """Run ``mirrors`` until ``done()`` (the mirror's reads and acks go through threads)."""
+    async with asyncio.TaskGroup() as tg:
+        runner = tg.create_task(mirrors.run())
+        await wait_until(done, what, 20, every_s=0.01)
         runner.cancel()
-        await asyncio.gather(runner, return_exceptions=True)
 
 
 def test_exactly_once_across_lost_acks_and_a_stalled_receiver(tmp_path: Path) -> None:
     sender = SpoolSet(tmp_path / "a", fsync=False)
     source = sender.create("s", SCHEMA)
     replica = Spool(tmp_path / "b" / "s", SCHEMA, fsync=False)
+    reader = MIRROR_PREFIX + TARGET.hex()
     for i in range(40):
         source.append(table(i * 10))
 
@@ -87,32 +90,32 @@ def test_exactly_once_across_lost_acks_and_a_stalled_receiver(tmp_path: Path) ->
         fed.lose_ack_on = {1, 3}
         mirrors = fed.mirrors()
         fed.open.clear()  # the receiver stalls at first
-        runner = asyncio.create_task(mirrors.run())
-        await asyncio.sleep(0.05)
-        mirrors.start("s", TARGET)
-        await asyncio.sleep(0.3)
-        # stalled: one request waits, nothing is acknowledged, the rest stays on disk
-        assert fed.in_flight == 1
-        assert read_reader_offset(source.directory, MIRROR_PREFIX + TARGET.hex()) == -1
-        assert source.trim() == 0
-        fed.open.set()
-        async with asyncio.timeout(20):
-            while len(received(replica)) < 400:
-                await asyncio.sleep(0.02)
-        for i in range(40, 50):  # later appends follow
-            source.append(table(i * 10))
-        async with asyncio.timeout(20):
-            while len(received(replica)) < 500:
-                await asyncio.sleep(0.02)
-        await asyncio.sleep(0.2)
-        runner.cancel()
-        await asyncio.gather(runner, return_exceptions=True)
+        mirrors.start("s", TARGET)  # before run(): run() starts it from the spool's readers
+        async with asyncio.TaskGroup() as tg:
+            runner = tg.create_task(mirrors.run())
+            async with asyncio.timeout(20):
+                await fed.asked.wait()
+            # stalled: one request waits, nothing is acknowledged, the rest stays on disk
+            assert fed.in_flight == 1
+            assert read_reader_offset(source.directory, reader) == -1
+            assert source.trim() == 0
+            fed.open.set()
+            await wait_until(lambda: len(received(replica)) >= 400, "400 rows", 20, every_s=0.01)
+            for i in range(40, 50):  # later appends follow
+                source.append(table(i * 10))
+            await wait_until(
+                lambda: read_reader_offset(source.directory, reader) == source.latest,
+                "every batch acknowledged",
+                20,
+                every_s=0.01,
+            )
+            runner.cancel()
         return fed
 
     fed = asyncio.run(go())
     assert received(replica) == list(range(500))  # lost acks were re-sent and dropped once
     assert fed.max_in_flight == 1
-    assert read_reader_offset(source.directory, MIRROR_PREFIX + TARGET.hex()) == source.latest
+    assert read_reader_offset(source.directory, reader) == source.latest
     assert source.trim() > 0  # acknowledged batches may go now
 
 
@@ -124,22 +127,12 @@ def test_mirrors_restart_from_the_spool_and_stop_cleanly(tmp_path: Path) -> None
         source.append(table(i * 10))
     fed = FakeFed(sender, replica)
     first = fed.mirrors()
-
-    async def start_once() -> None:
-        runner = asyncio.create_task(first.run())
-        await asyncio.sleep(0.05)
-        first.start("s", TARGET)
-        async with asyncio.timeout(10):
-            while len(received(replica)) < 50:
-                await asyncio.sleep(0.02)
-        runner.cancel()
-        await asyncio.gather(runner, return_exceptions=True)
-
-    asyncio.run(start_once())
+    first.start("s", TARGET)
+    asyncio.run(run_until(first, lambda: len(received(replica)) >= 50, "50 rows"))
     for i in range(5, 8):
         source.append(table(i * 10))
     again = fed.mirrors()  # a restart: found in the spool's readers
-    asyncio.run(run_until(again, lambda: len(received(replica)) >= 80))
+    asyncio.run(run_until(again, lambda: len(received(replica)) >= 80, "80 rows"))
     assert received(replica) == list(range(80))
     again.stop("s", TARGET)
     assert not [r for r in source.readers() if r.startswith(MIRROR_PREFIX)]
@@ -185,3 +178,36 @@ def test_mirror_append_carries_tentative_entries_and_undos_on_the_wire() -> None
     bad = {**wire, "batches": [[3, b"a", "maybe"]]}
     with pytest.raises(InvalidInput, match="status one of"):
         MirrorAppend.from_wire(bad)
+
+
+def test_a_mirror_to_an_unavailable_receiver_backs_off_on_its_clock(tmp_path: Path) -> None:
+    sender = SpoolSet(tmp_path / "a", fsync=False)
+    source = sender.create("s", SCHEMA)
+    source.append(table(0))
+    clock = ManualClock()
+    tries: list[float] = []
+
+    async def refuse(_node: bytes, _message: MirrorAppend) -> dict[str, Any]:
+        tries.append(clock())
+        raise Unavailable("the receiver is away")
+
+    def more_than(n: int) -> Callable[[], bool]:
+        return lambda: len(tries) > n
+
+    async def go() -> None:
+        mirrors = Mirrors(sender, bytes(20), refuse, clock=clock)
+        mirrors.start("s", TARGET)
+        async with asyncio.TaskGroup() as tg:
+            runner = tg.create_task(mirrors.run())
+            for wait in (BACKOFF.delay_s(1), BACKOFF.delay_s(2), BACKOFF.delay_s(3)):
+                await wait_until(lambda: clock.sleepers == 1, "the pump waiting", 20, every_s=0)
+                clock.advance(wait * 0.99)  # not yet
+                await all_tasks_blocked()
+                assert clock.sleepers == 1
+                clock.advance(wait * 0.01 + 1e-9)
+                await wait_until(more_than(len(tries)), "the next try", 20, every_s=0.001)
+            runner.cancel()
+
+    asyncio.run(go())
+    gaps = [round(b - a, 6) for a, b in itertools.pairwise(tries)]
+    assert gaps == [0.1, 0.2, 0.4]  # doubling from 0.1 s, as the one Backoff says

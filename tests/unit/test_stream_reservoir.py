@@ -12,6 +12,7 @@ from overlay import stream as stream_module
 from overlay.errors import RemoteProtocolError
 from overlay.stream import memory_stream_pair
 from overlay.wire import encode_frame
+from peer.testing import all_tasks_blocked
 
 MIB = 1024 * 1024
 
@@ -33,11 +34,11 @@ def test_a_large_frame_waits_for_room_then_arrives() -> None:
         f1, f2 = frame(1), frame(2)
         a1._writer.write(f1[: len(f1) // 2])  # half of frame 1: it holds 2 MiB
         first = asyncio.create_task(b1.recv())
-        await asyncio.sleep(0.1)
+        await all_tasks_blocked()
         assert stream_module._reservoir().held == len(f1) - 4
         a2._writer.write(f2)  # all of frame 2, which does not fit beside frame 1
         second = asyncio.create_task(b2.recv())
-        await asyncio.sleep(0.2)
+        await all_tasks_blocked()
         assert not second.done() and not first.done()
         assert b2.received_bytes < MIB  # it stopped reading frame 2
         a1._writer.write(f1[len(f1) // 2 :])

@@ -20,6 +20,7 @@ from overlay.transport import (
     Nursery,
     ReceiveWindow,
 )
+from peer.testing import all_tasks_blocked, wait_until
 
 TEST_TIMEOUT_S = 10
 
@@ -30,11 +31,6 @@ def run(main: Callable[[], Awaitable[None]]) -> None:
             await main()
 
     asyncio.run(bounded())
-
-
-async def until(predicate: Callable[[], bool]) -> None:
-    while not predicate():
-        await asyncio.sleep(0.001)
 
 
 class Echo:
@@ -85,7 +81,12 @@ def test_a_memory_listener_serves_each_connection_and_closes_it_after() -> None:
             assert await b.recv() == {"type": "echo", "of": {"type": "ping", "n": 2}}
             assert server.connection_count == 2 and not server.uses_tls
             await a.aclose()  # the server's serve returns at EOF, and its end is closed
-            await until(lambda: server.connection_count == 1)
+            await wait_until(
+                lambda: server.connection_count == 1,
+                "server.connection_count == 1",
+                5.0,
+                every_s=0.001,
+            )
             assert echo.served == 1
             await b.send({"type": "ping", "n": 3})
             assert (await b.recv() or {})["of"]["n"] == 3
@@ -122,7 +123,7 @@ def test_closing_a_listener_ends_its_connections_and_refuses_new_ones() -> None:
         port = server.port
         held = await network.connect("10.0.0.1", port)
         await held.send({"type": "hold"})
-        await until(lambda: echo.serving == 1)
+        await wait_until(lambda: echo.serving == 1, "echo.serving == 1", 5.0, every_s=0.001)
         await server.close()
         assert echo.cancelled == 1 and server.connection_count == 0
         assert await held.recv() is None
@@ -168,7 +169,7 @@ def test_a_sender_waits_for_credit_and_goes_on_when_granted() -> None:
         await window.take()
         assert window.available == 0
         blocked = asyncio.create_task(window.take())
-        await asyncio.sleep(0.01)
+        await all_tasks_blocked()
         assert not blocked.done()
         window.grant(3)
         await blocked
@@ -272,7 +273,7 @@ def test_a_nursery_keeps_children_apart_and_ends_them_on_close() -> None:
 
         assert nursery.spawn(fails())
         assert nursery.spawn(forever())
-        await asyncio.sleep(0.01)  # the failure is logged; the sibling runs on
+        await all_tasks_blocked()  # the failure is logged; the sibling runs on
         assert done == []
         await nursery.close()
         assert done == ["cancelled"]

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from overlay.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from overlay.stream import memory_stream_pair
 from overlay.wire import FrameDecoder, encode_frame
+from peer.testing import all_tasks_blocked
 
 HELLO = {"type": "hello", "id": 1, "client": "py"}
 # The worked example of docs/protocol.md.
@@ -321,7 +322,7 @@ def test_memory_stream_pair_applies_backpressure() -> None:
             blob = {"type": "x", "blob": b"\x00" * 600}
             await a.send(blob)  # under the high-water mark: returns at once
             blocked = asyncio.create_task(a.send(blob))  # over it: waits for b to read
-            await asyncio.sleep(0.05)
+            await all_tasks_blocked()
             assert not blocked.done()
             assert await b.recv() == blob
             await asyncio.wait_for(blocked, 1)
