@@ -6,14 +6,11 @@ through the real client equal plain Python, tuple for tuple."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from peer.client import Client
-from peer.node import PeerConfig
 from peer.testing import PeerThread
 from tests.integration.test_boxes import (
     AGG_FIELDS,
@@ -31,12 +28,13 @@ pytestmark = pytest.mark.spark
 
 
 @pytest.fixture(scope="module")
-def peer(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PeerThread]:
-    data = Path(tmp_path_factory.mktemp("fetched")) / "peer"
-    config = PeerConfig(data_dir=data, port=0, maintenance_interval_s=1.0, fetch_remote=True)
-    with PeerThread(config, spark) as running:
-        asyncio.run(_setup(running.port))
-        yield running
+def peer_options() -> dict[str, Any]:
+    return {"fetch_remote": True}  # executors fetch the spool files from the peer
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _schema(peer: PeerThread) -> None:
+    asyncio.run(_setup(peer.port))
 
 
 async def _setup(port: int) -> None:

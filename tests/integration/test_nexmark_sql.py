@@ -11,9 +11,7 @@ more, so that extra rows show). Rows the flush tuples make are set apart.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -27,7 +25,6 @@ from peer.examples.nexmark import FLUSH_KEYS, GeneratorConfig, chunks, flush, ge
 from peer.examples.nexmark.flink_sql import as_flink, script
 from peer.model.query import query_to_dict
 from peer.model.sql import compile_script
-from peer.node import PeerConfig
 from peer.testing import PeerThread
 
 pytestmark = pytest.mark.spark
@@ -67,15 +64,6 @@ REFERENCE = {
 }
 # The field that is negative exactly for rows the flush tuples make.
 KEYS = {**FLUSH_KEYS, "q8": "id"}
-
-
-@pytest.fixture(scope="module")
-def peer(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PeerThread]:
-    data = Path(tmp_path_factory.mktemp("nexmark_sql")) / "peer"
-    with PeerThread(
-        PeerConfig(data_dir=data, port=0, maintenance_interval_s=1.0), spark
-    ) as running:
-        yield running
 
 
 @pytest.fixture(scope="module")

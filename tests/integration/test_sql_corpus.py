@@ -14,7 +14,6 @@ import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,6 @@ import pytest
 
 from peer.client import Client
 from peer.examples import compare
-from peer.node import PeerConfig
 from peer.testing import PeerThread
 
 pytestmark = pytest.mark.spark
@@ -134,15 +132,6 @@ CORPUS: dict[str, tuple[str, str, str]] = {
         "ws",
     ),
 }
-
-
-@pytest.fixture(scope="module")
-def peer(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PeerThread]:
-    data = Path(tmp_path_factory.mktemp("sql_corpus")) / "peer"
-    with PeerThread(
-        PeerConfig(data_dir=data, port=0, maintenance_interval_s=1.0), spark
-    ) as running:
-        yield running
 
 
 def plain(row: dict[str, Any]) -> dict[str, Any]:
