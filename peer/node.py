@@ -217,14 +217,17 @@ class Peer:
         from peer.engine.runner import Engine  # pyspark: imported only by peers with an engine
 
         config = self.config
+        checkpoints = config.checkpoint_root or self.data_dir / "checkpoints"
         if remote_input(config.fetch_remote, config.spark_master):
-            roots = [self.data_dir, self.data_dir / "checkpoints"]
+            # The spools executors read: the streams', and those the engine keeps beside its
+            # checkpoints (the warm-up's, tentative forks'), wherever --checkpoint-dir put them.
+            roots = [self.data_dir, checkpoints]
             self.fetch = await FetchServer.open(
                 self.data_dir, roots, config.host, config.fetch_port, config.fetch_limits
             )
         engine = Engine(
             site.spools,
-            config.checkpoint_root or self.data_dir / "checkpoints",
+            checkpoints,
             master=config.spark_master,
             conf=config.spark_conf,
             trigger_s=config.trigger_s,

@@ -17,6 +17,7 @@ with the peer's data directory under ``hidden`` as here.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -24,12 +25,22 @@ import socket
 import subprocess
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from peer.client import Client
+from peer.testing import (
+    PeerProcess,
+    collect,
+    keyed_window_batches,
+    keyed_window_query,
+    keyed_window_schema,
+    keyed_window_sums,
+)
 from peer.testing.sparkcluster import SparkCluster, missing
 
 WHY = missing()
@@ -288,3 +299,51 @@ def test_a_worker_killed_mid_stream_and_started_again_keeps_the_result_exact(
     starts = {start for start, *_ in got}
     assert len(starts) >= 40 and starts == set(range(0, 5 * len(starts), 5))
     assert got == _expected(starts)
+
+
+def test_a_peer_on_the_cluster_computes_pushed_data_exactly(
+    spark_cluster: SparkCluster, hidden: Path
+) -> None:
+    """The whole path of issue 25 on the cluster: tuples pushed to a ``peer join
+    --spark-master spark://...`` whose data directory the Worker hosts cannot see; a filter and
+    a keyed tumbling window run on the executors, which fetch the spool files from the peer
+    (signed read capabilities over TLS, peer.fetch); the windows equal plain Python, once
+    each."""
+    data = hidden / "peer-pushed"
+    peer = PeerProcess(
+        data,
+        "--http", "off",
+        "--spark-master", spark_cluster.master_url,
+        "--checkpoint-dir", f"file://{spark_cluster.shared}",
+        "--spark-conf", "spark.executor.memory=512m",
+        log_path=hidden / "peer-pushed.log",
+        host=spark_cluster.driver_host,
+    )  # fmt: skip
+    batches = keyed_window_batches(25, 30, 400, keys=4, values=(-5, 40))
+    want = keyed_window_sums(batches, at_least=0)
+    peer.start(timeout_s=300)
+    try:
+
+        async def scenario() -> tuple[list[dict[str, Any]], dict[str, Any]]:
+            async with Client(spark_cluster.driver_host, peer.port) as c:
+                await c.create_schema(keyed_window_schema())
+                await c.create_stream("ticks", "tick")
+                await c.create_query(keyed_window_query("onc", "ticks", "onc_out"))
+                await c.start_query("onc")
+                for i, batch in enumerate(batches):
+                    await c.push("ticks", {"columns": batch}, producer="t", seq=i)
+                rows = await collect(c, "onc_out", sum(want.values()), timeout_s=240, settle_s=5)
+                return rows, dict(await c.status())
+
+        rows, status = asyncio.run(scenario())
+    except BaseException:
+        print(peer.log_path.read_text(errors="replace")[-6000:], spark_cluster.logs())
+        raise
+    finally:
+        peer.stop()
+    got = Counter((r["window_start"], r["window_end"], r["k"], r["s"], r["n"]) for r in rows)
+    assert got == want, peer.log_path.read_text(errors="replace")[-4000:]
+    # Spark runs no task in the driver: the executors, which cannot see the data directory,
+    # read every input file through the peer's fetch server; the state lives in the shared dir.
+    assert not (data / "checkpoints").exists()
+    assert any(q.get("name") == "onc" for q in status["queries"]), status
