@@ -40,6 +40,8 @@ from peer.testing import (
     keyed_window_query,
     keyed_window_schema,
     keyed_window_sums,
+    make_participants,
+    participant_args,
 )
 from peer.testing.sparkcluster import SparkCluster, missing
 
@@ -310,8 +312,12 @@ def test_a_peer_on_the_cluster_computes_pushed_data_exactly(
     (signed read capabilities over TLS, peer.fetch); the windows equal plain Python, once
     each."""
     data = hidden / "peer-pushed"
+    # Its API listens off loopback, so it takes TLS clients of trusted participants only.
+    key = make_participants(hidden / "pushed-keys", ["acme"])["acme"]
+    trust = hidden / "pushed-keys" / "trust"
     peer = PeerProcess(
         data,
+        *participant_args("acme", key, trust),
         "--http", "off",
         "--spark-master", spark_cluster.master_url,
         "--checkpoint-dir", f"file://{spark_cluster.shared}",
@@ -325,7 +331,10 @@ def test_a_peer_on_the_cluster_computes_pushed_data_exactly(
     try:
 
         async def scenario() -> tuple[list[dict[str, Any]], dict[str, Any]]:
-            async with Client(spark_cluster.driver_host, peer.port) as c:
+            async with Client(
+                spark_cluster.driver_host, peer.port, participant="acme", key_path=key,
+                trust_dir=trust,
+            ) as c:  # fmt: skip
                 await c.create_schema(keyed_window_schema())
                 await c.create_stream("ticks", "tick")
                 await c.create_query(keyed_window_query("onc", "ticks", "onc_out"))
