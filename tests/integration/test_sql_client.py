@@ -41,8 +41,9 @@ def test_readme_sql_form_reads_an_existing_stream(peer: PeerThread) -> None:
             )  # fmt: skip
             await c.create_stream("people", "person")
             made = await c.create_query(FIND_MR_X)
-            assert made == {"streams": [], "queries": ["FindMrX"], "started": False,
-                            "warnings": []}  # fmt: skip
+            assert (made.query, made.status) == ("FindMrX", "SETUP")  # the script's last query
+            assert made.extra == {"streams": [], "queries": ["FindMrX"], "started": False,
+                                  "warnings": []}  # fmt: skip
             stored = parse_query((await c.lookup_object("FindMrX"))["definition"])
             assert [b.type for b in stored.boxes] == ["filter", "map"]
             assert stored.boxes[0].inputs == ("people",) and stored.boxes[-1].outputs == ("MrX",)
