@@ -11,7 +11,6 @@ more, so that extra rows show). Rows the flush tuples make are set apart.
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
 from typing import Any
 
 import duckdb
@@ -19,20 +18,20 @@ import pyarrow as pa
 import pytest
 
 from peer.client import Client
+from peer.client.sql import submit_script
 from peer.errors import SqlError
 from peer.examples import compare
 from peer.examples.nexmark import FLUSH_KEYS, GeneratorConfig, chunks, flush, generate
 from peer.examples.nexmark.flink_sql import as_flink, script
-from peer.model.query import query_to_dict
 from peer.model.sql import compile_script
 from peer.testing import PeerThread
+from tests.integration.test_nexmark import plain
 
 pytestmark = pytest.mark.spark
 
 CFG = GeneratorConfig(event_rate=100, seed=15, active_people=40)
 EVENTS = 6000
 PIECE = 500
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 W = 10_000_000  # 10 s in microseconds
 SLIDE = 2_000_000
 
@@ -79,24 +78,12 @@ def expected() -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def plain(row: dict[str, Any]) -> dict[str, Any]:
-    return {
-        k: (v - EPOCH) // (datetime.resolution) if isinstance(v, datetime) else v
-        for k, v in row.items()
-    }
-
-
 async def run_query(port: int, q: str, want: int, *, timeout_s: float) -> list[dict[str, Any]]:
     prefix = f"sql{q}:"
     compiled = compile_script(script(q), name=q, namespace=prefix)
     out = f"{prefix}nexmark_{q}"
     async with Client("127.0.0.1", port, timeout_s=120) as c:
-        for declared in compiled.streams:
-            await c.create_schema(declared.schema.to_dict())
-            await c.create_stream(declared.name, declared.schema.name, replicas=declared.replicas)
-        for query in compiled.queries:
-            await c.create_query(query_to_dict(query))
-            await c.start_query(query.name)
+        await submit_script(c, compiled, start=True)
         pieces: list[dict[str, pa.Table]] = [t for _, t in chunks(CFG, EVENTS, PIECE)]
         for tables in [*pieces, flush(CFG, EVENTS)]:
             for stream, table in tables.items():

@@ -25,11 +25,11 @@ import pytest
 from peer.client import Client
 from peer.examples import compare
 from peer.testing import PeerThread
+from tests.integration.test_nexmark import EPOCH, plain
 
 pytestmark = pytest.mark.spark
 
 BASE = datetime(2026, 1, 1, tzinfo=UTC)
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 HOUR_US = 3600 * 1_000_000
 BASE_US = (BASE - EPOCH) // timedelta(microseconds=1)
 SYMS = ["A", "B", "C", "D"]
@@ -132,13 +132,6 @@ CORPUS: dict[str, tuple[str, str, str]] = {
         "ws",
     ),
 }
-
-
-def plain(row: dict[str, Any]) -> dict[str, Any]:
-    return {
-        k: (v - EPOCH) // (datetime.resolution) if isinstance(v, datetime) else v
-        for k, v in row.items()
-    }
 
 
 def expected(name: str) -> list[dict[str, Any]]:
