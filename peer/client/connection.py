@@ -29,15 +29,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from overlay.errors import LocalProtocolError, RemoteProtocolError
 from overlay.transport import TCP, FrameStream, Network
 from peer.client.payload import Batch, batch_payload
-from peer.client.sql import ScriptSubmitted, submit_script
+from peer.client.sql import ScriptSubmitted
 from peer.client.subscription import Subscription
 from peer.errors import FedstreamError, InvalidInput, Unauthorized, Unavailable
-from peer.model.schema import parse_schema
-from peer.model.sql import compile_script, is_sql, read_streams
+from peer.model.sql import is_sql
 from peer.protocol.api import (
     PROTOCOL_VERSION,
     CreateQuery,
     CreateSchema,
+    CreateSql,
     CreateStream,
     Credit,
     Hello,
@@ -62,6 +62,7 @@ from peer.protocol.api_events import (
 from peer.protocol.replies import (
     CreateQueryReply,
     CreateSchemaReply,
+    CreateSqlReply,
     CreateStreamReply,
     HelloReply,
     LookupReply,
@@ -318,10 +319,10 @@ class Client:
     async def create_query(
         self, query: str | Mapping[str, Any], *, name: str = "query"
     ) -> CreateQueryReply:
-        """Submit a query: Medusa/Borealis XML, JSON text, a dict, or a SQL script (compiled
-        here, see :meth:`submit_sql`; ``name`` names its INSERT without CREATE QUERY). For a
-        script the reply names its last query, and ``extra`` holds what :meth:`submit_sql`
-        returns (its streams, queries and warnings)."""
+        """Submit a query: Medusa/Borealis XML, JSON text, a dict, or a SQL script (sent to the
+        peer to compile, see :meth:`submit_sql`; ``name`` names its INSERT without CREATE
+        QUERY). For a script the reply names its last query, and ``extra`` holds what
+        :meth:`submit_sql` returns (its streams, queries and warnings)."""
         if isinstance(query, str) and is_sql(query):
             done = await self.submit_sql(query, name=name)
             last = done.queries[-1] if done.queries else ""
@@ -331,16 +332,14 @@ class Client:
     async def submit_sql(
         self, text: str, *, name: str = "query", start: bool = False, namespace: str = ""
     ) -> ScriptSubmitted:
-        """Compile a SQL script (peer.model.sql; docs/sql.md) and create its streams and
-        queries in order, starting them when ``start``. A script the compiler refuses raises
-        :class:`~peer.errors.SqlError` (line, column, reason) before anything is sent."""
-        known = {}
-        for stream in read_streams(text):  # streams the script reads without declaring
-            found = await self.lookup_object(namespace + stream)
-            if found.get("kind") == "stream":
-                known[stream] = parse_schema(found["schema"])
-        script = compile_script(text, name=name, streams=known, namespace=namespace)
-        return await submit_script(self, script, start=start)
+        """Send a SQL script (docs/sql.md) for the peer to compile (``create_sql``); the peer
+        creates its streams and queries in order, starting them when ``start``. A script the
+        compiler refuses raises :class:`~peer.errors.SqlError` (line, column, reason), and
+        nothing of it is created."""
+        reply = await self._ask(CreateSql(text, name, start, namespace), CreateSqlReply)
+        return ScriptSubmitted(
+            tuple(reply.streams), tuple(reply.queries), reply.started, tuple(reply.warnings)
+        )
 
     async def set_query_status(self, name: str, status: str) -> SetQueryStatusReply:
         """SETUP, RUNNING, STOPPED or DELETED."""

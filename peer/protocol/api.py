@@ -40,6 +40,7 @@ __all__ = [
     "BatchFrame",
     "CreateQuery",
     "CreateSchema",
+    "CreateSql",
     "CreateStream",
     "Credit",
     "End",
@@ -145,6 +146,43 @@ class CreateQuery:
     @classmethod
     def from_wire(cls, frame: Frame) -> CreateQuery:
         return cls(_arg(frame, "query", str, dict))
+
+
+@dataclass(frozen=True, slots=True)
+class CreateSql:
+    """A SQL script (docs/sql.md) for the peer to compile and create: its streams, then its
+    queries in order, each started before the next when ``start``. ``name`` names an INSERT
+    without CREATE QUERY; ``namespace`` prefixes every stream and query the script names."""
+
+    op: ClassVar[str] = "create_sql"
+    sql: str
+    name: str = "query"
+    start: bool = False
+    namespace: str = ""
+
+    def to_wire(self, rid: int) -> Frame:
+        extra: dict[str, Any] = {}
+        if self.start:
+            extra["start"] = True
+        if self.namespace:
+            extra["namespace"] = self.namespace
+        return _request(self.op, rid, sql=self.sql, name=self.name, **extra)
+
+    @classmethod
+    def from_wire(cls, frame: Frame) -> CreateSql:
+        sql = _arg(frame, "sql", str)
+        name = _arg(frame, "name", str, required=False) or "query"
+        start = bool(_arg(frame, "start", bool, required=False))
+        namespace = _arg(frame, "namespace", str, required=False) or ""
+        for arg, value in (("name", name), ("namespace", namespace)):
+            if len(value) > MAX_NAME_ARG_CHARS:
+                raise InvalidInput(
+                    f"create_sql: argument {arg!r} is too long ({len(value)} characters; a "
+                    f"name has at most {MAX_NAME_ARG_CHARS})",
+                    op=cls.op,
+                    argument=arg,
+                )
+        return cls(sql, name, start, namespace)
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +333,7 @@ Request: TypeAlias = (
     | CreateSchema
     | CreateStream
     | CreateQuery
+    | CreateSql
     | SetQueryStatus
     | Push
     | Subscribe
@@ -366,6 +405,7 @@ _DECODERS: dict[str, Callable[[Frame], Request]] = {
         CreateSchema,
         CreateStream,
         CreateQuery,
+        CreateSql,
         SetQueryStatus,
         Push,
         Subscribe,

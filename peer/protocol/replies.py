@@ -40,6 +40,7 @@ __all__ = [
     "STR",
     "CreateQueryReply",
     "CreateSchemaReply",
+    "CreateSqlReply",
     "CreateStreamReply",
     "FieldSpec",
     "HelloReply",
@@ -257,6 +258,32 @@ class CreateQueryReply(TypedReply):
 
 
 @dataclass(frozen=True, slots=True, eq=False)
+class CreateSqlReply(TypedReply):
+    """A SQL script created: the source ``streams`` it declared (created, or found identical),
+    its ``queries`` in order (a query of several stages is several), whether they were
+    ``started``, and the compiler's ``warnings`` (unbounded state, ignored options)."""
+
+    op: ClassVar[str] = "create_sql"
+    specs: ClassVar[dict[str, FieldSpec]] = field_specs(
+        streams=FieldSpec((list,)),
+        queries=FieldSpec((list,)),
+        started=FieldSpec((bool,)),
+        warnings=FieldSpec((list,)),
+    )
+    streams: list[str]
+    queries: list[str]
+    started: bool
+    warnings: list[str]
+    extra: Mapping[str, Any] = extra_field()
+    order: tuple[str, ...] = order_field()
+
+    def validate(self) -> None:
+        for name in ("streams", "queries", "warnings"):
+            if not all(isinstance(item, str) for item in getattr(self, name)):
+                raise RemoteProtocolError(f"create_sql reply: field {name!r} must hold strings")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class SetQueryStatusReply(TypedReply):
     """The query's status now."""
 
@@ -364,6 +391,7 @@ Reply: TypeAlias = (
     | CreateSchemaReply
     | CreateStreamReply
     | CreateQueryReply
+    | CreateSqlReply
     | SetQueryStatusReply
     | PushReply
     | SubscribeReply
@@ -379,6 +407,7 @@ _BY_OP: dict[str, type[Reply]] = {
         CreateSchemaReply,
         CreateStreamReply,
         CreateQueryReply,
+        CreateSqlReply,
         SetQueryStatusReply,
         PushReply,
         SubscribeReply,

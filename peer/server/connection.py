@@ -48,6 +48,7 @@ from peer.errors import FedstreamError, Unavailable
 from peer.protocol.api import (
     CreateQuery,
     CreateSchema,
+    CreateSql,
     CreateStream,
     End,
     ErrorReply,
@@ -76,6 +77,7 @@ from peer.protocol.api_events import (
 )
 from peer.protocol.replies import Reply
 from peer.server.service import CLIENT, READY, ClientRef, PeerService
+from peer.server.sql import SqlScripts
 
 __all__ = ["ApiConnection", "ConnectionSettings"]
 
@@ -138,7 +140,8 @@ class _Outbox:
 class ApiConnection:
     """Serves one client's frame stream until it closes; see the module notes.
 
-    ``participant`` is who the client's TLS certificate proves it is (None without TLS).
+    ``participant`` is who the client's TLS certificate proves it is (None without TLS);
+    ``scripts`` serves ``create_sql`` (the server's, shared by its connections).
     """
 
     def __init__(
@@ -146,10 +149,12 @@ class ApiConnection:
         service: PeerService,
         stream: FrameStream,
         settings: ConnectionSettings,
+        scripts: SqlScripts,
         participant: str | None = None,
     ) -> None:
         self.participant = participant
         self._service = service
+        self._scripts = scripts
         self._stream = stream
         self._settings = settings
         self._conn = ServerConnection(
@@ -300,6 +305,8 @@ class ApiConnection:
                 return await service.create_stream(name, schema, replicas)
             case CreateQuery(query=query):
                 return await service.create_query(query)
+            case CreateSql():
+                return await self._scripts.create(request)
             case SetQueryStatus(name=name, status=status):
                 return await service.set_query_status(name, status)
             case Push():

@@ -15,7 +15,9 @@ connections per remote host, ``max_connections`` in all; a newcomer beyond eithe
 connection idle longest (at least ``evict_idle_s``), else it gets an ``error`` frame saying so
 (code ``unavailable``, retriable) and is closed. Frames are decoded under ``budget``; a frame
 begun must be complete within ``frame_timeout_s``; a connection with nothing in flight and no
-frame for ``idle_timeout_s`` is closed (docs/protocol.md, "Limits").
+frame for ``idle_timeout_s`` is closed (docs/protocol.md, "Limits"). A ``create_sql`` script
+is compiled within ``limits`` and ``sql_compile_timeout_s`` in the server's own compile threads
+(:class:`~peer.server.sql.SqlScripts`).
 
 Tests run the server on a :class:`~overlay.transport.MemoryNetwork` (``network=``), with no
 socket.
@@ -33,9 +35,11 @@ from typing import TYPE_CHECKING
 from overlay.transport import FrameStream, Listener, MemoryNetwork, ServerTls
 from overlay.wire import DEFAULT_BUDGET, DEFAULT_MAX_FRAME_BYTES, DecodeBudget, encode_frame
 from peer.errors import Unavailable
+from peer.model.limits import DEFAULT_LIMITS, ContentLimits
 from peer.protocol.api import ErrorReply
 from peer.server.connection import ApiConnection, ConnectionSettings
 from peer.server.service import PeerService
+from peer.server.sql import SqlScripts
 
 if TYPE_CHECKING:  # overlay.tls pulls in cryptography: imported where TLS is used
     from overlay.identity import NodeIdentity, TrustStore
@@ -106,6 +110,8 @@ class ApiServer:
         close_timeout_s: float = 5.0,
         ready_timeout_s: float = 30.0,
         handshake_timeout_s: float = 10.0,
+        limits: ContentLimits = DEFAULT_LIMITS,
+        sql_compile_timeout_s: float = 10.0,
         ssl: ServerTls | None = None,
         trust: TrustStore | None = None,
         network: MemoryNetwork | None = None,
@@ -145,6 +151,7 @@ class ApiServer:
             close_timeout_s=close_timeout_s,
             network=network,
         )
+        self.scripts = SqlScripts(service, limits=limits, compile_timeout_s=sql_compile_timeout_s)
         self._closing = False
         self._closed = asyncio.Event()
 
@@ -190,6 +197,7 @@ class ApiServer:
         try:
             await self._listener.close()
         finally:
+            self.scripts.close()
             self._closed.set()
         log.info("API server on %s closed", self.host)
 
@@ -235,7 +243,9 @@ class ApiServer:
             return
         log.debug("API connection from %s", stream.peer)
         try:
-            await ApiConnection(self.service, stream, self.settings, participant).run()
+            await ApiConnection(
+                self.service, stream, self.settings, self.scripts, participant
+            ).run()
         except Exception:
             log.exception("API connection %s failed", stream.peer)
         finally:
