@@ -104,6 +104,7 @@ ERRORS_BY_CODE: dict[str, type[FedstreamError]] = {
         SchemaError,
         QueryError,
         ExpressionError,
+        SqlError,
         TupleError,
         NotFound,
         AlreadyExists,
