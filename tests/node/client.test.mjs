@@ -159,6 +159,19 @@ class Connection {
     return reply.result;
   }
 
+  // A SQL script (docs/sql.md) for the peer to compile and create, in script order
+  // (docs/protocol.md, create_sql): its source streams, then its queries, started if asked.
+  async submitSql(sql, { name = "query", start = false, namespace = "" } = {}) {
+    return this.ok("create_sql", { sql, name, ...(start ? { start } : {}), ...(namespace ? { namespace } : {}) });
+  }
+
+  // Any query definition: SQL text goes as create_sql, Medusa/Borealis XML and JSON (text or
+  // an object) as create_query (docs/protocol.md tells them apart by the first character).
+  async createQuery(definition, name = "query") {
+    if (typeof definition === "string" && !/^\s*[<{[]/.test(definition)) return this.submitSql(definition, { name });
+    return this.ok("create_query", { query: definition });
+  }
+
   async until(probe, what, timeoutMs = 15000) {
     const deadline = Date.now() + timeoutMs;
     while (!probe()) {
@@ -277,6 +290,31 @@ test("invalid_tuple names the stream, the field and the tuple; nothing is kept",
   const frac = await c.request("push", { stream: `${tag}_s`, columns: { name: ["x"], id: [1.5], score: [null], seen: [null] } });
   assert.equal(frac.code, "invalid_tuple");
   assert.equal((await c.ok("lookup", { name: `${tag}_s` })).latest_offset, before);
+});
+
+test("create_sql: the peer compiles a script; a refused one names line and column, creates nothing", async () => {
+  const script = `CREATE STREAM ${tag}_bids (auction BIGINT NOT NULL, t TIMESTAMP(3) NOT NULL);
+CREATE QUERY ${tag}_big AS INSERT INTO ${tag}_big_out SELECT id, name FROM ${tag}_s WHERE id > 1;
+`;
+  const made = await c.createQuery(script);
+  assert.deepEqual(made, { streams: [`${tag}_bids`], queries: [`${tag}_big`], started: false, warnings: [] });
+  const query = await c.ok("lookup", { name: `${tag}_big` });
+  assert.equal(query.kind, "query");
+  assert.deepEqual(query.definition.boxes.map((b) => [b.type, b.inputs]), [["filter", [`${tag}_s`]], ["map", [query.definition.boxes[0].outputs[0]]]]);
+  assert.deepEqual(query.definition.boxes.at(-1).outputs, [`${tag}_big_out`]);
+  assert.equal((await c.ok("lookup", { name: `${tag}_bids` })).kind, "stream");
+  const unbounded = `CREATE STREAM ${tag}_fresh (a BIGINT NOT NULL, t TIMESTAMP(3) NOT NULL);
+INSERT INTO ${tag}_counted SELECT a, COUNT(*) AS n FROM ${tag}_fresh GROUP BY a;`;
+  const refused = await c.request("create_sql", { sql: unbounded, name: `${tag}_counting` });
+  assert.equal(refused.type, "error");
+  assert.equal(refused.code, "invalid_sql");
+  assert.deepEqual([refused.details.line, refused.details.column], [2, 58 + 2 * tag.length]);
+  for (const name of [`${tag}_fresh`, `${tag}_counting`]) {
+    assert.equal((await c.request("lookup", { name })).code, "not_found");
+  }
+  const noText = await c.request("create_sql", { sql: 42 });
+  assert.equal(noText.code, "invalid");
+  assert.equal(noText.details.argument, "sql");
 });
 
 test("protocol errors: unknown op, missing id, malformed credit naming its subscription", async () => {
