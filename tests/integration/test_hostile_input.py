@@ -131,28 +131,48 @@ def test_a_query_sent_as_a_map_is_held_to_the_text_limit(peers: dict[str, PeerPr
     run(go())
 
 
-def test_hostile_sql_is_refused_while_the_peer_answers(peers: dict[str, PeerProcess]) -> None:
-    """SQL scripts of 1 MiB nesting, 60,000 tokens and a forbidden function: the client's
-    compiler refuses them before sending anything; the same text sent raw as a create_query
-    frame (a client that does not compile SQL) is refused by the peer as a definition that is
-    neither XML nor JSON. Meanwhile the peer answers hello."""
-    peer = peers["a"]
+@pytest.mark.parametrize("via", ["a", "b"])
+def test_hostile_sql_is_refused_while_the_peer_answers(
+    peers: dict[str, PeerProcess], via: str
+) -> None:
+    """SQL scripts sent as create_sql frames, which the peer compiles: 1.1 MB of text, 1 MB
+    of nesting, 60,000 tokens, a forbidden function, and a chain of 120 views whose compile would take
+    about 20 s (refused at the 10 s compile budget), to each peer (b creates through the
+    federation what a script declares). The same text sent raw as a create_query frame is
+    refused as a definition that is neither XML nor JSON. Meanwhile the peer answers hello,
+    and nothing of a refused script is created."""
+    peer = peers[via]
     ddl = "CREATE STREAM s (a BIGINT NOT NULL, t TIMESTAMP(3) NOT NULL);\n"
     deep = ddl + "INSERT INTO o SELECT " + "(" * 500_000 + "a" + ")" * 500_000 + " FROM s"
     flood = ddl + "INSERT INTO o SELECT a FROM s WHERE a IN (" + ",1" * 60_000 + ")"
+    huge = ddl + "INSERT INTO o SELECT a FROM s WHERE " + " OR ".join(["a = 1"] * 120_000)
     forbidden = ddl + "INSERT INTO o SELECT java_method('java.lang.System', 'exit', 0) AS x FROM s"
+    chain = "\n".join(
+        ["CREATE VIEW v0 AS SELECT * FROM nums WHERE x > 0;"]
+        + [f"CREATE VIEW v{i} AS SELECT * FROM v{i - 1} WHERE x > {i};" for i in range(1, 120)]
+        + ["INSERT INTO chained SELECT * FROM v119;"]
+    )
+    refusals = {
+        huge: ("larger than 1048576 bytes", "max_query_bytes"),
+        deep: ("more than 50000 tokens", None),
+        flood: ("more than 50000 tokens", None),
+        forbidden: ("function java_method is not allowed", None),
+        chain: ("longer than 10 s to compile", "compile_timeout_s"),
+    }
 
     async def go() -> None:
-        async with Client("127.0.0.1", peer.port) as client:
+        async with Client("127.0.0.1", peer.port, timeout_s=60) as client:
             async with watch(peer) as seen:
-                for text in (deep, flood, forbidden):
-                    with pytest.raises(SqlError):
+                for text, (reason, limit) in refusals.items():
+                    with pytest.raises(SqlError, match=reason) as refused:
                         await client.create_query(text, name="hostile")
+                    assert refused.value.details.get("limit") == limit
                 with pytest.raises(QueryError):
                     await client._ask(CreateQuery(deep), CreateQueryReply)
             assert_absorbed(seen)
-            with pytest.raises(NotFound):
-                await client.lookup_object("hostile")
+            for name in ("hostile", "s", "chained"):
+                with pytest.raises(NotFound):
+                    await client.lookup_object(name)
 
     run(go())
 
