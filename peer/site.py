@@ -30,6 +30,7 @@ from peer.model.limits import ContentLimits
 from peer.model.plan import CheckedQuery, check_query
 from peer.model.query import Query, parse_query, query_to_dict
 from peer.model.schema import Schema, check_name, parse_schema, to_arrow_schema
+from peer.model.sql import unbounded_state
 from peer.model.tentative import UNDO
 from peer.model.tuples import batch_from_wire
 from peer.protocol import replies
@@ -521,7 +522,11 @@ class LocalSite:
         engine_info = await self.engine.describe(names) if self.engine is not None else {}
         queries = []
         for name in names:
-            info: dict[str, Any] = {"name": name, "status": self.catalog.query(name).status}
+            entry = self.catalog.query(name)
+            info: dict[str, Any] = {"name": name, "status": entry.status}
+            unbounded = unbounded_state(entry.query)
+            if unbounded:  # a join without a time bound (docs/sql.md, NEXMark q3)
+                info["unbounded_state"] = list(unbounded)
             info.update(engine_info.get(name, {}))
             dpc = None if self.availability is None else self.availability.describe(name)
             if dpc is not None:  # a tentative fork runs in the stable query's stead

@@ -30,6 +30,7 @@ def _plain(value: object) -> object:
 def print_status(status: Mapping[str, Any]) -> None:
     """The tables of ``peer status``."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
@@ -48,6 +49,10 @@ def print_status(status: Mapping[str, Any]) -> None:
             q.get("error", ""),
         )
     console.print(table)
+    for q in status["queries"]:
+        for state in q.get("unbounded_state", ()):  # a join without a time bound (docs/sql.md)
+            line = f"query {q['name']}: unbounded state: {state}"
+            console.print(f"[yellow]warning:[/] {escape(line)}")
     streams = Table("stream", "latest offset")
     for s in status["streams"]:
         streams.add_row(s["name"], str(s["latest_offset"]))

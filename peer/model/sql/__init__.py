@@ -7,8 +7,9 @@ how each construct becomes boxes. Pure: no Spark, no I/O.
 """
 
 from peer.model.sql.script import Script, StreamDecl, compile_script, read_streams
+from peer.model.sql.state import unbounded_state
 
-__all__ = ["Script", "StreamDecl", "compile_script", "is_sql", "read_streams"]
+__all__ = ["Script", "StreamDecl", "compile_script", "is_sql", "read_streams", "unbounded_state"]
 
 
 def is_sql(text: str) -> bool:
