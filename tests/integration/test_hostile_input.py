@@ -136,11 +136,11 @@ def test_hostile_sql_is_refused_while_the_peer_answers(
     peers: dict[str, PeerProcess], via: str
 ) -> None:
     """SQL scripts sent as create_sql frames, which the peer compiles: 1.1 MB of text, 1 MB
-    of nesting, 60,000 tokens, a forbidden function, and a chain of 120 views whose compile would take
-    about 20 s (refused at the 10 s compile budget), to each peer (b creates through the
-    federation what a script declares). The same text sent raw as a create_query frame is
-    refused as a definition that is neither XML nor JSON. Meanwhile the peer answers hello,
-    and nothing of a refused script is created."""
+    of nesting, 60,000 tokens, a forbidden function, and a chain of 120 views whose compile
+    would take about 20 s (refused at the 10 s compile budget), to each peer (b creates
+    through the federation what a script declares). The same text sent raw as a create_query
+    frame is refused as a definition that is neither XML nor JSON. Meanwhile the peer answers
+    hello, and nothing of a refused script is created."""
     peer = peers[via]
     ddl = "CREATE STREAM s (a BIGINT NOT NULL, t TIMESTAMP(3) NOT NULL);\n"
     deep = ddl + "INSERT INTO o SELECT " + "(" * 500_000 + "a" + ")" * 500_000 + " FROM s"
