@@ -5,6 +5,10 @@ Usage (from the repository root)::
 
     .venv/bin/python scripts/bench_nexmark.py --quick            # smoke run, a few minutes
     .venv/bin/python scripts/bench_nexmark.py --json nexmark.json # rate ladders, ~30-40 min
+    .venv/bin/python scripts/bench_nexmark.py --quick --sql --skip-peer --skip-reference \
+        --queries q0                                              # the SQL form alone, smallest
+    .venv/bin/python scripts/bench_nexmark.py --sql --rates 10k,25k,50k,100k,200k \
+        --warmup 10 --duration 15 --tail 8 --json nx_all.json     # docs/benchmarks.md's quiet run
 
 What runs
 ---------
@@ -16,6 +20,11 @@ piece's last event, and only the streams the query reads. Both systems get the s
 *Peer*: ``peer join`` as a separate process (as bench_peer.py); the query's stages
 (``peer.examples.nexmark.stages``) are created and started over fresh streams per point; the
 real client pushes pyarrow Tables and subscribes to the result stream.
+
+*SQL form* (``--sql``): a second ``peer join`` process runs Flink's published NEXMark SQL
+texts (``peer.examples.nexmark.flink_sql``), sent as text in ``create_sql`` requests and
+compiled by the peer (peer.model.sql), over streams whose time column is ``dateTime``; the
+report puts its figures beside the box form's. Only :data:`SQL_QUERIES` run in SQL.
 
 *Reference*: this script as ``--reference-worker`` with its own local Spark session, reading
 spools that this process appends to directly (``Spool.append``, the same ``fedspool`` source as
@@ -269,8 +278,9 @@ class PeerSide:
 
 
 class PeerSqlSide(PeerSide):
-    """The same peer running NEXMark's published SQL (peer.examples.nexmark.flink_sql),
-    compiled by peer.model.sql, over streams whose time column is ``dateTime``."""
+    """A peer of its own running NEXMark's published SQL (peer.examples.nexmark.flink_sql),
+    sent as text (create_sql) and compiled by the peer, over streams whose time column is
+    ``dateTime``."""
 
     label = "fedstream SQL"
 
