@@ -89,9 +89,9 @@ async def cmd_stream_create(args: argparse.Namespace) -> int:
 
 
 async def _submit_sql(args: argparse.Namespace, text: str) -> int:
-    """A SQL script: compiled by the client (refused with line and column before anything
-    is created; the schemas of streams it reads without declaring are looked up), then its
-    streams and queries created in order (peer.client.sql)."""
+    """A SQL script: sent to the peer as text (create_sql), which compiles it (refused with
+    line and column before anything is created; the schemas of streams it reads without
+    declaring are looked up there) and creates its streams and queries in order."""
     if args.deploy:
         raise UsageError("--deploy places XML queries; in SQL write /*+ OPTIONS('node'='...') */")
 
