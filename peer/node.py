@@ -203,6 +203,7 @@ class Peer:
             idle_timeout_s=config.api_idle_timeout_s,
             max_per_address=config.max_connections_per_address,
             evict_idle_s=config.evict_idle_s,
+            limits=config.limits,  # create_sql scripts are held to the peer's own budgets
             **tls,
         )
         await self.api.start()

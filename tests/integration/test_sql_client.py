@@ -15,6 +15,7 @@ import pytest
 
 from peer.client import Client
 from peer.errors import NotFound, SqlError
+from peer.model.limits import ContentLimits
 from peer.model.query import parse_query
 from peer.node import PeerConfig
 from peer.testing import PeerThread
@@ -89,3 +90,28 @@ def test_explain_prints_boxes_and_fragments(tmp_path: Path) -> None:
     assert "  box aggregate0 aggregate bid -> hot.aggregate0 node=peer-b" in lines
     assert "      window-size = 10" in lines
     assert lines[-1] == "  fragment hot [aggregate0, map1] runs on peer peer-b"
+
+
+def test_the_peer_holds_a_script_to_its_own_query_budget(tmp_path: Path) -> None:
+    """``peer join --max-query-bytes``'s budget applies to a SQL script sent to the peer."""
+    limits = ContentLimits(max_query_bytes=200)
+    config = PeerConfig(data_dir=tmp_path / "peer", port=0, engine=False, limits=limits)
+    script = (
+        "CREATE STREAM wide (a BIGINT NOT NULL, t TIMESTAMP(3) NOT NULL);\n"
+        "INSERT INTO narrow SELECT a FROM wide WHERE a > 1 AND a < 1000000 AND a <> 77;\n"
+        "-- a comment that takes the script past two hundred bytes ........................\n"
+    )
+    assert len(script) > 200
+
+    async def go() -> None:
+        async with Client("127.0.0.1", running.port, timeout_s=60) as c:
+            with pytest.raises(SqlError, match="larger than 200 bytes") as refused:
+                await c.submit_sql(script, name="narrowing")
+            assert refused.value.details["limit"] == "max_query_bytes"
+            with pytest.raises(NotFound):
+                await c.lookup_object("wide")
+            done = await c.submit_sql(script.splitlines()[0], name="decl")  # within budget
+            assert done.streams == ("wide",)
+
+    with PeerThread(config) as running:
+        asyncio.run(asyncio.wait_for(go(), 60))
