@@ -29,6 +29,15 @@ HOSTILE = {
     "unterminated": DDL + "INSERT INTO o SELECT 'a FROM s",
     "binary junk": "\x00\xff\ufffe" * 1000,
     "self view": "CREATE VIEW v AS SELECT a FROM v;",
+    # each view reads the one before twice: 2^30 copies to compile, in 32 short statements
+    "doubling views": DDL + "CREATE VIEW v0 AS SELECT a, t FROM s;\n" + "".join(
+        f"CREATE VIEW v{i} AS SELECT a, t FROM v{i - 1} UNION ALL SELECT a, t FROM v{i - 1};\n"
+        for i in range(1, 30)) + "INSERT INTO o SELECT a FROM v29;",
+    # a chain of 120 views, each read by the next: 7,000 SELECTs (each declaration compiles
+    # its view, and so the chain below it)
+    "chained views": DDL + "CREATE VIEW v0 AS SELECT a, t FROM s;\n" + "".join(
+        f"CREATE VIEW v{i} AS SELECT a, t FROM v{i - 1} WHERE a > {i};\n"
+        for i in range(1, 120)) + "INSERT INTO o SELECT a FROM v119;",
 }  # fmt: skip
 
 
@@ -44,6 +53,8 @@ REASONS = {
     "unterminated": "does not tokenize",
     "binary junk": "is not a statement fedstream takes",
     "self view": "unknown stream or view v",
+    "doubling views": "views expand into more than 1000 SELECTs",
+    "chained views": "views expand into more than 1000 SELECTs",
 }
 
 

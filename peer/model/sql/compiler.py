@@ -45,6 +45,31 @@ from peer.model.sql.relation import Column, Relation
 
 # Functions the box expressions take besides FUNCTIONS: their operators spelled as calls.
 _CALL_FORMS = frozenset({"case", "cast", "try_cast", "if", "mod"})
+# SELECTs compiling one script may take, a view's counted at each use (each reader compiles
+# its own copy, and a view is compiled once more where it is declared): a chain of 40 views,
+# or views that read one view twice, ten deep, would otherwise cost seconds to hours.
+MAX_SELECTS = 1000
+
+
+class CompileWork:
+    """What compiling one script has cost so far, shared by the compilers of its statements;
+    SqlError once a script's views expand past :data:`MAX_SELECTS` SELECTs."""
+
+    def __init__(self, limit: int = MAX_SELECTS) -> None:
+        self.limit = limit
+        self.selects = 0
+
+    def select(self, text: str, node: exp.Expr) -> None:
+        self.selects += 1
+        if self.selects > self.limit:
+            raise refuse(
+                text,
+                node,
+                f"the script's views expand into more than {self.limit} SELECTs to compile "
+                "(every reader of a view compiles its own copy); read views of views less "
+                "often, or split the script",
+                limit="max_sql_selects",
+            )
 
 
 def _allowed_call(node: exp.Expr) -> bool:
@@ -70,9 +95,11 @@ class Compiler:
         boxes: Boxes,
         streams: Mapping[str, Relation],
         views: Mapping[str, exp.Expr],
+        work: CompileWork | None = None,
     ) -> None:
         self.text = text
         self.out = boxes
+        self.work = work or CompileWork()
         self.streams = {k.lower(): v for k, v in streams.items()}
         self.views = {k.lower(): v for k, v in views.items()}
         self._compiling: list[str] = []
@@ -121,6 +148,7 @@ class Compiler:
         return Relation(stream, columns, None, unbounded)
 
     def select(self, sel: exp.Select, hint: str | None) -> Relation:
+        self.work.select(self.text, sel)
         self._refuse_modifiers(sel)
         hint = self._hint(sel) or hint
         from_ = sel.args.get("from_") or sel.args.get("from")

@@ -32,7 +32,7 @@ from peer.model.limits import DEFAULT_LIMITS, ContentLimits
 from peer.model.query import Query, check_bound, check_budget, parse_query
 from peer.model.schema import MAX_STRING_SIZE, Field, Schema, check_field_name, check_name
 from peer.model.sql.build import Boxes, interval_seconds
-from peer.model.sql.compiler import Compiler
+from peer.model.sql.compiler import Compiler, CompileWork
 from peer.model.sql.dialect import parse_script, refuse
 from peer.model.sql.relation import Relation, source
 
@@ -133,6 +133,7 @@ class _Script:
         self.sinks: dict[str, exp.Create] = {}
         self.queries: list[Query] = []
         self.warnings: list[str] = []
+        self.work = CompileWork()  # shared by every statement's compiler
 
     def run(self) -> Script:
         statements = parse_script(self.text, max_bytes=self.limits.max_query_bytes)
@@ -298,7 +299,7 @@ class _Script:
         if not isinstance(body, exp.Query):
             raise refuse(self.text, create, "CREATE VIEW name AS SELECT ...")
         # compile once now so that an error shows at the view, then keep the text
-        Compiler(self.text, Boxes("check"), self.relations, self.views).query(body)
+        Compiler(self.text, Boxes("check"), self.relations, self.views, self.work).query(body)
         self.views[name.lower()] = body
 
     # -- queries ------------------------------------------------------------------------------
@@ -330,7 +331,7 @@ class _Script:
                 f"{target} is a source stream or a view; a query writes a new stream",
             )
         boxes = Boxes(full)
-        compiler = Compiler(self.text, boxes, self.relations, self.views)
+        compiler = Compiler(self.text, boxes, self.relations, self.views, self.work)
         relation = compiler.query(insert.expression)
         sink = self.sinks.get(target.lower())
         if sink is not None:
