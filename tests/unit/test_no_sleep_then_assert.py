@@ -35,7 +35,7 @@ SLEEP_MODULES = {"time", "asyncio"}
 
 def _sleep_names(tree: ast.Module) -> set[str]:
     """Names bound to time.sleep / asyncio.sleep by ``from ... import sleep [as x]``."""
-    names = set()
+    names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module in SLEEP_MODULES:
             names.update(a.asname or a.name for a in node.names if a.name == "sleep")
