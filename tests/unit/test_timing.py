@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from peer.client.retry import RetryPolicy
-from peer.testing import ManualClock, member_states, members_alive
+from peer.testing import ManualClock, all_tasks_blocked, member_states, members_alive
 from peer.timing import MONOTONIC, WALL, Backoff, Clock, every, wait_event, wait_until, within
 
 
@@ -72,6 +72,34 @@ def test_every_runs_one_step_per_interval_and_outlives_a_failed_step() -> None:
             assert len(ran) == 4
             loop.cancel()
         assert loop.cancelled()  # cancellation went through, not swallowed
+
+    asyncio.run(scenario())
+
+
+def test_every_with_a_wake_event_runs_at_once_when_woken_and_on_the_period_otherwise() -> None:
+    async def scenario() -> None:
+        clock = ManualClock()
+        wake = asyncio.Event()
+        ran: list[float] = []
+
+        async def step() -> None:
+            ran.append(clock())
+
+        async with asyncio.TaskGroup() as tg:
+            loop = tg.create_task(every(10, step, clock=clock, wake=wake))
+            await all_tasks_blocked()
+            assert ran == []
+            clock.advance(3)
+            wake.set()  # asked for now: no need to wait for the period
+            await all_tasks_blocked()
+            assert ran == [3.0] and not wake.is_set()  # cleared before the step
+            clock.advance(9.9)
+            await all_tasks_blocked()
+            assert ran == [3.0]  # the period counts from the woken round
+            clock.advance(0.1)
+            await all_tasks_blocked()
+            assert ran == [3.0, 13.0]
+            loop.cancel()
 
     asyncio.run(scenario())
 
