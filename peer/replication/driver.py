@@ -101,8 +101,8 @@ class _Outbox:
     order under the stream's lock). Entries to catch up on are queued by offset and read from
     the spool (off the event loop) when they are sent.
 
-    Its pump and its exchanges are tasks of its own :class:`OwnedTasks`, which :meth:`close`
-    cancels; they are the replica's too (``owner``), which awaits them when it closes."""
+    Its pump and its exchanges are tasks of the replica's :class:`OwnedTasks` (``owner``),
+    which awaits them when the replica closes; :meth:`close` cancels just this outbox's."""
 
     def __init__(
         self, replica: StreamReplica, node: str, owner: OwnedTasks, *, clock: Clock = MONOTONIC

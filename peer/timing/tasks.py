@@ -61,10 +61,18 @@ class OwnedTasks:
 
     def cancel(self) -> None:
         """Close the owner and cancel its tasks without waiting (a synchronous owner's stop;
-        whoever owns *it* awaits through :meth:`aclose`)."""
+        whoever owns *it* awaits through :meth:`aclose`). A task of this owner that closes it
+        is not cancelled by it: it goes on to its end."""
         self._closed = True
-        for task in self._tasks:
+        for task in self._others():
             task.cancel()
+
+    def _others(self) -> tuple[asyncio.Task[None], ...]:
+        try:
+            me = asyncio.current_task()
+        except RuntimeError:  # no running loop
+            me = None
+        return tuple(task for task in self._tasks if task is not me)
 
     async def aclose(self) -> None:
         """Close the owner, cancel its tasks and return once every one has ended.
@@ -73,8 +81,7 @@ class OwnedTasks:
         have ended (as a task group does it).
         """
         self.cancel()
-        while self._tasks:
-            pending = tuple(self._tasks)
+        while pending := self._others():
             try:
                 await asyncio.wait(pending)
             except asyncio.CancelledError:  # they are cancelled already: let them finish

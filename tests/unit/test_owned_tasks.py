@@ -112,3 +112,31 @@ def test_a_cancelled_closer_still_waits_for_the_tasks_then_is_cancelled() -> Non
         assert ended == ["stubborn"] and len(tasks) == 0
 
     asyncio.run(scenario())
+
+
+def test_a_task_that_closes_its_own_owner_ends_the_others_and_goes_on() -> None:
+    async def scenario() -> None:
+        tasks = OwnedTasks("test")
+        other_started = asyncio.Event()
+        steps: list[str] = []
+
+        async def other() -> None:
+            other_started.set()
+            try:
+                await asyncio.Event().wait()
+            finally:
+                steps.append("other ended")
+
+        async def closer() -> None:
+            await other_started.wait()
+            await tasks.aclose()
+            steps.append("closer went on")
+
+        tasks.spawn(other())
+        closing = tasks.spawn(closer())
+        assert closing is not None
+        async with asyncio.timeout(5):
+            await asyncio.wait([closing])
+        assert steps == ["other ended", "closer went on"] and len(tasks) == 0
+
+    asyncio.run(scenario())
