@@ -26,9 +26,9 @@ from contracts import contract as ct
 from contracts.keys import generate, load_private
 from overlay.identity import raw_public
 from peer.client import Client
-from peer.cluster import PeerProcess
 from peer.errors import FedstreamError
 from peer.protocol.api import Push
+from peer.testing.cluster import PeerProcess
 from peer.testing.hostile import (
     Watch,
     arrow_bomb,

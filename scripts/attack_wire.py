@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from peer.client import Client
-from peer.cluster import (
+from peer.testing.cluster import (
     LocalFederation,
     PeerProcess,
     make_participants,

@@ -10,12 +10,13 @@ Usage (from the repository root)::
 
 What runs
 ---------
-Two ``peer join`` processes of two participants (``peer.cluster.LocalFederation``): acme with a
-Spark session (``local[2]``), globex with one too (``local[1]``, so that its stream is placed
-on it and reaches acme's query over a mirror). For each (bound, partition) pair, in turn: two
-new streams, one on each peer, and at acme the workload of ``peer.examples.partition`` (a union
-of both into a 10 s tumbling window per segment) with that availability bound. Both sides push
-one batch of five reports (five seconds of event time) every ``--interval`` seconds; after
+Two ``peer join`` processes of two participants (``peer.testing.cluster.LocalFederation``):
+acme with a Spark session (``local[2]``), globex with one too (``local[1]``, so that its stream
+is placed on it and reaches acme's query over a mirror). For each (bound, partition) pair, in
+turn: two new streams, one on each peer, and at acme the workload of
+``peer.examples.partition`` (a union of both into a 10 s tumbling window per segment) with
+that availability bound. Both sides push one batch of five reports (five seconds of event
+time) every ``--interval`` seconds; after
 ``--warmup`` batches, globex's peer is cut off for the partition while acme's pushes go on;
 then the cut heals, globex's producer sends what it held back (once globex's peer sees acme's
 again), both go on for ``--after`` batches, and the run waits until a stable subscriber at acme

@@ -10,7 +10,7 @@ Usage (from the repository root)::
 
 What runs
 ---------
-Five ``peer join --no-engine`` processes on loopback (``peer.cluster.LocalFederation``:
+Five ``peer join --no-engine`` processes on loopback (``peer.testing.cluster.LocalFederation``:
 participants with keys and one trust directory; no Spark: a stream needs none), the first
 three voters of the control plane (Raft on pysyncobj), gossip every 0.3 s. Defaults of the
 peer otherwise: heartbeats to the voters every 0.25 s, failover after 1.5 s of silence,

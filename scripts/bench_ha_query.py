@@ -10,7 +10,7 @@ Usage (from the repository root)::
 
 What runs
 ---------
-Five ``peer join`` processes on loopback (``peer.cluster.LocalFederation``), gossip every
+Five ``peer join`` processes on loopback (``peer.testing.cluster.LocalFederation``), gossip every
 0.3 s: three with Spark, the control plane's voters, and two without an engine, so that a
 stream's three replicas are the three engine peers. A stream with three replicas feeds the
 keyed 10 s tumbling window of ``peer.examples.keyed_window`` (a filter, then sum and count per

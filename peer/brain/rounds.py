@@ -43,7 +43,7 @@ from peer.brain.offers import (
 from peer.brain.status import BrainStatus, brain_status, load_figures
 from peer.errors import FedstreamError
 from peer.storage.ledger import Ledger, LedgerEntry
-from peer.timing import WALL, Clock, every
+from peer.timing import WALL, Clock, every, within
 
 __all__ = ["Brain"]
 
@@ -261,8 +261,9 @@ class Brain:
         self._offer_to = partner
         try:
             try:
-                async with asyncio.timeout(self.config.offer_timeout_s):
-                    reply = await self.host.send_offer(target, frame)
+                reply = await within(
+                    self.config.offer_timeout_s, self.host.send_offer(target, frame), self.clock
+                )
             except (FedstreamError, TimeoutError) as exc:
                 reason = exc.message if isinstance(exc, FedstreamError) else "no answer in time"
                 log.info("offer to %s under contract %s failed: %s", partner, contract.id, reason)

@@ -213,7 +213,7 @@ async def push_lines(
     (``producer``, n); what ``peer push`` prints: the rows acknowledged, and among them those
     the stream held already (``duplicates``: a resumed run's, or a retry's whose reply was
     lost), if any."""
-    from peer.ingest import chunks, read_columns
+    from peer.cli.ingest import chunks, read_columns
     from peer.model.schema import parse_schema
 
     info = await (await peers.connect()).lookup_object(stream)
@@ -243,7 +243,7 @@ async def push_lines(
 
 
 async def cmd_subscribe(args: argparse.Namespace) -> int:
-    from peer.ingest import to_jsonl
+    from peer.cli.ingest import to_jsonl
     from peer.model.schema import parse_schema
 
     async def go(client: Client) -> int:

@@ -3,7 +3,7 @@
 The options become a :class:`peer.node.PeerConfig`; Java is looked for first (exit 3 with how
 to install it, unless ``--no-engine``). Once the peer serves, ``DATA_DIR/peer.json`` says
 where (API port, overlay port, node id, participant, pid), written whole or not at all, so
-that scripts and :class:`peer.cluster.PeerProcess` can wait for it; it is removed when the
+that scripts and :class:`peer.testing.cluster.PeerProcess` can wait for it; it is removed when the
 peer leaves. Failures to start are worded for the person who typed the command: an overlay
 that cannot be joined is exit 2 (a federation that refuses our participant too: the message
 says which participant and how to fix it), a bad identity or contract directory a usage error.

@@ -28,7 +28,7 @@ The parts, each a module:
 - :mod:`peer.demo.partition`: ``peer demo --partition``, a participant cut off: tentative
   results, then their corrections (issue 16).
 
-The peers themselves are :mod:`peer.cluster`'s local federation.
+The peers themselves are :mod:`peer.testing.cluster`'s local federation.
 """
 
 from __future__ import annotations

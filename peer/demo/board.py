@@ -14,8 +14,8 @@ from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from peer.cluster import PeerProcess
 from peer.demo.examples import Example
+from peer.testing.cluster import PeerProcess
 
 if TYPE_CHECKING:
     from rich.console import Console

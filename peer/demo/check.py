@@ -13,10 +13,10 @@ import asyncio
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from peer.cluster import collect
 from peer.demo.board import Board
 from peer.examples import Rows
 from peer.protocol.replies import StatusReply
+from peer.testing.cluster import collect
 
 if TYPE_CHECKING:
     from rich.console import Console

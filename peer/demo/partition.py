@@ -27,13 +27,18 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from peer.cluster import LocalFederation, make_participants, participant_args, stream_name_on
 from peer.examples.partition import (
     partition_query,
     partition_reference,
     partition_schema,
     reports,
     window_key,
+)
+from peer.testing.cluster import (
+    LocalFederation,
+    make_participants,
+    participant_args,
+    stream_name_on,
 )
 
 BOUND_S = 5.0

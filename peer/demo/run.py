@@ -1,7 +1,7 @@
 """``peer demo``: its options, and the driver that starts the peers, runs the query and checks.
 
 The driver makes a key pair for each of ``--peers`` participants and a trust directory in a
-temporary directory, starts one ``peer join`` process per participant (:mod:`peer.cluster`;
+temporary directory, starts one ``peer join`` process per participant (:mod:`peer.testing.cluster`;
 each with its own data directory and a one-core local Spark session), joins them into one
 overlay and waits until every peer sees every other one alive. It then creates the
 example's schemas and streams, submits the query with its box groups placed on the
@@ -25,13 +25,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from peer.cluster import LocalFederation, PeerProcess, make_participants, participant_args
 from peer.demo.board import Board, DemoFailed, OutputState, PushState, hold
 from peer.demo.check import check_outputs
 from peer.demo.examples import EXAMPLES, MAX_PEERS, Example, participant_names, placement
 from peer.demo.feed import batches, push_stream, schedule
 from peer.demo.view import View, follow, poll, watch
 from peer.examples import Rows
+from peer.testing.cluster import LocalFederation, PeerProcess, make_participants, participant_args
 from peer.timing import wait_until
 
 if TYPE_CHECKING:

@@ -33,7 +33,9 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from peer.cluster import (
+from peer.demo.board import hold, print_dashboards
+from peer.examples.keyed_window import keyed_window_query, keyed_window_sums
+from peer.testing.cluster import (
     LocalFederation,
     PeerProcess,
     collect,
@@ -42,8 +44,6 @@ from peer.cluster import (
     stream_name_on,
     trust_all,
 )
-from peer.demo.board import hold, print_dashboards
-from peer.examples.keyed_window import keyed_window_query, keyed_window_sums
 from peer.timing import every
 
 NAMES = ("alpha", "beta", "gamma")

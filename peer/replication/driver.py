@@ -30,9 +30,7 @@ client or forwarding peer retries with the same (producer, seq) and the batch is
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import time
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
@@ -64,6 +62,7 @@ from peer.replication.link_messages import (
 )
 from peer.replication.log import ReplicatedLog
 from peer.replication.ports import Links
+from peer.timing import MONOTONIC, Clock, OwnedTasks
 
 log = logging.getLogger(__name__)
 
@@ -100,17 +99,30 @@ class _Outbox:
     """The messages for one follower of one stream, up to ``IN_FLIGHT`` exchanges at a time
     (each carries everything queued meanwhile, in order; the follower serves them in arrival
     order under the stream's lock). Entries to catch up on are queued by offset and read from
-    the spool (off the event loop) when they are sent."""
+    the spool (off the event loop) when they are sent.
 
-    def __init__(self, replica: StreamReplica, node: str) -> None:
+    Its pump and its exchanges are tasks of the replica's :class:`OwnedTasks` (``owner``),
+    which awaits them when the replica closes; :meth:`close` cancels just this outbox's."""
+
+    def __init__(
+        self, replica: StreamReplica, node: str, owner: OwnedTasks, *, clock: Clock = MONOTONIC
+    ) -> None:
         self.replica = replica
         self.node = node
+        self.clock = clock
         self.queue: list[ReplicationMessage | int] = []  # int: the log's entry at that offset
         self.queued: set[int] = set()  # offsets of the entries in the queue
         self.ready = asyncio.Event()
         self.slots = asyncio.Semaphore(IN_FLIGHT)
-        self.sending: set[asyncio.Task[None]] = set()
-        self.task = asyncio.create_task(self.run())
+        self.owner = owner
+        self.tasks: list[asyncio.Task[None]] = []
+        self._spawn(self.run())
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = self.owner.spawn(coroutine, name=f"outbox {self.replica.name}->{self.node[:12]}")
+        if task is not None:
+            self.tasks = [t for t in self.tasks if not t.done()]
+            self.tasks.append(task)
 
     def put(self, item: ReplicationMessage | int) -> None:
         offset = item.offset if isinstance(item, ReplicaAppend) else item
@@ -141,9 +153,7 @@ class _Outbox:
                 except Exception as exc:  # e.g. an entry trimmed meanwhile: seeded next
                     await self._failed(exc)
                     break
-                task = asyncio.create_task(self._send(messages))
-                self.sending.add(task)
-                task.add_done_callback(self.sending.discard)
+                self._spawn(self._send(messages))
 
     async def _send(self, messages: tuple[ReplicationMessage, ...]) -> None:
         replica = self.replica
@@ -171,21 +181,26 @@ class _Outbox:
         self.queue.clear()
         self.queued.clear()
         try:
-            await asyncio.sleep(RESEND_S)
+            await self.clock.sleep(RESEND_S)
         finally:
             self.slots.release()
 
     def close(self) -> None:
-        self.task.cancel()
-        for task in list(self.sending):
+        """Cancel the pump and the exchanges in flight (the replica awaits them)."""
+        for task in self.tasks:
             task.cancel()
+        self.tasks.clear()
 
 
 class StreamReplica:
     """One replicated stream on this peer."""
 
-    def __init__(self, owner: ReplicaOwner, name: str, log: ReplicatedLog) -> None:
+    def __init__(
+        self, owner: ReplicaOwner, name: str, log: ReplicatedLog, *, clock: Clock = MONOTONIC
+    ) -> None:
         self.owner = owner
+        self.clock = clock
+        self.tasks = OwnedTasks(f"replica of {name}")  # the writer, the outboxes' pumps
         self.name = name
         self.log = log
         self.spool = log.spool
@@ -203,7 +218,7 @@ class StreamReplica:
         self.writing = asyncio.Event()
         self.idle = asyncio.Event()
         self.idle.set()
-        self.writer = asyncio.create_task(self._writer())
+        self.tasks.spawn(self._writer(), name=f"writer {name}")
         self.known: StreamState | None = None
 
     def _follower(self) -> Follower:
@@ -261,7 +276,7 @@ class StreamReplica:
             min_insync=state.required_insync,
             log_end=log_end,
             history=history,
-            now=time.monotonic(),
+            now=self.clock(),
             seqs=self.spool.seqs(),
             replica_lag_s=REPLICA_LAG_S,
             resend_s=RESEND_S,
@@ -270,7 +285,7 @@ class StreamReplica:
         self.written = log_end
         log.info("primary of %s in epoch %d (log end %d)", self.name, state.epoch, log_end)
         self.owner.on_role(self.name, True)
-        self.after(self.primary.tick(time.monotonic()))
+        self.after(self.primary.tick(self.clock()))
 
     async def step_down(self) -> None:
         """No longer primary: refuse what waits, finish the writes under way, follow."""
@@ -309,7 +324,7 @@ class StreamReplica:
         primary = self.primary
         if primary is None:
             raise self.not_primary()
-        outcome = primary.append(body, origin=producer, seq=seq, now=time.monotonic())
+        outcome = primary.append(body, origin=producer, seq=seq, now=self.clock())
         if isinstance(outcome, Appended):
             target, duplicate = outcome.offset, False
             self.writes.append(outcome)
@@ -396,14 +411,14 @@ class StreamReplica:
     def _outbox(self, node: str) -> _Outbox:
         outbox = self.outboxes.get(node)
         if outbox is None:
-            outbox = self.outboxes[node] = _Outbox(self, node)
+            outbox = self.outboxes[node] = _Outbox(self, node, self.tasks, clock=self.clock)
         return outbox
 
     def on_answers(self, node: str, answers: tuple[ReplicationMessage, ...]) -> None:
         primary = self.primary
         if primary is None:
             return
-        now = time.monotonic()
+        now = self.clock()
         for answer in answers:
             if isinstance(answer, AppendReply):
                 self.after(primary.on_reply(answer, now))
@@ -531,7 +546,6 @@ class StreamReplica:
         }
 
     async def close(self) -> None:
-        self.writer.cancel()
+        """Stop the writer and the outboxes, and return once their tasks have ended."""
         self._close_outboxes()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.writer
+        await self.tasks.aclose()

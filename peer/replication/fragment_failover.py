@@ -54,6 +54,7 @@ from peer.replication.ports import Links, Records
 from peer.site import LocalSite
 from peer.storage.bundle import bundle, listing, unbundle
 from peer.storage.spool_format import offset_path, read_file
+from peer.timing import every
 
 if TYPE_CHECKING:
     from peer.replication.driver import StreamReplica
@@ -68,6 +69,7 @@ CKPT_SCHEMA: Schema = make_schema(
 EMIT_PATIENCE_S = 120.0  # how long a result append retries a retriable refusal while primary
 EMIT_RETRY_S = 0.1
 RESTART_AFTER_S = 5.0  # a failed fragment is restarted at most this often
+RECONCILE_S = 1.0  # fragments are reconciled this often, and at once on a change of role
 
 
 @dataclass(frozen=True)
@@ -392,14 +394,7 @@ class ReplicatedFragments:
     async def run(self) -> None:
         """Take over or release fragments whenever this peer's roles change."""
         self._loop = asyncio.get_running_loop()
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), 1.0)
-            self._wake.clear()
-            try:
-                await self.reconcile()
-            except Exception:
-                log.exception("replicated fragments: reconcile failed")
+        await every(RECONCILE_S, self.reconcile, wake=self._wake, what="replicated fragments")
 
     async def reconcile(self) -> None:
         await self._restart_failed()

@@ -41,6 +41,7 @@ from peer.replication.link_messages import (
 )
 from peer.replication.ports import Links
 from peer.replication.raft import command_to_wire
+from peer.timing import every
 
 log = logging.getLogger(__name__)
 
@@ -112,14 +113,16 @@ class ControlClient:
 
     # ----------------------------------------------------------------------- heartbeats
     async def run(self) -> None:
-        while True:
-            if self.voters:
-                message = ControlHeartbeat(self.node, dict(self.log_ends()))
-                await asyncio.gather(
-                    *(self._beat(voter, message) for voter in self.voters),
-                    return_exceptions=True,
-                )
-            await asyncio.sleep(self.heartbeat_s)
+        """Beat now, then every ``heartbeat_s``, until cancelled."""
+        await every(self.heartbeat_s, self._beat_all, first_s=0, what="control heartbeat")
+
+    async def _beat_all(self) -> None:
+        if self.voters:
+            message = ControlHeartbeat(self.node, dict(self.log_ends()))
+            await asyncio.gather(
+                *(self._beat(voter, message) for voter in self.voters),
+                return_exceptions=True,
+            )
 
     async def _beat(self, voter: str, message: ControlHeartbeat) -> None:
         try:

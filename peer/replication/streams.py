@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -41,6 +40,7 @@ from peer.replication.link_messages import ReplicaExchange
 from peer.replication.log import ReplicatedLog
 from peer.replication.ports import Links, Records
 from peer.site import Appender, LocalSite
+from peer.timing import MONOTONIC, Clock, OwnedTasks, every
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,7 @@ class ReplicatedStreams:
         on_role: OnRole,
         *,
         repair_after_s: float = 30.0,
+        clock: Clock = MONOTONIC,
     ) -> None:
         self.site = site
         self.router = router
@@ -72,7 +73,9 @@ class ReplicatedStreams:
         self.streams: dict[str, StreamReplica] = {}
         self._creating: dict[str, asyncio.Lock] = {}
         self._forgotten: set[str] = set()  # dropped here (see forget)
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.clock = clock
+        self._tasks = OwnedTasks("replicated streams")  # awaited when run() ends
+        self._repair_at = 0.0
         # replica-set repair (peer.replication.control.repair), wired by the federation
         self.is_live: IsLive | None = None
         self.responsible: Responsible | None = None
@@ -100,14 +103,7 @@ class ReplicatedStreams:
             log.info("proposal %s not submitted: %s", command, exc)
 
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("replica task failed", exc_info=task.exception())
+        self._tasks.spawn(coroutine)
 
     # ----------------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -137,21 +133,23 @@ class ReplicatedStreams:
         return name in self.streams or name in self.site.appenders
 
     async def run(self) -> None:
-        repair_at = time.monotonic() + REPAIR_CHECK_S
+        """Tick the replicas (and check for repairs) until cancelled; then end this peer's
+        replica tasks and close the replicas."""
+        self._repair_at = self.clock() + REPAIR_CHECK_S
         try:
-            while True:
-                await asyncio.sleep(TICK_S)
-                now = time.monotonic()
-                for replica in list(self.streams.values()):
-                    replica.tick(now)
-                if now >= repair_at:
-                    repair_at = now + REPAIR_CHECK_S
-                    self.repair(now)
+            await every(TICK_S, self._tick, clock=self.clock, what="replica tick")
         finally:
+            await self._tasks.aclose()
             for replica in list(self.streams.values()):
                 await replica.close()
-            for task in list(self._tasks):
-                task.cancel()
+
+    async def _tick(self) -> None:
+        now = self.clock()
+        for replica in list(self.streams.values()):
+            replica.tick(now)
+        if now >= self._repair_at:
+            self._repair_at = now + REPAIR_CHECK_S
+            self.repair(now)
 
     def repair(self, now: float) -> None:
         """As the primary of a stream, replace a replica silent for ``repair_after_s`` by
@@ -238,7 +236,7 @@ class ReplicatedStreams:
             )
             if spool.visible_bound is None:  # (a reopened spool keeps its watermark's bound)
                 spool.hold(-1)  # nothing is acknowledged until this peer's role says so
-            replica = StreamReplica(self, name, ReplicatedLog(spool, state))
+            replica = StreamReplica(self, name, ReplicatedLog(spool, state), clock=self.clock)
             self.streams[name] = replica
             self.site.appenders[name] = replica.push
             return replica

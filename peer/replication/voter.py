@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine, Iterable
@@ -34,7 +33,7 @@ from typing import Any
 
 from peer.errors import InvalidInput, Unavailable
 from peer.protocol.link import Frame
-from peer.replication.control import Applied, Command, failover_decisions
+from peer.replication.control import Applied, Command, Elect, failover_decisions
 from peer.replication.link_messages import (
     ControlHeartbeat,
     ControlJoin,
@@ -44,6 +43,7 @@ from peer.replication.link_messages import (
     state_to_wire,
 )
 from peer.replication.raft import ControlMachine, command_from_wire
+from peer.timing import OwnedTasks, every
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class Voter:
         self.last_heard: dict[str, float] = {}
         self.log_ends: dict[str, dict[str, int]] = {}  # stream -> node -> log end
         self._queues: dict[str, asyncio.Queue[bytes]] = {}
-        self._senders: dict[str, asyncio.Task[None]] = {}
+        self._tasks = OwnedTasks("control voter")  # raft senders, elections; run() awaits them
         self._leading_since: float | None = None
         self._electing: dict[str, int] = {}  # stream -> epoch an Elect was submitted in
         self.on_voters: Callable[[tuple[str, ...]], None] | None = None  # the group changed
@@ -93,7 +93,7 @@ class Voter:
         queue = self._queues.get(node)
         if queue is None:
             queue = self._queues[node] = asyncio.Queue(RAFT_QUEUE)
-            self._senders[node] = asyncio.create_task(self._sender(node, queue))
+            self._tasks.spawn(self._sender(node, queue), name=f"raft sender {node[:12]}")
         if queue.full():
             with contextlib.suppress(asyncio.QueueEmpty):
                 queue.get_nowait()  # Raft resends what is lost; the newest matters most
@@ -155,25 +155,25 @@ class Voter:
     # ----------------------------------------------------------------------- failover
     async def run(self) -> None:
         try:
-            while True:
-                await asyncio.sleep(ROUND_S)
-                voters = self.machine.voters()
-                if voters != self._voters:
-                    self._voters = voters
-                    if self.on_voters is not None:
-                        self.on_voters(voters)
-                if not self.machine.is_leader():
-                    self._leading_since = None
-                    continue
-                now = time.monotonic()
-                if self._leading_since is None:
-                    self._leading_since = now  # count silence only from taking office
-                    self.last_heard = dict.fromkeys(self.last_heard, now)
-                self._failover_round(now)
+            await every(ROUND_S, self._round, what="control voter round")
         finally:
-            for task in self._senders.values():
-                task.cancel()
+            await self._tasks.aclose()
             await asyncio.to_thread(self.machine.close)
+
+    async def _round(self) -> None:
+        voters = self.machine.voters()
+        if voters != self._voters:
+            self._voters = voters
+            if self.on_voters is not None:
+                self.on_voters(voters)
+        if not self.machine.is_leader():
+            self._leading_since = None
+            return
+        now = time.monotonic()
+        if self._leading_since is None:
+            self._leading_since = now  # count silence only from taking office
+            self.last_heard = dict.fromkeys(self.last_heard, now)
+        self._failover_round(now)
 
     def _failover_round(self, now: float) -> None:
         streams = self.machine.snapshot()
@@ -190,9 +190,14 @@ class Voter:
                 continue
             log.warning("electing %s primary of %s", command.primary[:12], command.name)
             self._electing[command.name] = command.epoch
-            task = asyncio.create_task(self.submit(command))
-            task.add_done_callback(functools.partial(self._elected, name=command.name))
+            self._tasks.spawn(self._elect(command), name=f"elect {command.name}")
 
-    def _elected(self, task: asyncio.Task[Applied], *, name: str) -> None:
-        if task.cancelled() or task.exception() is not None or not task.result().ok:
-            self._electing.pop(name, None)  # try again next round
+    async def _elect(self, command: Elect) -> None:
+        applied = None
+        try:
+            applied = await self.submit(command)
+        except Unavailable as exc:  # no leader just now
+            log.info("electing a primary of %s: %s", command.name, exc)
+        finally:
+            if applied is None or not applied.ok:
+                self._electing.pop(command.name, None)  # try again next round

@@ -6,8 +6,8 @@
   a loop sleeps on, see :class:`peer.timing.Clock`);
 - :func:`wait_until` / :func:`wait_until_sync` (:mod:`peer.timing.poll`): the one poll helper,
   asking a condition again up to a deadline, for integration tests that wait on another
-  thread, process or Spark (the async one, through :func:`peer.cluster.wait_until`, counts a
-  peer's refusals and timeouts as "not yet"); unit tests use the clock or events instead;
+  thread, process or Spark (the async one, through :func:`peer.testing.cluster.wait_until`,
+  counts a peer's refusals and timeouts as "not yet"); unit tests use the clock or events instead;
 - :func:`all_tasks_blocked` (:mod:`peer.testing.idle`): yield until every other task waits,
   before a unit test checks that something did not happen;
 - :func:`members_alive` (:mod:`peer.testing.members`): wait until a peer sees enough live
@@ -16,17 +16,27 @@
   own loop in a background thread, for Spark tests of fetched input;
 - :func:`run_async` (:mod:`peer.testing.runner`): an async test body on a fresh asyncio or
   uvloop loop, bounded in time;
-- from the product, for tests to import from one place: the local federation of
-  :mod:`peer.cluster` (``PeerProcess``, ``LocalFederation``, keys, trust and signed
-  contracts, ``stream_name_on``, ``collect``) and the keyed-window workload of
+- the local federation of :mod:`peer.testing.cluster` (``PeerProcess``, ``LocalFederation``,
+  keys, trust and signed contracts, ``stream_name_on``, ``collect``), a process harness that
+  the demo, the benchmarks and the attack scripts use too;
+- from the product, for tests to import from one place: the keyed-window workload of
   :mod:`peer.examples.keyed_window` with its plain-Python reference.
 
-Product code never imports this package: what the demo needs lives in those product modules.
+Product code never imports this package (``lint-imports`` holds it to that); ``peer demo``,
+which runs a local federation, and the scripts do.
 """
 
 from __future__ import annotations
 
-from peer.cluster import (
+from peer.examples.keyed_window import (
+    keyed_window_batches,
+    keyed_window_box,
+    keyed_window_query,
+    keyed_window_schema,
+    keyed_window_sums,
+)
+from peer.testing.clock import ManualClock
+from peer.testing.cluster import (
     LocalFederation,
     PeerProcess,
     collect,
@@ -37,14 +47,6 @@ from peer.cluster import (
     trust_all,
     wait_until,
 )
-from peer.examples.keyed_window import (
-    keyed_window_batches,
-    keyed_window_box,
-    keyed_window_query,
-    keyed_window_schema,
-    keyed_window_sums,
-)
-from peer.testing.clock import ManualClock
 from peer.testing.fetch import FetchServerThread
 from peer.testing.idle import all_tasks_blocked
 from peer.testing.members import member_states, members_alive

@@ -37,7 +37,7 @@ from types import TracebackType
 from typing import Any
 
 from peer.client import Client
-from peer.cluster import PeerProcess
+from peer.testing.cluster import PeerProcess
 
 __all__ = ["Cutoff", "Island", "available", "whole_again"]
 

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar, runtime_checkable
 
-__all__ = ["MONOTONIC", "WALL", "Clock", "SystemClock", "wait_event"]
+__all__ = ["MONOTONIC", "WALL", "Clock", "SystemClock", "wait_event", "within"]
+
+T = TypeVar("T")
 
 
 @runtime_checkable
@@ -79,3 +81,32 @@ async def wait_event(event: asyncio.Event, timeout_s: float, clock: Clock = MONO
         waiter.cancel()
         sleeper.cancel()
     return event.is_set()
+
+
+async def within(timeout_s: float, awaitable: Awaitable[T], clock: Clock = MONOTONIC) -> T:
+    """``await awaitable``, or :class:`TimeoutError` (the awaitable cancelled) once
+    ``timeout_s`` has passed on ``clock``: ``asyncio.timeout`` on a system clock, and on
+    another clock (a test's) the same race as :func:`wait_event`'s."""
+    if isinstance(clock, SystemClock):
+        async with asyncio.timeout(max(0.0, timeout_s)):
+            return await awaitable
+    outcome: list[T] = []
+    failure: list[Exception] = []
+
+    async def work() -> None:
+        try:
+            outcome.append(await awaitable)
+        except Exception as exc:  # raised below, as it is, not in an ExceptionGroup
+            failure.append(exc)
+
+    async with asyncio.TaskGroup() as tg:
+        worker = tg.create_task(work())
+        sleeper = tg.create_task(clock.sleep(timeout_s))
+        await asyncio.wait((worker, sleeper), return_when=asyncio.FIRST_COMPLETED)
+        worker.cancel()
+        sleeper.cancel()
+    if failure:
+        raise failure[0]
+    if not outcome:
+        raise TimeoutError(f"not done within {timeout_s:g} s")
+    return outcome[0]

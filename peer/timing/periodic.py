@@ -5,16 +5,19 @@ long as the caller's task group lives: the task belongs to that group, so it is 
 it and its cancellation propagates (a ``CancelledError`` is never caught here). A step that
 raises anything else is logged and tried again next round: housekeeping must not take the peer
 down. The wait is measured on the given clock, so a test drives the loop with a
-:class:`peer.testing.ManualClock` instead of sleeping.
+:class:`peer.testing.ManualClock` instead of sleeping. Given a ``wake`` event, a round also
+comes as soon as the event is set (it is cleared before the step runs): work that something
+can ask for at once, with the period as its fallback.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import NoReturn
 
-from peer.timing.clock import MONOTONIC, Clock
+from peer.timing.clock import MONOTONIC, Clock, wait_event
 
 __all__ = ["every"]
 
@@ -28,8 +31,10 @@ async def every(
     clock: Clock = MONOTONIC,
     first_s: float | None = None,
     what: str = "",
+    wake: asyncio.Event | None = None,
 ) -> NoReturn:
-    """Run ``step`` after ``first_s`` (default ``interval_s``), then every ``interval_s``.
+    """Run ``step`` after ``first_s`` (default ``interval_s``), then every ``interval_s``,
+    and whenever ``wake`` is set meanwhile.
 
     ``what`` names the work in the log line of a failed step (default: the step's name).
     """
@@ -40,7 +45,10 @@ async def every(
     name = what or getattr(step, "__qualname__", repr(step))
     wait = interval_s if first_s is None else first_s
     while True:
-        if wait > 0:
+        if wake is not None:
+            await wait_event(wake, wait, clock)
+            wake.clear()
+        elif wait > 0:
             await clock.sleep(wait)
         wait = interval_s
         try:

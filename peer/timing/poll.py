@@ -1,7 +1,8 @@
 """Wait for a condition by asking it again and again, up to a deadline.
 
-The one poll helper of the project: the local federation harness (:mod:`peer.cluster`), the
-demo and the integration tests (through :mod:`peer.testing`) all wait this way. Polling is for
+The one poll helper of the project: the local federation harness
+(:mod:`peer.testing.cluster`), the demo and the integration tests (through
+:mod:`peer.testing`) all wait this way. Polling is for
 what cannot signal an event: another process, a Spark query, a peer on another loop. Code that
 can set an :class:`asyncio.Event` should, and a unit test moves a
 :class:`peer.testing.ManualClock` instead of waiting at all.

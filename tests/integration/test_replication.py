@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 
 from peer.client import Client
-from peer.cluster import make_participants
 from peer.node import PeerConfig
 from peer.protocol.replies import CreateStreamReply, PushReply
 from peer.testing import PeerThread, run_async, wait_until_sync
+from peer.testing.cluster import make_participants
 
 NAMES = ("alpha", "beta", "gamma")
 SCHEMA = {"name": "tick", "fields": [{"name": "k", "type": "int"}, {"name": "v", "type": "int"}]}

@@ -3,7 +3,7 @@
 Brains run on fake hosts (``peer.brain.BrainHost``): an offer frame goes straight to the
 partner's ``handle_offer``, and a fake ``move_fragment`` hands the fragment over and tells the
 partner's brain it arrived. Contracts are real, signed and
-loaded from files. No JVM, no network, no sleeping (but for one offer that must time out).
+loaded from files. No JVM, no network, no sleeping: time is a ManualClock, even an offer's timeout.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from peer.brain import Brain, kind_of
 from peer.brain.offers import OfferReply
 from peer.errors import InvalidInput, Unavailable
 from peer.storage.ledger import Ledger, with_durations
-from peer.testing import ManualClock
+from peer.testing import ManualClock, all_tasks_blocked
+from peer.timing import wait_until
 
 NOW = datetime(2026, 7, 1, tzinfo=UTC)
 PERIOD_S = 5.0
@@ -501,13 +502,25 @@ def test_only_offered_boxes_move_whatever_the_reply_says(tmp_path: Path) -> None
 
 
 def test_an_unanswered_offer_counts_as_failed(tmp_path: Path) -> None:
-    net = Net(tmp_path, [signed("a", "b", 2.0, cid="ab")], offer_timeout_s=0.05)
+    net = Net(tmp_path, [signed("a", "b", 2.0, cid="ab")], offer_timeout_s=5.0)
     a, b, c = overloaded(net)
     b.hang = True
 
     async def main() -> None:
         await measured(net, a, b, c)
-        await net.round(b, c, a)
+        net.clock.now += PERIOD_S
+        await b.brain.step()
+        await c.brain.step()
+        async with asyncio.TaskGroup() as tg:
+            offering = tg.create_task(a.brain.step())  # it measures in a thread, then offers
+            await wait_until(lambda: net.clock.sleepers, "the offer's timeout", 10, every_s=0.01)
+            assert len(a.calls) == 1 and a.brain.status()["offer_in_flight"] == "b"
+            net.clock.advance(4.9)
+            await all_tasks_blocked()
+            assert not offering.done()  # b still has time to answer
+            net.clock.advance(0.1)
+        offer = offering.result()  # the offer made, and given up on (no error)
+        assert offer is not None and offer.partner == "b"
 
     asyncio.run(main())
     assert len(a.calls) == 1 and not a.moves

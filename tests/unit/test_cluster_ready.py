@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from peer.cluster import PeerProcess
+from peer.testing.cluster import PeerProcess
 
 
 def stand_in(tmp_path: Path, script: str) -> PeerProcess:

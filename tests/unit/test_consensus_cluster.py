@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pysyncobj.journal import MetaStorer
 
 from peer.errors import Unavailable
 from peer.replication.control import Applied, Command, CreateStream, Elect, StreamState
@@ -227,6 +228,12 @@ def test_a_fourth_voter_added_catches_up_and_a_voter_can_be_removed(bus: Bus) ->
     wait_until_sync(lambda: same_state(bus, remaining), "applied by the rest", WAIT, every_s=0.01)
 
 
+def saved_commit_index(journal_dir: Path) -> int:
+    """The commit index pysyncobj's file journal has saved (in ``raft.journal.meta``)."""
+    meta = MetaStorer(str(journal_dir / "raft.journal") + ".meta").getMeta()
+    return int(meta.get("raftCommitIndex", 0))
+
+
 def test_a_restarted_voter_recovers_its_state_from_its_journal(bus: Bus, tmp_path: Path) -> None:
     dirs = {n: tmp_path / n[:8] for n in IDS[:3]}
     for node in IDS[:3]:
@@ -244,7 +251,15 @@ def test_a_restarted_voter_recovers_its_state_from_its_journal(bus: Bus, tmp_pat
     wait_until_sync(
         lambda: len(bus.machines[victim].snapshot()) == 4, "s3 everywhere", WAIT, every_s=0.01
     )
-    time.sleep(1.5)  # pysyncobj saves the commit index once a second
+    # pysyncobj saves the commit index beside its journal about once a second: stop the
+    # victim once what it has applied is committed on its disk too
+    committed = bus.machines[victim].raftCommitIndex
+    wait_until_sync(
+        lambda: saved_commit_index(dirs[victim]) >= committed,
+        "the commit index saved",
+        WAIT,
+        every_s=0.05,
+    )
     bus.stop(victim)
 
     with bus.lock:

@@ -30,6 +30,7 @@ from peer.fetch.server import FORCE_ENV, FetchLimits, FetchServer, remote_input
 from peer.storage import spool_format as fmt
 from peer.storage.spool import Spool
 from peer.testing.clock import ManualClock
+from peer.timing import wait_until
 
 KEY = FetchKey.generate()
 OTHER = FetchKey.generate()
@@ -337,8 +338,9 @@ def test_a_connection_the_server_closed_while_idle_is_opened_again(tmp_path: Pat
         async with served(tmp_path, idle_timeout_s=0.05) as s:
             fetcher = s.fetcher(s.ticket(spool.directory, 0, 1))
             assert await fetcher.fetch_async(0) == stored[0]
-            while s.server.listener.connection_count:  # the server closes it: idle
-                await asyncio.sleep(0.01)
+            await wait_until(  # the server closes it: idle
+                lambda: not s.server.listener.connection_count, "the idle close", 10, every_s=0.01
+            )
             assert await fetcher.fetch_async(1) == stored[1]
             await fetcher.aclose()
 

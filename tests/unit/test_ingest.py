@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from peer.cli.ingest import chunks, read_columns, to_jsonl
 from peer.errors import TupleError
-from peer.ingest import chunks, read_columns, to_jsonl
 from peer.model.schema import parse_schema
 
 SCHEMA = parse_schema(

@@ -7,8 +7,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from peer.cli.ingest import read_columns
 from peer.errors import QueryError, TupleError
-from peer.ingest import read_columns
 from peer.model.plan import check_query
 from peer.model.query import parse_query
 from peer.model.schema import parse_schema, to_arrow_schema

@@ -24,7 +24,6 @@ from peer.replication.core import (
 )
 from peer.replication.link_messages import message_from_wire, message_to_wire
 from peer.storage.spool import Spool
-from peer.testing import wait_until
 from tests.unit.test_spool_replica import SCHEMA, batch, ks, primary_with
 
 NODES = [f"{i:040x}" for i in range(8)]
@@ -168,7 +167,9 @@ def test_a_followers_pump_outlives_a_batch_that_cannot_be_read() -> None:
     from typing import Any
 
     from peer.replication.core import Probe
-    from peer.replication.driver import _Outbox
+    from peer.replication.driver import RESEND_S, _Outbox
+    from peer.testing import ManualClock, all_tasks_blocked
+    from peer.timing import OwnedTasks
 
     sent: list[Any] = []
     answered: list[Any] = []
@@ -193,17 +194,23 @@ def test_a_followers_pump_outlives_a_batch_that_cannot_be_read() -> None:
     )
 
     async def go() -> None:
-        outbox = _Outbox(replica, NODES[1])  # type: ignore[arg-type]
+        clock = ManualClock()
+        tasks = OwnedTasks("the replica")
+        outbox = _Outbox(replica, NODES[1], tasks, clock=clock)  # type: ignore[arg-type]
         try:
             outbox.put(3)
-            await wait_until(lambda: calls["n"] >= 1, "the first batch", 5, every_s=0.01)
-            # the pump waits a little after a failed batch (a fixed retry in the product,
-            # peer.federation.replicas, which takes no clock yet): put 4 after that wait
-            await asyncio.sleep(0.3)
+            await all_tasks_blocked()
+            # the failed batch holds its slot for RESEND_S on the clock
+            assert calls["n"] == 1 and clock.sleepers == 1 and not sent
+            clock.advance(RESEND_S)
+            await all_tasks_blocked()
+            assert clock.sleepers == 0
             outbox.put(4)
-            await wait_until(lambda: sent, "the batch sent", 5, every_s=0.01)
+            await all_tasks_blocked()
         finally:
             outbox.close()
+            await tasks.aclose()
+        assert len(tasks) == 0
 
     asyncio.run(go())
     assert len(sent) == 1 and sent[0].messages == (Probe("s", 2),)

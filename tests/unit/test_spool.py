@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import tempfile
@@ -17,6 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from peer.storage import spool_format as fmt
 from peer.storage.spool import Spool, SpoolSet
 from peer.storage.spool_format import TrimmedError
+from peer.timing import wait_until_sync
 
 SCHEMA = pa.schema([("k", pa.int64()), ("name", pa.string()), ("t", pa.timestamp("us", "UTC"))])
 
@@ -296,6 +298,10 @@ while True:
 """
 
 
+def appended_beyond(directory: Path, seen: int) -> bool:
+    return directory.exists() and len(fmt.list_offsets(directory)) > seen
+
+
 @pytest.mark.slow
 def test_kill_9_during_appends_leaves_only_whole_batches(tmp_path: Path) -> None:
     import random
@@ -310,11 +316,14 @@ def test_kill_9_during_appends_leaves_only_whole_batches(tmp_path: Path) -> None
     for _ in range(8):
         child = subprocess.Popen([sys.executable, "-c", CHILD, str(directory)])
         try:
-            deadline = time.monotonic() + 30
-            # Kill only once this child has appended (it starts slower than it appends).
-            while not directory.exists() or len(fmt.list_offsets(directory)) <= last_seq:
-                assert time.monotonic() < deadline, "the child never appended"
-                time.sleep(0.005)
+            # Kill only once this child has appended (it starts slower than it appends),
+            wait_until_sync(
+                functools.partial(appended_beyond, directory, last_seq),
+                "the child appending",
+                30,
+                every_s=0.005,
+            )
+            # then at a random moment of its appends: the fault injected, not a wait.
             time.sleep(rng.uniform(0.0, 0.3))
         finally:
             child.send_signal(signal.SIGKILL)

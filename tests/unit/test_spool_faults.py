@@ -21,12 +21,14 @@ import pytest
 
 from peer.cli.doctor import _spools as doctor_spools
 from peer.errors import FedstreamError, NotFound, Unavailable
-from peer.federation.mirror import MIRROR_PREFIX, Mirrors
+from peer.federation.mirror import MIRROR_PREFIX, RETRY_MAX_S, Mirrors
 from peer.protocol.link import MirrorAppend
 from peer.site import LocalSite, SiteConfig
 from peer.storage import spool_format as fmt
 from peer.storage.spool import Spool, SpoolSet
 from peer.storage.spool_format import SpoolCorrupt, SpoolFault, SpoolQuarantined, scan_spools
+from peer.testing import ManualClock, all_tasks_blocked
+from peer.timing import wait_until
 
 SCHEMA = pa.schema([("x", pa.int64())])
 
@@ -491,20 +493,20 @@ def test_a_full_disk_on_the_ack_write_does_not_end_the_mirrors(
         real_write(directory, reader_id, offset, fsync=fsync)
 
     monkeypatch.setattr("peer.federation.mirror.write_reader_offset", full_disk)
-    monkeypatch.setattr("peer.federation.mirror.RETRY_MAX_S", 0.05)
+    clock = ManualClock()
+
+    def acknowledged(through: int) -> bool:
+        clock.advance(RETRY_MAX_S)  # time passes only while the test waits: no pause lasts
+        return fmt.read_reader_offset(source.directory, reader) >= through
 
     async def go() -> None:
-        mirrors = Mirrors(sender, bytes(20), Receiver(replica).call)
+        mirrors = Mirrors(sender, bytes(20), Receiver(replica).call, clock=clock)
         runner = asyncio.create_task(mirrors.run())
-        await asyncio.sleep(0.05)
+        await all_tasks_blocked()  # its task group is open
         mirrors.start("s", TARGET)
-        async with asyncio.timeout(10):
-            while fmt.read_reader_offset(source.directory, reader) < 4:
-                await asyncio.sleep(0.02)
+        await wait_until(lambda: acknowledged(4), "offset 4 acknowledged", 10, every_s=0.01)
         source.append(table(5))  # and it carries on
-        async with asyncio.timeout(10):
-            while fmt.read_reader_offset(source.directory, reader) < 5:
-                await asyncio.sleep(0.02)
+        await wait_until(lambda: acknowledged(5), "offset 5 acknowledged", 10, every_s=0.01)
         assert not runner.done()  # the task group (and so the peer) lives
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)
@@ -526,28 +528,29 @@ def test_a_missing_spool_file_pauses_its_mirror_only(
         broken.append(table(i))
         fine.append(table(i))
     fmt.offset_path(broken.directory, 1).unlink()
-    monkeypatch.setattr("peer.federation.mirror.RETRY_MAX_S", 0.05)
+    clock = ManualClock()
 
     async def send(target: bytes, message: MirrorAppend) -> dict[str, Any]:
         return await Receiver(replicas[message.stream]).call(target, message)
 
     async def go() -> None:
-        mirrors = Mirrors(sender, bytes(20), send)
+        mirrors = Mirrors(sender, bytes(20), send, clock=clock)
         runner = asyncio.create_task(mirrors.run())
-        await asyncio.sleep(0.05)
+        await all_tasks_blocked()  # its task group is open
         mirrors.start("broken", TARGET)
         mirrors.start("fine", TARGET)
-        async with asyncio.timeout(10):
-            while replicas["fine"].latest < 2:
-                await asyncio.sleep(0.02)
-        await asyncio.sleep(0.2)
+        await wait_until(lambda: replicas["fine"].latest >= 2, "fine mirrored", 10, every_s=0.01)
+        for _ in range(3):  # the broken one pauses on the clock, tries again, pauses again
+            await wait_until(lambda: clock.sleepers, "the broken mirror's pause", 10, every_s=0.01)
+            clock.advance(RETRY_MAX_S)
+        await wait_until(lambda: clock.sleepers, "the broken mirror's pause", 10, every_s=0.01)
         assert not runner.done()
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)
 
     with caplog.at_level(logging.ERROR, logger="peer.federation.mirror"):
         asyncio.run(go())
-    assert "00000000000000000001.arrow is missing" in caplog.text
+    assert caplog.text.count("00000000000000000001.arrow is missing") >= 4  # it kept trying
     assert xs(replicas["fine"]) == [0, 1, 2] and replicas["broken"].latest == -1
 
 

@@ -4,13 +4,14 @@ ManualClock (no test here sleeps)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from typing import Any
 
 import pytest
 
 from peer.client.retry import RetryPolicy
-from peer.testing import ManualClock, member_states, members_alive
-from peer.timing import MONOTONIC, WALL, Backoff, Clock, every, wait_event, wait_until
+from peer.testing import ManualClock, all_tasks_blocked, member_states, members_alive
+from peer.timing import MONOTONIC, WALL, Backoff, Clock, every, wait_event, wait_until, within
 
 
 async def settle() -> None:
@@ -71,6 +72,34 @@ def test_every_runs_one_step_per_interval_and_outlives_a_failed_step() -> None:
             assert len(ran) == 4
             loop.cancel()
         assert loop.cancelled()  # cancellation went through, not swallowed
+
+    asyncio.run(scenario())
+
+
+def test_every_with_a_wake_event_runs_at_once_when_woken_and_on_the_period_otherwise() -> None:
+    async def scenario() -> None:
+        clock = ManualClock()
+        wake = asyncio.Event()
+        ran: list[float] = []
+
+        async def step() -> None:
+            ran.append(clock())
+
+        async with asyncio.TaskGroup() as tg:
+            loop = tg.create_task(every(10, step, clock=clock, wake=wake))
+            await all_tasks_blocked()
+            assert ran == []
+            clock.advance(3)
+            wake.set()  # asked for now: no need to wait for the period
+            await all_tasks_blocked()
+            assert ran == [3.0] and not wake.is_set()  # cleared before the step
+            clock.advance(9.9)
+            await all_tasks_blocked()
+            assert ran == [3.0]  # the period counts from the woken round
+            clock.advance(0.1)
+            await all_tasks_blocked()
+            assert ran == [3.0, 13.0]
+            loop.cancel()
 
     asyncio.run(scenario())
 
@@ -181,5 +210,53 @@ def test_wait_event_returns_on_the_event_or_on_the_clock() -> None:
             assert await woken is True
         assert clock.sleepers == 0  # the losing sleep was cancelled
         assert await wait_event(asyncio.Event(), 0.01) is False  # the system clock
+
+    asyncio.run(scenario())
+
+
+def test_within_answers_raises_or_times_out_on_the_clock() -> None:
+    async def scenario() -> None:
+        clock = ManualClock()
+        release = asyncio.Event()
+        cancelled: list[str] = []
+
+        async def answer() -> str:
+            await release.wait()
+            return "answer"
+
+        async def hang() -> str:
+            try:
+                await asyncio.Event().wait()
+            finally:
+                cancelled.append("hang")
+            return "never"
+
+        async def refuse() -> str:
+            raise LookupError("no such thing")
+
+        async def timeout_of(awaitable: Awaitable[str]) -> TimeoutError | None:
+            try:
+                await awaitable
+            except TimeoutError as exc:
+                return exc
+            return None
+
+        async with asyncio.TaskGroup() as tg:
+            answered = tg.create_task(within(5, answer(), clock))
+            await settle()
+            clock.advance(4.9)
+            release.set()
+            assert await answered == "answer"
+            timed_out = tg.create_task(timeout_of(within(5, hang(), clock)))
+            await settle()
+            clock.advance(4.9)
+            await settle()
+            assert not timed_out.done()
+            clock.advance(0.1)
+            assert str(await timed_out) == "not done within 5 s"
+        assert cancelled == ["hang"] and clock.sleepers == 0
+        with pytest.raises(LookupError, match="no such thing"):  # as it is, not in a group
+            await within(5, refuse(), clock)
+        assert await within(1, answer(), MONOTONIC) == "answer"  # the system clock
 
     asyncio.run(scenario())
