@@ -21,26 +21,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from overlay.node import OverlayError
 from overlay.stream import decode_pool
 from overlay.wire import DecodeBudget
+from peer.engine.seams import EngineSeams
 from peer.errors import Conflict, FedstreamError, Unavailable
 from peer.federation import Federation
+from peer.federation.service import StatusPart
 from peer.fetch.server import FetchLimits, FetchServer, remote_input
 from peer.model.limits import ContentLimits
 from peer.protocol import replies
 from peer.protocol.link import Raw
+from peer.replication.appenders import Appenders
 from peer.replication.plane import ReplicationSettings
 from peer.server import AnnouncedBatches, ApiServer, PeerService, api_server_tls, is_loopback
-from peer.site import LocalSite, SiteConfig
+from peer.site import LocalSite, SiteConfig, SiteStore, always_reachable
+from peer.storage.spool import SpoolSet
 from peer.timing import MONOTONIC, Clock, every
 
 if TYPE_CHECKING:
     from contracts.book import ContractBook
     from overlay.identity import NodeIdentity, TrustStore
-    from overlay.membership import MemberInfo
+    from overlay.link import Link
+    from overlay.membership import Event, MemberInfo
     from overlay.node import Overlay
     from peer.brain import Brain
     from peer.engine.runner import Engine
+    from peer.engine.tentative import Availability
+    from peer.federation.router import Router
     from peer.move import Mover
     from peer.observe import HttpServer, Observer
 
@@ -146,10 +154,19 @@ class Peer:
         self.fed: Federation | None = None
         self.mover: Mover | None = None
         self.brain: Brain | None = None
-        self.observer: Observer | None = None
         self.http: HttpServer | None = None
         self.fetch: FetchServer | None = None
-        self._service = ClientService(clock)
+        # with ``http``, the observer is made first: the parts that feed it get it when made
+        self.observer: Observer | None = self._make_observer() if config.http else None
+        self._service = ClientService(clock, self.observer)
+        # made here, before what they join: the site and the replication room share the
+        # registry of replicated streams; the engine and the parts taking its results share
+        # its seams (each bound once, as those parts are made)
+        self._logs = Appenders()
+        self._seams = EngineSeams()
+        self._status_parts: dict[str, StatusPart] = {}  # more of `peer status` (the brain's)
+        if self.observer is not None:
+            self._seams.report_results_to(self.observer.result)
         self._stopping = asyncio.Event()
         self._cpu_mark = (clock(), time.process_time())
 
@@ -168,6 +185,15 @@ class Peer:
     # lifecycle
     async def start(self, spark: Any = None) -> None:
         config = self.config
+        store = SiteStore.open(config.data_dir)
+        engine: Engine | None = None
+        availability: Availability | None = None
+        if config.engine:
+            engine = await self._start_engine(store.spools, spark)
+            from peer.engine.tentative import Availability  # pyspark: peers with an engine
+
+            availability = Availability(engine, store.spools)
+            self._seams.fork_with(availability)
         site = self.site = LocalSite(
             SiteConfig(
                 data_dir=config.data_dir,
@@ -175,11 +201,15 @@ class Peer:
                 backlog_wait_s=config.backlog_wait_s,
                 retention_s=config.retention_s,
                 limits=config.limits,
-            )
+            ),
+            engine,
+            store=store,
+            availability=availability,
+            logs=self._logs,
+            address=self._api_address,
         )
-        self._service.target = site
+        self._service.serve(site)
         if config.engine:
-            site.engine = await self._start_engine(site, spark)
             from peer.move.journal import Journal
 
             # a fragment whose move did not finish runs where its move's outcome says
@@ -206,14 +236,17 @@ class Peer:
             **tls,
         )
         await self.api.start()
-        site.address = f"{config.host}:{self.api.port}"
         if config.overlay:
             await self._start_federation(site)
         if config.http is not None:
             await self._start_http(*config.http)
         log.info("peer listening on %s:%d (data %s)", config.host, self.api.port, self.data_dir)
 
-    async def _start_engine(self, site: LocalSite, spark: Any) -> Engine:
+    def _api_address(self) -> str:
+        """HOST:PORT of the client API (the site's answer to where it is), once it listens."""
+        return "" if self.api is None else f"{self.config.host}:{self.api.port}"
+
+    async def _start_engine(self, spools: SpoolSet, spark: Any) -> Engine:
         from peer.engine.runner import Engine  # pyspark: imported only by peers with an engine
 
         config = self.config
@@ -226,7 +259,7 @@ class Peer:
                 self.data_dir, roots, config.host, config.fetch_port, config.fetch_limits
             )
         engine = Engine(
-            site.spools,
+            spools,
             checkpoints,
             master=config.spark_master,
             conf=config.spark_conf,
@@ -236,6 +269,7 @@ class Peer:
             lane_after=config.lane_after,
             max_backlog=config.max_backlog_batches,
             fetch=None if self.fetch is None else self.fetch.endpoint,
+            seams=self._seams,
         )
         await engine.start(spark)
         return engine
@@ -268,6 +302,7 @@ class Peer:
         port = config.overlay_port
         if port is None:
             port = config.port + 1 if config.port else 0
+        door = FederationDoor()
         overlay = self.overlay = Overlay(
             identity,
             trust,
@@ -291,6 +326,9 @@ class Peer:
             self.data_dir,
             api=self.api_addr,
             engine=site.engine is not None,
+            handler=door,
+            on_member=door.on_member,
+            on_lookup=None if self.observer is None else self.observer.dht_lookup,
         )
         replication = ReplicationSettings(
             voter=config.voter,
@@ -300,13 +338,17 @@ class Peer:
             repair_after_s=config.repair_after_s,
         )
         fed = self.fed = Federation(
-            site, overlay, self.api_addr, lease_s=config.lease_s, replication=replication
+            site,
+            overlay,
+            self.api_addr,
+            logs=self._logs,
+            seams=None if site.engine is None else self._seams,
+            quota=RelayQuota(config.relay_streams_per_connection, config.relay_streams_per_address),
+            status_parts=self._status_parts,
+            lease_s=config.lease_s,
+            replication=replication,
         )
-        fed.forwarder.quota = RelayQuota(
-            config.relay_streams_per_connection, config.relay_streams_per_address
-        )
-        overlay.handler = fed.router
-        overlay.on_member = fed.on_member
+        door.open(fed)
         if self.book is not None and config.brain:
             self.brain = self._make_brain(fed, self.book)
         self.mover = Mover(site, fed, self.book, self._arrived)
@@ -314,34 +356,40 @@ class Peer:
         if self.brain is not None:
             fed.router.register("offer", self._on_offer)
             brain = self.brain
-            fed.status_parts["brain"] = lambda: dict(brain.status())
+            self._status_parts["brain"] = lambda: dict(brain.status())
         else:
             fed.router.register("offer", _no_offers)
         await overlay.start()
         await fed.start()
-        self._service.target = fed
+        self._service.serve(fed)
         await self.mover.recover()
 
+    def _make_observer(self) -> Observer:
+        from peer.observe import Observer, PeerPort  # aiohttp: imported only with ``http``
+
+        port = PeerPort(self._client_status, lambda: self.site, lambda: self.fed)
+        return Observer(port, dashboard=self._dashboard_url)
+
+    async def _client_status(self) -> replies.StatusReply:
+        return await self._service.status()
+
+    def _dashboard_url(self) -> str | None:
+        return None if self.http is None else self.http.url
+
     async def _start_http(self, host: str, port: int) -> None:
-        from peer.observe import HttpServer, Observer, PeerPort, current_context
+        from peer.observe import HttpServer, current_context
         from peer.protocol.link import ObservePeer
 
         ssl_context = None
         if not is_loopback(host):  # like the client API: TLS with participant certificates
             assert self.identity is not None and self.trust is not None
             ssl_context = current_context(api_server_tls(self.identity, self.trust))
-        assert self.site is not None
-        observer = self.observer = Observer(PeerPort(self._service.status, self.site, self.fed))
-        self._service.observer = observer
-        if self.engine is not None:
-            self.engine.on_result = observer.result
-        if self.overlay is not None and self.overlay.catalog is not None:
-            self.overlay.catalog.on_lookup = observer.dht_lookup
+        observer = self.observer
+        assert observer is not None
         if self.fed is not None:
             self.fed.router.register(ObservePeer.OP, observer.handle_observe)
         self.http = HttpServer(observer, self._service.status, host, port, ssl_context=ssl_context)
         await self.http.start()
-        observer.dashboard = self.http.url
 
     def _make_brain(self, fed: Federation, book: ContractBook) -> Brain:
         from contracts.bpm import BpmConfig
@@ -401,7 +449,7 @@ class Peer:
                     tg.create_task(
                         every(
                             self.config.availability_interval_s,
-                            site.check_availability,
+                            self._check_availability,
                             clock=self.clock,
                         )
                     )
@@ -445,6 +493,15 @@ class Peer:
         if self.fetch is not None:  # after the engine: its last reads may still fetch
             await self.fetch.close()
             self.fetch = None
+
+    async def _check_availability(self) -> None:
+        """Fork or correct the site's queries with a bound; the federation, if any, says
+        whose upstream is out of reach."""
+        if self.site is not None:
+            fed = self.fed
+            await self.site.check_availability(
+                always_reachable if fed is None else fed.upstream_reachable
+            )
 
     async def _maintenance(self) -> None:
         if self.overlay is not None:
@@ -492,10 +549,15 @@ class ClientService:
     """The client API's view of the peer: the site of a lone peer, the federation once the
     overlay has joined. Subscriptions announce their start position (peer.server)."""
 
-    def __init__(self, clock: Clock = MONOTONIC) -> None:
+    def __init__(self, clock: Clock = MONOTONIC, observer: Observer | None = None) -> None:
         self.clock = clock  # times a push for the metrics
         self.target: PeerService | None = None
-        self.observer: Observer | None = None  # told of pushes and refusals
+        self.observer = observer  # told of pushes and refusals
+
+    def serve(self, target: PeerService) -> None:
+        """From now on, requests go to ``target`` (the site once it is open, then the
+        federation once the overlay has joined); before the first, they are refused."""
+        self.target = target
 
     async def _counted(self, call: Awaitable[R]) -> R:
         """``call``'s reply; a refusal is counted by its code (the metrics) and raised."""
@@ -542,6 +604,38 @@ class ClientService:
 
     async def status(self) -> replies.StatusReply:
         return await self._to().status()
+
+
+class FederationDoor:
+    """The overlay's way in to the federation (implements overlay.node.PeerHandler).
+
+    The federation needs the overlay (its links, its DHT, its members), so the overlay is made
+    first, with this door as its handler and member listener, and the door opens once the
+    federation is made, before the overlay starts: no request or member event finds it
+    closed. One that did would get the overlay's retriable refusal, or be dropped."""
+
+    def __init__(self) -> None:
+        self._fed: Federation | None = None
+
+    def open(self, fed: Federation) -> None:
+        if self._fed is not None:
+            raise RuntimeError("the federation's door is open already")
+        self._fed = fed
+
+    def _router(self) -> Router:
+        if self._fed is None:
+            raise OverlayError("this peer is starting; retry")
+        return self._fed.router
+
+    async def handle_link(self, link: Link, frame: dict[str, Any]) -> dict[str, Any]:
+        return await self._router().handle_link(link, frame)
+
+    def stream_link(self, link: Link, frame: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        return self._router().stream_link(link, frame)
+
+    async def on_member(self, event: Event) -> None:
+        if self._fed is not None:
+            await self._fed.on_member(event)
 
 
 class BrainPort:

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from peer.errors import Conflict, EngineError, InvalidInput, NotFound, Unavailable
 from peer.model.limits import ContentLimits
@@ -79,35 +79,91 @@ def checked_status(status: str) -> str:
 
 # (the batch's spool file, its rows, producer, seq) -> the push's answer
 Appender = Callable[[bytes, int, str | None, int | None], Awaitable[dict[str, Any]]]
+# whether a stream's upstream (the peer it is mirrored from) is reachable
+Reachable = Callable[[str], bool]
+
+
+class ReplicaLogs(Protocol):
+    """The streams whose pushes another room appends (replicated streams: the replication
+    room's registry, given to the site when it is made), and how far each may be trimmed."""
+
+    def appender(self, stream: str) -> Appender | None:
+        """How a push of ``stream`` is appended (None: to the local spool, as usual)."""
+        ...
+
+    def trim_limit(self, stream: str) -> int | None:
+        """The highest offset of ``stream`` that may be trimmed (None: no limit)."""
+        ...
+
+
+class NoReplicaLogs:
+    """A lone peer's: every stream is appended and trimmed here alone."""
+
+    def appender(self, stream: str) -> Appender | None:
+        return None
+
+    def trim_limit(self, stream: str) -> int | None:
+        return None
+
+
+@dataclass(frozen=True)
+class SiteStore:
+    """A site's storage: its local catalog and its spools (those the catalog names made if
+    missing; a spool that does not open is quarantined). Opened before the engine, which
+    reads the spools, so that the site is made with both."""
+
+    catalog: LocalCatalog
+    spools: SpoolSet
+
+    @classmethod
+    def open(cls, data_dir: Path) -> SiteStore:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        catalog = LocalCatalog(data_dir / "catalog.sqlite")
+        spools = SpoolSet(data_dir / "spool")  # quarantines what does not open
+        for name in catalog.stream_names():
+            if name not in spools and spools.quarantine_of(name) is None:
+                spools.create(name, to_arrow_schema(catalog.stream(name).schema))
+        return cls(catalog, spools)
+
+
+def always_reachable(_stream: str) -> bool:
+    """A lone peer's upstreams: every stream is here, so none is out of reach."""
+    return True
 
 
 class LocalSite:
     """Streams, queries and the engine of one peer (implements peer.server.PeerService)."""
 
-    def __init__(self, config: SiteConfig, engine: Engine | None = None) -> None:
+    def __init__(
+        self,
+        config: SiteConfig,
+        engine: Engine | None = None,
+        *,
+        store: SiteStore | None = None,
+        availability: Availability | None = None,
+        logs: ReplicaLogs | None = None,
+        address: Callable[[], str] = lambda: "",
+    ) -> None:
+        """``store``: opened here if not given (the engine's spools must be its spools);
+        ``availability``: the engine's tentative forks (None: queries are never forked);
+        ``logs``: the replicated streams' appenders; ``address``: HOST:PORT of the client API
+        (empty until it listens)."""
         self.config = config
         self.data_dir = config.data_dir
         self.engine = engine
         self.started_at = time.time()
-        self.address = ""  # HOST:PORT of the client API, set once it listens
+        self._address = address
         self.query_errors: dict[str, str] = {}
-        config.data_dir.mkdir(parents=True, exist_ok=True)
-        self.catalog = LocalCatalog(config.data_dir / "catalog.sqlite")
-        self.spools = SpoolSet(config.data_dir / "spool")  # quarantines what does not open
-        for name in self.catalog.stream_names():
-            if name not in self.spools and self.spools.quarantine_of(name) is None:
-                self.spools.create(name, to_arrow_schema(self.catalog.stream(name).schema))
+        store = store or SiteStore.open(config.data_dir)
+        self.catalog = store.catalog
+        self.spools = store.spools
         self._checked: dict[str, CheckedQuery] = {}
         self._frozen: set[str] = set()  # replica streams being moved away: no appends
         self._landing: dict[str, int] = {}  # mirrored appends under way, per stream
         self._landed = asyncio.Condition()
-        # streams whose pushes another room appends (replicated streams: peer.federation)
-        self.appenders: dict[str, Appender] = {}
-        # the highest offset of a stream that may be trimmed (a replica still lacks the rest)
-        self.trim_limit: Callable[[str], int | None] = lambda _stream: None
-        self.availability: Availability | None = None  # tentative forks, made with the engine
-        # whether a stream's upstream is reachable (the federation knows; alone: always)
-        self.upstream_reachable: Callable[[str], bool] = lambda _stream: True
+        # streams whose pushes another room appends (replicated streams), and their trim limits
+        self.logs: ReplicaLogs = logs or NoReplicaLogs()
+        self.availability = availability
 
     # lifecycle
     async def resume_queries(self, skip: Collection[str] = ()) -> None:
@@ -135,19 +191,16 @@ class LocalSite:
             self.query_errors[name] = exc.message
             log.error("query %s could not resume: %s", name, exc.message)
 
-    async def check_availability(self) -> None:
-        """Fork or correct the queries with an availability bound (peer.engine.tentative)."""
-        if self.engine is None:
+    async def check_availability(self, reachable: Reachable = always_reachable) -> None:
+        """Fork or correct the queries with an availability bound (peer.engine.tentative);
+        ``reachable`` says whether a stream's upstream is (the federation knows; alone: yes)."""
+        if self.engine is None or self.availability is None:
             return
-        if self.availability is None:
-            from peer.engine.tentative import Availability  # pyspark: peers with an engine
-
-            self.availability = Availability(self.engine, self.spools)
-            self.availability.reachable = self.upstream_reachable
         entries = [self.catalog.query(n) for n in self.catalog.query_names()]
         bounded = [e for e in entries if e.query.availability_bound_s and e.status == "RUNNING"]
         unreplicated = [e for e in bounded if not self.replicated_outputs(e.query)]
-        await self.availability.tick([(self.checked(e.query), e.incarnation) for e in unreplicated])
+        queries = [(self.checked(e.query), e.incarnation) for e in unreplicated]
+        await self.availability.tick(queries, reachable)
 
     async def close(self) -> None:
         if self.availability is not None:
@@ -165,7 +218,7 @@ class LocalSite:
                 retain, age = 0, self.config.retention_s
                 if name.startswith(INTERNAL_PREFIX):  # a fragment's checkpoints: the newest
                     retain, age = 1, min(INTERNAL_RETENTION_S, age)
-                keep = self.trim_limit(name)
+                keep = self.logs.trim_limit(name)
                 await asyncio.to_thread(spool.trim, retain, max_age_s=age, keep_after=keep)
         if self.engine is not None:
             for name, reason in (await self.engine.failed()).items():
@@ -333,7 +386,7 @@ class LocalSite:
             return table.num_rows, spool.append(table, origin=producer, seq=seq)
 
         await self.room(stream, spool)
-        appender = self.appenders.get(stream)
+        appender = self.logs.appender(stream)
         if appender is not None:  # a replicated stream: its replicas must hold it first
 
             def encode() -> tuple[int, bytes | None]:
@@ -595,3 +648,8 @@ class LocalSite:
 
     async def lookup(self, name: str) -> replies.LookupReply:
         return self.lookup_here(name)
+
+    @property
+    def address(self) -> str:
+        """HOST:PORT of this peer's client API (empty until it listens)."""
+        return self._address()
