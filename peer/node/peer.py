@@ -6,8 +6,9 @@ engine of this peer); :class:`peer.federation.Federation` (with an overlay: wher
 live in the federation, and how requests get there); :class:`peer.move.Mover` and
 :class:`peer.brain.Brain` (with contracts: moving fragments to partners under the
 bounded-price mechanism); the client API server (:mod:`peer.server`), serving the site or
-the federation; with ``http``, the observer and its HTTP server (:mod:`peer.observe`), fed
-at the seams this module holds (client service, brain port, engine result seam, lookups).
+the federation; with ``http``, the observer and its HTTP server (:mod:`peer.observe`), made
+first and given to the parts that feed it (client service, brain port, engine seams, DHT
+lookups). Each object gets its collaborators when it is made (tests/unit/test_wiring.py).
 """
 
 from __future__ import annotations
@@ -16,25 +17,23 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from overlay.node import OverlayError
 from overlay.stream import decode_pool
 from overlay.wire import DecodeBudget
 from peer.engine.seams import EngineSeams
-from peer.errors import Conflict, FedstreamError, Unavailable
+from peer.errors import Conflict
 from peer.federation import Federation
 from peer.federation.service import StatusPart
-from peer.fetch.server import FetchLimits, FetchServer, remote_input
-from peer.model.limits import ContentLimits
+from peer.fetch.server import FetchServer, remote_input
+from peer.node.config import PeerConfig
+from peer.node.ports import BrainPort, FederationDoor
+from peer.node.service import ClientService
 from peer.protocol import replies
 from peer.protocol.link import Raw
 from peer.replication.appenders import Appenders
 from peer.replication.plane import ReplicationSettings
-from peer.server import AnnouncedBatches, ApiServer, PeerService, api_server_tls, is_loopback
+from peer.server import ApiServer, api_server_tls, is_loopback
 from peer.site import LocalSite, SiteConfig, SiteStore, always_reachable
 from peer.storage.spool import SpoolSet
 from peer.timing import MONOTONIC, Clock, every
@@ -42,100 +41,14 @@ from peer.timing import MONOTONIC, Clock, every
 if TYPE_CHECKING:
     from contracts.book import ContractBook
     from overlay.identity import NodeIdentity, TrustStore
-    from overlay.link import Link
-    from overlay.membership import Event, MemberInfo
     from overlay.node import Overlay
     from peer.brain import Brain
     from peer.engine.runner import Engine
     from peer.engine.tentative import Availability
-    from peer.federation.router import Router
     from peer.move import Mover
     from peer.observe import HttpServer, Observer
 
 log = logging.getLogger(__name__)
-R = TypeVar("R")
-
-
-@dataclass
-class PeerConfig:
-    data_dir: Path = field(default_factory=lambda: Path("peer-data"))
-    host: str = "127.0.0.1"
-    port: int = 7700
-    engine: bool = True
-    spark_master: str = "local[*]"
-    spark_conf: dict[str, str] = field(default_factory=dict)
-    checkpoint_root: Path | None = None  # None: DATA_DIR/checkpoints (peer.engine.checkpoint_home)
-    trigger_s: float = 0.0
-    max_rows_per_batch: int = 200_000
-    # Run filter/map/union-only queries together in one streaming query (peer.engine.lane).
-    fuse_stateless: bool = True
-    # How many per-tuple queries run on their own before the next ones share the lane.
-    lane_after: int = 1
-    max_frame_bytes: int = 64 * 1024 * 1024
-    # Wire budgets, timeouts, fair sharing (issue 12): docs/protocol.md section 6 says each.
-    max_frame_depth: int = 32
-    max_frame_elements: int = 2_000_000
-    max_container_len: int = 1_000_000
-    max_decoded_bytes: int = 128 * 1024 * 1024
-    frame_timeout_s: float = 60.0
-    api_idle_timeout_s: float = 300.0
-    link_idle_timeout_s: float = 300.0
-    max_connections_per_address: int = 64
-    evict_idle_s: float = 2.0
-    relay_streams_per_connection: int = 16
-    relay_streams_per_address: int = 32
-    decode_workers: int = 1
-    maintenance_interval_s: float = 2.0
-    availability_interval_s: float = 0.25  # how often queries with a bound are looked at
-    # How long a stream no query reads (a result stream) keeps its tuples for late subscribers.
-    retention_s: float = 600.0
-    fsync: bool = True
-    # the overlay (DHT catalog, peer links, gossip); off: a lone peer as in issue 2
-    overlay: bool = True
-    overlay_host: str | None = None  # default: the API host
-    overlay_port: int | None = None  # default: API port + 1 (0 when the API port is 0)
-    bootstrap: list[tuple[str, int]] = field(default_factory=list)
-    bootstrap_timeout_s: float = 30.0
-    participant: str | None = None
-    key_path: Path | None = None
-    trust_dir: Path | None = None
-    gossip_interval_s: float = 1.0
-    suspect_after_s: float = 3.0
-    dead_after_s: float = 8.0
-    lease_s: float = 20.0
-    # Backpressure: how many batches a stream may hold that its slowest reader (a query, a
-    # mirror to another peer) has not taken; beyond it, pushes and mirrored appends wait
-    # (up to backlog_wait_s, then a retriable error) and queries writing it read no input.
-    max_backlog_batches: int = 1000
-    backlog_wait_s: float = 30.0
-    # Federation (issue 5): signed contracts with partners, and the bounded-price brain.
-    contracts_dir: Path | None = None
-    capacity: float | None = None  # cores this peer offers; default: os.cpu_count()
-    bpm_period_s: float = 5.0
-    offer_margin: float = 0.05
-    accept_margin: float = 0.05
-    offer_timeout_s: float = 10.0
-    brain: bool = True  # run the brain when there are contracts
-    # Replication (issue 11): a seat in the control plane, and the defaults of new streams.
-    voter: bool = False
-    replicas: int = 3
-    min_insync: int = 2
-    failover_after_s: float = 1.5
-    repair_after_s: float = 30.0  # a replica silent this long is replaced by a live peer
-    # Observability (issue 13): /metrics, /status and the dashboard on this address; None: off
-    # (``peer join`` serves them by default on the API host, API port + 2).
-    http: tuple[str, int] | None = None
-    # Run a small windowed query once after this peer's own Spark session starts, so that the
-    # first fragment it runs (a take-over, an arrival) starts warm (peer.engine.warm).
-    warm_up: bool = True
-    # Content budgets of requests (issue 12): pushed Arrow bytes once decompressed, query size
-    # in any form, boxes, arrows per box, parameter text (peer.model.limits).
-    limits: ContentLimits = field(default_factory=ContentLimits)
-    # Executors fetch spool files from this peer (peer.fetch.server.remote_input: None = when
-    # the Spark master is not local, or FEDSTREAM_FETCH_REMOTE=1).
-    fetch_remote: bool | None = None
-    fetch_port: int = 0  # 0: any free port (fix it where a firewall needs to know)
-    fetch_limits: FetchLimits = field(default_factory=FetchLimits)
 
 
 class Peer:
@@ -349,10 +262,10 @@ class Peer:
             replication=replication,
         )
         door.open(fed)
+        mover = self.mover = Mover(site, fed, self.book, self._arrived)
+        mover.register()
         if self.book is not None and config.brain:
-            self.brain = self._make_brain(fed, self.book)
-        self.mover = Mover(site, fed, self.book, self._arrived)
-        self.mover.register()
+            self.brain = self._make_brain(fed, mover, self.book)
         if self.brain is not None:
             fed.router.register("offer", self._on_offer)
             brain = self.brain
@@ -391,7 +304,7 @@ class Peer:
         self.http = HttpServer(observer, self._service.status, host, port, ssl_context=ssl_context)
         await self.http.start()
 
-    def _make_brain(self, fed: Federation, book: ContractBook) -> Brain:
+    def _make_brain(self, fed: Federation, mover: Mover, book: ContractBook) -> Brain:
         from contracts.bpm import BpmConfig
         from peer.brain import Brain
 
@@ -403,7 +316,14 @@ class Peer:
             accept_margin=config.accept_margin,
         )
         capacity = config.capacity or float(os.cpu_count() or 1)
-        return Brain(BrainPort(self, fed), book, bpm, capacity)
+        port = BrainPort(
+            fed,
+            data_dir=self.data_dir,
+            mover=mover,
+            observer=self.observer,
+            move=self.move_fragment,
+        )
+        return Brain(port, book, bpm, capacity)
 
     async def _on_offer(self, message: Raw, sender: str) -> dict[str, Any]:
         assert self.brain is not None
@@ -543,146 +463,6 @@ class Peer:
             pause = reply.get("pause_s")
             self.observer.moved("out", True, pause if isinstance(pause, float | int) else None)
         return reply
-
-
-class ClientService:
-    """The client API's view of the peer: the site of a lone peer, the federation once the
-    overlay has joined. Subscriptions announce their start position (peer.server)."""
-
-    def __init__(self, clock: Clock = MONOTONIC, observer: Observer | None = None) -> None:
-        self.clock = clock  # times a push for the metrics
-        self.target: PeerService | None = None
-        self.observer = observer  # told of pushes and refusals
-
-    def serve(self, target: PeerService) -> None:
-        """From now on, requests go to ``target`` (the site once it is open, then the
-        federation once the overlay has joined); before the first, they are refused."""
-        self.target = target
-
-    async def _counted(self, call: Awaitable[R]) -> R:
-        """``call``'s reply; a refusal is counted by its code (the metrics) and raised."""
-        try:
-            return await call
-        except FedstreamError as exc:
-            if self.observer is not None:
-                self.observer.refused(exc.code)
-            raise
-
-    def _to(self) -> PeerService:
-        if self.target is None:
-            raise Unavailable("the peer is starting; retry")
-        return self.target
-
-    async def create_schema(self, schema: str | dict[str, Any]) -> replies.CreateSchemaReply:
-        return await self._counted(self._to().create_schema(schema))
-
-    async def create_stream(
-        self, name: str, schema: str, replicas: int | None = None
-    ) -> replies.CreateStreamReply:
-        return await self._counted(self._to().create_stream(name, schema, replicas))
-
-    async def create_query(self, query: str | dict[str, Any]) -> replies.CreateQueryReply:
-        return await self._counted(self._to().create_query(query))
-
-    async def set_query_status(self, name: str, status: str) -> replies.SetQueryStatusReply:
-        return await self._counted(self._to().set_query_status(name, status))
-
-    async def push(
-        self, stream: str, payload: dict[str, Any], producer: str | None, seq: int | None
-    ) -> replies.PushReply:
-        started = self.clock()
-        reply = await self._counted(self._to().push(stream, payload, producer, seq))
-        if self.observer is not None:
-            self.observer.pushed(stream, reply.count, self.clock() - started)
-        return reply
-
-    def subscribe(self, stream: str, start: str) -> AsyncIterator[dict[str, Any]]:
-        return AnnouncedBatches(self._to().subscribe(stream, start))
-
-    async def lookup(self, name: str) -> replies.LookupReply:
-        return await self._counted(self._to().lookup(name))
-
-    async def status(self) -> replies.StatusReply:
-        return await self._to().status()
-
-
-class FederationDoor:
-    """The overlay's way in to the federation (implements overlay.node.PeerHandler).
-
-    The federation needs the overlay (its links, its DHT, its members), so the overlay is made
-    first, with this door as its handler and member listener, and the door opens once the
-    federation is made, before the overlay starts: no request or member event finds it
-    closed. One that did would get the overlay's retriable refusal, or be dropped."""
-
-    def __init__(self) -> None:
-        self._fed: Federation | None = None
-
-    def open(self, fed: Federation) -> None:
-        if self._fed is not None:
-            raise RuntimeError("the federation's door is open already")
-        self._fed = fed
-
-    def _router(self) -> Router:
-        if self._fed is None:
-            raise OverlayError("this peer is starting; retry")
-        return self._fed.router
-
-    async def handle_link(self, link: Link, frame: dict[str, Any]) -> dict[str, Any]:
-        return await self._router().handle_link(link, frame)
-
-    def stream_link(self, link: Link, frame: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        return self._router().stream_link(link, frame)
-
-    async def on_member(self, event: Event) -> None:
-        if self._fed is not None:
-            await self._fed.on_member(event)
-
-
-class BrainPort:
-    """What the brain uses of the peer (peer.brain.BrainHost)."""
-
-    def __init__(self, peer: Peer, fed: Federation) -> None:
-        self._peer = peer
-        self._fed = fed
-
-    @property
-    def node_id(self) -> bytes:
-        return self._fed.node_id
-
-    @property
-    def data_dir(self) -> Path:
-        return self._peer.data_dir
-
-    def live_members(self) -> Sequence[MemberInfo]:
-        return self._fed.overlay.live_members()
-
-    async def send_offer(self, node_id: bytes, frame: dict[str, object]) -> object:
-        observer = self._peer.observer
-        try:
-            reply = await self._fed.router.call(node_id, Raw("offer", dict(frame)))
-        except FedstreamError:
-            if observer is not None:
-                observer.offered("sent", "failed")
-            raise
-        if observer is not None:
-            observer.offered("sent", "accepted" if reply.get("accepted") else "refused")
-        return reply
-
-    def movable_fragments(self) -> Sequence[tuple[str, tuple[str, ...]]]:
-        return [] if self._peer.mover is None else self._peer.mover.movable()
-
-    async def engine_busy_seconds(self) -> Mapping[str, float]:
-        return await self._fed.site.engine_busy_seconds()
-
-    def input_backlog(self) -> int:
-        return self._fed.site.input_backlog()
-
-    async def move_fragment(
-        self, name: str, target: bytes, *, contract: str, load: float, price: float
-    ) -> Mapping[str, object]:
-        return await self._peer.move_fragment(
-            name, target, contract=contract, load=load, price=price
-        )
 
 
 async def _no_offers(_message: Raw, _sender: str) -> dict[str, Any]:
