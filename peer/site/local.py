@@ -20,25 +20,25 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import AsyncIterator, Callable, Collection
+from typing import TYPE_CHECKING, Any
 
 from peer.errors import Conflict, EngineError, InvalidInput, NotFound, Unavailable
-from peer.model.limits import ContentLimits
 from peer.model.plan import CheckedQuery, check_query
 from peer.model.query import Query, parse_query, query_to_dict
 from peer.model.schema import Schema, check_name, parse_schema, to_arrow_schema
 from peer.model.tentative import UNDO
 from peer.model.tuples import batch_from_wire
 from peer.protocol import replies
-from peer.protocol.api import QUERY_STATUSES, READY, START_POSITIONS
+from peer.protocol.api import QUERY_STATUSES, START_POSITIONS
 from peer.protocol.link_replies import MirrorAppendReply
-from peer.storage.catalog import LocalCatalog, QueryEntry
-from peer.storage.feed import after_offset, open_tentative, trimmed_gap, wire_entries
-from peer.storage.spool import Spool, SpoolSet
-from peer.storage.spool_format import REPLICA_STATE_FILE, Quarantine, TrimmedError
+from peer.site.ports import NoReplicaLogs, Reachable, ReplicaLogs, always_reachable
+from peer.site.store import SiteConfig, SiteStore
+from peer.site.subscribe import follow
+from peer.storage.catalog import QueryEntry
+from peer.storage.feed import open_tentative
+from peer.storage.spool import Spool
+from peer.storage.spool_format import REPLICA_STATE_FILE, Quarantine
 
 if TYPE_CHECKING:
     from peer.engine.runner import Engine
@@ -46,25 +46,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SUBSCRIBE_CHUNK = 64  # spool files read per wake-up of a subscriber
 INTERNAL_PREFIX = "~"  # streams the federation makes for itself (names users cannot give)
 # An internal stream (a fragment's checkpoints) keeps its newest batch, and the others this
 # long: a replica that was away longer cannot catch up on them.
 INTERNAL_RETENTION_S = 120.0
-
-
-@dataclass(frozen=True)
-class SiteConfig:
-    data_dir: Path
-    # Backpressure: how many batches a stream may hold that its slowest reader (a query, a
-    # mirror to another peer) has not taken; beyond it, pushes and mirrored appends wait
-    # (up to backlog_wait_s, then a retriable error) and queries writing it read no input.
-    max_backlog_batches: int = 1000
-    backlog_wait_s: float = 30.0
-    # How long a stream no query reads (a result stream) keeps its tuples for late subscribers.
-    retention_s: float = 600.0
-    # What one request may ask (pushed bytes, query size; peer.model.limits).
-    limits: ContentLimits = field(default_factory=ContentLimits)
 
 
 def checked_status(status: str) -> str:
@@ -75,60 +60,6 @@ def checked_status(status: str) -> str:
             status=status,
         )
     return status
-
-
-# (the batch's spool file, its rows, producer, seq) -> the push's answer
-Appender = Callable[[bytes, int, str | None, int | None], Awaitable[dict[str, Any]]]
-# whether a stream's upstream (the peer it is mirrored from) is reachable
-Reachable = Callable[[str], bool]
-
-
-class ReplicaLogs(Protocol):
-    """The streams whose pushes another room appends (replicated streams: the replication
-    room's registry, given to the site when it is made), and how far each may be trimmed."""
-
-    def appender(self, stream: str) -> Appender | None:
-        """How a push of ``stream`` is appended (None: to the local spool, as usual)."""
-        ...
-
-    def trim_limit(self, stream: str) -> int | None:
-        """The highest offset of ``stream`` that may be trimmed (None: no limit)."""
-        ...
-
-
-class NoReplicaLogs:
-    """A lone peer's: every stream is appended and trimmed here alone."""
-
-    def appender(self, stream: str) -> Appender | None:
-        return None
-
-    def trim_limit(self, stream: str) -> int | None:
-        return None
-
-
-@dataclass(frozen=True)
-class SiteStore:
-    """A site's storage: its local catalog and its spools (those the catalog names made if
-    missing; a spool that does not open is quarantined). Opened before the engine, which
-    reads the spools, so that the site is made with both."""
-
-    catalog: LocalCatalog
-    spools: SpoolSet
-
-    @classmethod
-    def open(cls, data_dir: Path) -> SiteStore:
-        data_dir.mkdir(parents=True, exist_ok=True)
-        catalog = LocalCatalog(data_dir / "catalog.sqlite")
-        spools = SpoolSet(data_dir / "spool")  # quarantines what does not open
-        for name in catalog.stream_names():
-            if name not in spools and spools.quarantine_of(name) is None:
-                spools.create(name, to_arrow_schema(catalog.stream(name).schema))
-        return cls(catalog, spools)
-
-
-def always_reachable(_stream: str) -> bool:
-    """A lone peer's upstreams: every stream is here, so none is out of reach."""
-    return True
 
 
 class LocalSite:
@@ -480,48 +411,9 @@ class LocalSite:
         than the retention behind, or resumes from an offset no longer kept), it gets
         :func:`trimmed_gap`, naming the first missing offset, and may subscribe again."""
         self.catalog.stream(stream)
-        after = after_offset(start)
-        if start not in START_POSITIONS and after is None:
-            raise InvalidInput(f"subscribe: start must be latest or earliest, not {start!r}")
-        spool = self.spools.get(stream)
-        loop = asyncio.get_running_loop()
-        wake = asyncio.Event()
-
-        def on_append(_offset: int) -> None:
-            loop.call_soon_threadsafe(wake.set)
-
-        spool.add_listener(on_append)
-        try:
-            if after is not None:
-                position = after
-            else:
-                position = spool.latest if start == "latest" else spool.earliest - 1
-            if position + 1 < spool.earliest:
-                raise trimmed_gap(stream, position + 1, spool.earliest)
-            yield {**READY, "after": position}
-            while True:
-                wake.clear()
-                latest = spool.latest
-                if latest <= position:
-                    if stream not in self.spools:  # moved away (peer.move) or dropped
-                        raise Unavailable(
-                            f"stream {stream} is no longer here; subscribe again",
-                            stream=stream,
-                            moved=True,
-                        )
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(wake.wait(), 1.0)
-                    continue
-                end = min(latest, position + SUBSCRIBE_CHUNK)
-                try:
-                    items = await asyncio.to_thread(wire_entries, spool, position, end, tentative)
-                except TrimmedError:  # trimmed before this subscriber read it
-                    raise trimmed_gap(stream, position + 1, spool.earliest) from None
-                for item in items:
-                    yield item
-                position = end
-        finally:
-            spool.remove_listener(on_append)
+        async with contextlib.aclosing(follow(self.spools, stream, start, tentative)) as items:
+            async for item in items:
+                yield item
 
     # what the brain and moves measure
     def input_backlog(self) -> int:
