@@ -143,6 +143,7 @@ class Catalog:
         cache_ttl_s: dict[str, float] | None = None,
         clock: Callable[[], float] = time.monotonic,
         alone: Callable[[], bool] | None = None,
+        on_lookup: Callable[[float], None] | None = None,
     ) -> None:
         self.dht = dht
         self.participant = participant
@@ -155,7 +156,7 @@ class Catalog:
         self.hits = 0
         self.misses = 0
         # Told how long each lookup that went to the DHT took (seconds; the peer's metrics).
-        self.on_lookup: Callable[[float], None] | None = None
+        self.on_lookup = on_lookup
 
     # reading
     async def read(self, key: str, *, fresh: bool = False) -> dict[str, Any] | None:

@@ -104,7 +104,11 @@ class Overlay:
         engine: bool,
         handler: PeerHandler | None = None,
         on_member: Callable[[Event], Awaitable[None]] | None = None,
+        on_lookup: Callable[[float], None] | None = None,
     ) -> None:
+        """``handler``: what serves the peer's requests over links; ``on_member``: told of
+        every member event; ``on_lookup``: told how long each catalog lookup that went to
+        the DHT took (seconds)."""
         self.identity = identity
         self.trust = trust
         self.config = config
@@ -113,6 +117,7 @@ class Overlay:
         self.engine = engine
         self.handler = handler
         self.on_member = on_member
+        self._on_lookup = on_lookup
         self.incarnation = time.time_ns() // 1000
         self.links: LinkServer | None = None
         self.pool: LinkPool | None = None
@@ -160,6 +165,7 @@ class Overlay:
             participant_key=self.identity.participant_key,
             node_key=self.identity.node_key,
             alone=self._alone,
+            on_lookup=self._on_lookup,
         )
         await self._join()
 
@@ -389,8 +395,8 @@ class Overlay:
         return self._handler().stream_link(link, frame)
 
     def _handler(self) -> PeerHandler:
-        """The peer's handler, attached (``overlay.handler = ...``) once the peer has built
-        what serves its requests; before that, a request gets a retriable refusal."""
+        """The peer's handler (given when the overlay is made); without one, a request gets
+        a retriable refusal."""
         if self.handler is None:
             raise OverlayError("this peer is starting; retry")
         return self.handler

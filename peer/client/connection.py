@@ -171,7 +171,6 @@ class Client:
         self.server_participant: str | None = None  # proven by the peer's TLS certificate
         self._ssl = ssl
         self._network = network
-        self._subscription_port = _Port(self)
         self._trust: TrustStore | None = None
         self._heard = False  # any frame arrived on this connection
         self._stream: FrameStream | None = None
@@ -180,6 +179,7 @@ class Client:
         self._ids = itertools.count(1)  # shared by its connections: no id is ever reused
         self._pending: dict[int, _Pending] = {}
         self._subscriptions: dict[int, Subscription] = {}
+        self._subscription_port = _Port(self, self._subscriptions)
         self._lost: FedstreamError | None = None
 
     @property
@@ -561,8 +561,9 @@ def _plain(definition: str | Mapping[str, Any]) -> str | dict[str, Any]:
 class _Port:
     """What the client's subscriptions need of it (a SubscriptionPort)."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, subscriptions: dict[int, Subscription]) -> None:
         self._client = client
+        self._subscriptions = subscriptions  # the client's table: attached here, read there
 
     async def request(self, request: Request, *, on_ok: OnOk | None = None) -> Reply:
         reply = await self._client._round_trip(request, on_ok)
@@ -578,7 +579,7 @@ class _Port:
         return None if conn is None else conn.taken(sid)
 
     def attach(self, sid: int, subscription: Subscription) -> None:
-        self._client._subscriptions[sid] = subscription
+        self._subscriptions[sid] = subscription
 
     def detach(self, sid: int) -> None:
-        self._client._subscriptions.pop(sid, None)
+        self._subscriptions.pop(sid, None)

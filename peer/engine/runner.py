@@ -21,7 +21,7 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -34,6 +34,7 @@ from peer.engine.compile import (
 )
 from peer.engine.lane import Lane, error_line, lane_kind
 from peer.engine.lane_source import register_lane_source
+from peer.engine.seams import EngineSeams
 from peer.errors import EngineError
 from peer.fetch.protocol import FetchEndpoint
 from peer.model.plan import CheckedQuery
@@ -44,7 +45,6 @@ from peer.storage.spool import SpoolSet
 from peer.timing import MONOTONIC
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
@@ -92,8 +92,12 @@ class Engine:
         fetch: FetchEndpoint | None = None,
         lane_preaggregate: bool | None = None,
         clock: Callable[[], float] = MONOTONIC,
+        seams: EngineSeams | None = None,
     ) -> None:
         self.spools = spools
+        # Where results go besides the local spools, bound by the parts that take them
+        # (replicated fragments, tentative forks, the metrics): peer.engine.seams.
+        self.seams = seams or EngineSeams()
         self.clock = clock  # batch durations (read on Spark's threads: a plain reading)
         # Input without a shared disk: with the peer's fetch server, Spark's executors fetch
         # spool files from it (peer.fetch) instead of opening them; None: they open them.
@@ -134,23 +138,6 @@ class Engine:
             ),
             clock=clock,
         )
-        # Seams for replicated fragments (peer.replication.fragment_failover), called on Spark's
-        # callback thread: ``on_batch(query, batch id, checkpoint)`` before a micro-batch
-        # runs, which may return a callable to call with the batch's result rows before they
-        # are emitted; ``emit(stream, table, origin, seq)`` for each result part (default:
-        # the local spool's append).
-        self.on_batch: Callable[[str, int, Path], Callable[[int], None] | None] | None = None
-        self.emit: Callable[[str, pa.Table, str, int], None] | None = None
-        # The metrics' seam, also on Spark's callback thread: ``on_result(query, seconds)``
-        # after a micro-batch of a query with its own streaming query put result rows in its
-        # output spools, with the seconds since the newest input batch it had taken was
-        # appended here (push to result).
-        self.on_result: Callable[[str, float], None] | None = None
-        # A tentative fork wrote a result batch (query, stream, offset, rows): on Spark's
-        # callback thread (peer.engine.tentative).
-        self.on_tentative: Callable[[str, str, int, int], None] | None = None
-        # Stops a query's tentative fork, if it has one (set by peer.engine.tentative).
-        self.stop_forks: Callable[[str], Awaitable[None]] | None = None
 
     async def _call(self, fn: Callable[[], T]) -> T:
         loop = asyncio.get_running_loop()
@@ -325,8 +312,8 @@ class Engine:
             started = self.clock()
             log.debug("query %s (%s): batch %d starts", name, status, batch_id)
             before_emit = None
-            if self.on_batch is not None and not tentative:  # the checkpoint as it starts
-                before_emit = self.on_batch(name, batch_id, checkpoint)
+            if not tentative:  # the checkpoint as it starts
+                before_emit = self.seams.on_batch(name, batch_id, checkpoint)
             table = df.toArrow()
             if before_emit is not None:
                 before_emit(table.num_rows)
@@ -334,20 +321,20 @@ class Engine:
                 if tentative:
                     spool = self.spools.get(stream)
                     at = spool.append(part, origin=origin, seq=batch_id, status=status)
-                    if at is not None and self.on_tentative is not None:
-                        self.on_tentative(name, stream, at, part.num_rows)
-                elif self.emit is not None:
-                    self.emit(stream, part, origin, batch_id)
+                    if at is not None:
+                        self.seams.wrote_tentative(name, stream, at, part.num_rows)
                 else:
-                    self.spools.get(stream).append(part, origin=origin, seq=batch_id)
+                    self.seams.emit(self.spools, stream, part, origin, batch_id)
             if running is not None:
                 running.batches += 1
                 running.rows_out += table.num_rows
                 running.last_batch_s = self.clock() - started
-            if self.on_result is not None and table.num_rows:
+            # push to result: the seconds since the newest input batch it had taken was
+            # appended here, after a micro-batch put result rows in its output spools
+            if self.seams.measures_results and table.num_rows:
                 age = self._input_age_s([r for r in readers if r[0]])
                 if age is not None:
-                    self.on_result(name, age)
+                    self.seams.result(name, age)
 
         writer = (
             compiled.frame.writeStream.queryName(key)
@@ -363,8 +350,8 @@ class Engine:
     async def stop_query(self, name: str, *, forks: bool = True) -> None:
         """Stop the query (and, unless ``forks`` is false, a tentative fork running in its
         stead, whose results are taken back: peer.engine.tentative)."""
-        if forks and self.stop_forks is not None:
-            await self.stop_forks(name)
+        if forks:
+            await self.seams.stop_fork(name)
         if name in self.lane.members:
             await self._call(lambda: self.lane.remove(name))
             return

@@ -161,7 +161,8 @@ class _Marks:
 
 
 class Availability:
-    """Forks and corrects this peer's queries that have an availability bound."""
+    """Forks and corrects this peer's queries that have an availability bound (implements
+    peer.engine.seams.Forks: the engine's seams are bound to it where the peer is wired)."""
 
     def __init__(
         self,
@@ -171,6 +172,8 @@ class Availability:
         lead_s: float = FORK_LEAD_S,
         clock: Callable[[], float] = MONOTONIC,
         wall: Callable[[], float] = WALL,
+        on_tentative: Callable[[str, int], None] | None = None,
+        on_correction: Callable[[str, int], None] | None = None,
     ) -> None:
         self.clock = clock  # how long an input has been missing, when to try a resume again
         self.wall = wall  # when a fork started (reported, and compared with batch times)
@@ -184,16 +187,12 @@ class Availability:
         self._owed: dict[str, float] = {}  # stable queries to start again: not before then
         self._recovered: set[str] = set()
         self._marks = _Marks()
-        # Whether a stream's upstream is reachable (the federation sets it; default: yes).
-        self.reachable: Callable[[str], bool] = lambda _stream: True
         # Told of tentative rows written and tuples taken back (metrics): (query, rows).
-        self.on_tentative: Callable[[str, int], None] | None = None
-        self.on_correction: Callable[[str, int], None] | None = None
-        engine.on_tentative = self._wrote
-        engine.stop_forks = self._stop_fork
+        self.on_tentative = on_tentative
+        self.on_correction = on_correction
         self._lock = asyncio.Lock()  # one fork, correction or release at a time
 
-    async def _stop_fork(self, name: str) -> None:
+    async def stop_fork(self, name: str) -> None:
         """The query stops (a status change, a move): its fork goes, its results back."""
         fork = self.forks.get(name)
         if fork is not None:
@@ -209,7 +208,7 @@ class Availability:
         measured = None if state is None else state.first_result_s
         return self.lead_s if measured is None else max(self.lead_s, measured)
 
-    def _wrote(self, name: str, stream: str, offset: int, rows: int) -> None:
+    def wrote(self, name: str, stream: str, offset: int, rows: int) -> None:
         """A fork's batch is in ``stream`` at ``offset`` (on Spark's callback thread)."""
         log.debug("query %s: fork wrote %d rows at %s:%d", name, rows, stream, offset)
         with self._marks.lock:
@@ -224,9 +223,14 @@ class Availability:
         if self.on_tentative is not None:
             self.on_tentative(name, rows)
 
-    async def tick(self, queries: Collection[tuple[CheckedQuery, str]]) -> None:
+    async def tick(
+        self,
+        queries: Collection[tuple[CheckedQuery, str]],
+        reachable: Callable[[str], bool] = lambda _stream: True,
+    ) -> None:
         """Look at every running query with a bound (``(checked, incarnation)``): fork those
-        missing an input, correct those whose inputs are back."""
+        missing an input, correct those whose inputs are back (``reachable``: whether a
+        stream's upstream is, as the federation sees it; alone, always)."""
         now = self.clock()
         for checked, incarnation in queries:
             name = checked.query.name
@@ -251,8 +255,8 @@ class Availability:
                     continue
                 logs[stream] = input_log = self._logs.setdefault(stream, InputLog())
                 await asyncio.to_thread(input_log.scan, self.spools.get(stream))
-                reachable = self.reachable(stream)
-                detector.observe(stream, input_log.stable_end, now, reachable=reachable)
+                up = reachable(stream)
+                detector.observe(stream, input_log.stable_end, now, reachable=up)
             missing = detector.missing(now)
             # an input whose upstream writes tentative results makes this query tentative
             # at once (the upstream has waited its bound already)

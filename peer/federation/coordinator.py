@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from overlay.membership import MemberInfo, rank, stream_target
@@ -43,6 +43,7 @@ from overlay.node import Overlay
 from peer.errors import AlreadyExists, Conflict, InvalidInput, NotFound, QueryError
 from peer.federation.hosting import Hosting
 from peer.federation.records import CatalogRecords
+from peer.federation.replicas import UNREPLICATED, ReplicaPlacement
 from peer.federation.router import Router
 from peer.model.fragments import Fragment, fragment_query
 from peer.model.plan import CheckedQuery, check_query
@@ -58,15 +59,25 @@ log = logging.getLogger(__name__)
 
 class Coordinator:
     def __init__(
-        self, overlay: Overlay, records: CatalogRecords, hosting: Hosting, router: Router
+        self,
+        overlay: Overlay,
+        records: CatalogRecords,
+        hosting: Hosting,
+        router: Router,
+        replicas: ReplicaPlacement = UNREPLICATED,
     ) -> None:
         self.overlay = overlay
         self.records = records
         self.hosting = hosting
         self.router = router
-        # with a control plane: the primary of a replicated stream (node id, hex), where a
-        # fragment reading it is placed so that it can fail over with it
-        self.primary_of: Callable[[str], Awaitable[str | None]] = _no_primary
+        # with a control plane: the primary of a replicated stream, where a fragment reading
+        # it is placed so that it can fail over with it
+        self.replicas = replicas
+
+    async def primary_of(self, stream: str) -> str | None:
+        """The primary of a replicated stream (node id, hex), None for a plain one."""
+        primary = await self.replicas.primary_of(stream, True)
+        return None if primary is None else primary.hex()
 
     # placement
     def _engines(self, members: list[MemberInfo]) -> list[MemberInfo]:
@@ -236,10 +247,6 @@ class Coordinator:
                 info["error"] = str(exc)
             out.append(info)
         return out
-
-
-async def _no_primary(_stream: str) -> str | None:
-    return None
 
 
 def _plan(query: Query, fragments: list[Fragment], host: Callable[[str], str]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from overlay.catalog import CatalogError, Placement
 from overlay.membership import Event
@@ -29,13 +29,13 @@ from overlay.node import Overlay
 from peer.errors import FedstreamError, Unavailable
 from peer.federation.mirror import Mirrors
 from peer.federation.records import CatalogRecords
+from peer.federation.replicas import UNREPLICATED, ReplicaPlacement
 from peer.model.schema import parse_schema
 from peer.site import LocalSite
 from peer.timing import MONOTONIC, WALL, Clock, wait_event
 
 log = logging.getLogger(__name__)
 
-PrimaryOf = Callable[[str, bool], Awaitable[bytes | None]]  # (stream, fresh) -> node id
 
 LEASE_S = 20.0
 LEASE_GAP_S = 3.0  # a moved stream's lease may be unreadable this long after the move
@@ -51,6 +51,7 @@ class Hosting:
         mirrors: Mirrors,
         api: tuple[str, int],
         *,
+        replicas: ReplicaPlacement = UNREPLICATED,
         lease_s: float = LEASE_S,
         clock: Clock = MONOTONIC,
         wall: Callable[[], float] = WALL,
@@ -71,9 +72,7 @@ class Hosting:
         self._claimed = asyncio.Event()
         self._takeover = asyncio.Lock()
         # Replicated streams: the control plane names their primary (peer.replication.streams)
-        self.primary_of: PrimaryOf | None = None
-        self.replicated: Callable[[str], bool] = lambda _stream: False
-        self.epoch_of: Callable[[str], int | None] = lambda _stream: None
+        self.replicas = replicas
 
     @property
     def node_id(self) -> bytes:
@@ -133,7 +132,7 @@ class Hosting:
             self.api,
             self.lease_s,
             self.mirrors.targets(stream),
-            epoch=self.epoch_of(stream) if self.replicated(stream) else None,
+            epoch=self.replicas.epoch_of(stream) if self.replicated(stream) else None,
         )
 
     async def resume(self) -> None:
@@ -222,16 +221,19 @@ class Hosting:
             self.hosted.discard(stream)
 
     # finding the host
+    def replicated(self, stream: str) -> bool:
+        """Whether ``stream`` is replicated here (its replica driver says who leads it)."""
+        return self.replicas.is_replicated(stream)
+
     async def host_of(self, stream: str, *, fresh: bool = False) -> bytes:
         """The node id of the peer that hosts ``stream`` now (maybe us)."""
         if stream in self.hosted:
             return self.node_id
         if stream in self.moved_streams:
             return self.moved_streams[stream]
-        if self.primary_of is not None:
-            primary = await self.primary_of(stream, fresh)
-            if primary is not None:
-                return primary
+        primary = await self.replicas.primary_of(stream, fresh)
+        if primary is not None:
+            return primary
         placement = await self.records.placement(stream, fresh=fresh)
         if placement is not None and placement.moved_to is not None:
             return placement.moved_to

@@ -11,14 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 from overlay.catalog import CatalogError
 from peer.errors import FedstreamError, NotFound, Unavailable
 from peer.federation.hosting import Hosting
 from peer.federation.mirror import Mirrors
 from peer.federation.records import CatalogRecords
+from peer.federation.replicas import UNREPLICATED, ReplicaRequests
 from peer.federation.router import Router
 from peer.model.plan import CheckedQuery
 from peer.protocol.link import (
@@ -43,14 +42,6 @@ from peer.site import LocalSite, checked_status
 log = logging.getLogger(__name__)
 
 
-async def _not_replicated(_checked: CheckedQuery) -> None:
-    return None
-
-
-async def _nothing(_fragment: str, _status: str) -> None:
-    return None
-
-
 class SiteRequests:
     def __init__(
         self,
@@ -59,19 +50,16 @@ class SiteRequests:
         hosting: Hosting,
         mirrors: Mirrors,
         router: Router,
+        replicas: ReplicaRequests = UNREPLICATED,
     ) -> None:
+        """``replicas``: the replication room's side of a request (a replicated stream's
+        copy, a fragment installed as replicated, a fragment's status changes)."""
         self.site = site
         self.records = records
         self.hosting = hosting
         self.mirrors = mirrors
         self.router = router
-        # a replicated stream's copy is made by the replica driver (True: it was one)
-        self.on_host_stream: Callable[[str], Awaitable[bool]] | None = None
-        # replicated fragments (peer.replication.fragment_failover): installed there if they can be
-        # (None: not replicated), and told of every status change of a fragment
-        self.install_replicated: Callable[[CheckedQuery], Awaitable[dict[str, Any] | None]]
-        self.install_replicated = _not_replicated
-        self.after_status: Callable[[str, str], Awaitable[None]] = _nothing
+        self.replicas = replicas
 
     def register(self) -> None:
         r = self.router
@@ -104,7 +92,7 @@ class SiteRequests:
         )
 
     async def host_stream(self, message: HostStream, _sender: str) -> HostStreamReply:
-        if self.on_host_stream is not None and await self.on_host_stream(message.stream):
+        if await self.replicas.host_replica(message.stream):  # the replica driver made it
             return HostStreamReply(message.stream, self.me.hex(), replicated=True)
         await self.site.add_stream(message.stream, message.schema, None)
         await self.hosting.host(message.stream)
@@ -149,7 +137,7 @@ class SiteRequests:
     async def create_here(self, checked: CheckedQuery) -> CreateQueryReply:
         """A query (a whole one, or one fragment) that runs here, its result streams hosted
         here and published in the catalog."""
-        replicated = await self.install_replicated(checked)
+        replicated = await self.replicas.install(checked)
         if replicated is not None:  # (the replication room answers with the reply's map)
             return CreateQueryReply.from_wire(replicated)
         name = checked.query.name
@@ -175,12 +163,12 @@ class SiteRequests:
                     await asyncio.to_thread(catalog.forget_moved, fragment)
                 return SetQueryStatusReply.from_wire(there)
             if status == "DELETED":
-                await self.after_status(fragment, status)  # a replica of its streams?
+                await self.replicas.after_status(fragment, status)  # a replica of its streams?
                 return SetQueryStatusReply(fragment, status)  # gone already
             raise NotFound(f"no fragment {fragment} on this peer", query=fragment)
         outputs = [s for box in catalog.query(fragment).query.boxes for s in box.outputs]
         reply = await self.site.set_query_status_here(fragment, status)
-        await self.after_status(fragment, status)
+        await self.replicas.after_status(fragment, status)
         if status == "DELETED":
             still_read = self.site.streams_read()
             await self.drop_streams(

@@ -11,9 +11,9 @@ the brain.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from overlay.membership import Event
 from overlay.node import Overlay
@@ -22,9 +22,11 @@ from peer.federation.coordinator import Coordinator
 from peer.federation.forward import Forwarder, checked_body
 from peer.federation.hosting import LEASE_S, Hosting
 from peer.federation.mirror import Mirrors
+from peer.federation.quota import RelayQuota
 from peer.federation.records import CatalogRecords
 from peer.federation.requests import SiteRequests
 from peer.federation.router import Router
+from peer.model.plan import CheckedQuery
 from peer.model.schema import check_name, parse_schema
 from peer.protocol.api import START_POSITIONS
 from peer.protocol.link import HostStream
@@ -37,9 +39,13 @@ from peer.protocol.replies import (
     SetQueryStatusReply,
     StatusReply,
 )
+from peer.replication.appenders import Appenders
 from peer.replication.fragment_failover import ReplicatedFragments
 from peer.replication.plane import ControlPlane, ReplicationSettings
 from peer.site import LocalSite, checked_status
+
+if TYPE_CHECKING:
+    from peer.engine.seams import EngineSeams
 
 StatusPart = Callable[[], dict[str, Any]]
 
@@ -53,41 +59,63 @@ class Federation:
         overlay: Overlay,
         api: tuple[str, int],
         *,
+        logs: Appenders,
+        seams: EngineSeams | None = None,
+        quota: RelayQuota | None = None,
+        status_parts: Mapping[str, StatusPart] | None = None,
         lease_s: float = LEASE_S,
         replication: ReplicationSettings | None = None,
     ) -> None:
+        """Its parts, built in the order they need each other. ``logs``: the registry of
+        replicated streams the site was given; ``seams``: the engine's (None: no engine);
+        ``quota``: relayed subscriptions' shares; ``status_parts``: more of ``peer status``
+        (the brain's, filled by the composition root once it is made)."""
         self.site = site
         self.overlay = overlay
         self.api = api
         self.router = Router(overlay, overlay.identity.participant)
         self.records = CatalogRecords(overlay)
         self.mirrors = Mirrors(site.spools, overlay.node_id, self.router.call)
-        self.hosting = Hosting(overlay, self.records, site, self.mirrors, api, lease_s=lease_s)
-        self.forwarder = Forwarder(self.router, self.hosting, site, overlay.incarnation)
-        self.coordinator = Coordinator(overlay, self.records, self.hosting, self.router)
-        self.requests = SiteRequests(site, self.records, self.hosting, self.mirrors, self.router)
+        self.replication = replication or ReplicationSettings()
+        self.plane = ControlPlane(
+            site,
+            self.router,
+            self.records,
+            self.replication,
+            self._on_role,
+            logs=logs,
+            is_live=self._is_live,
+            responsible=self._responsible,
+        )
+        self.fragments = ReplicatedFragments(
+            site,
+            self.plane,
+            self.records,
+            self.router,
+            min_insync=self.replication.min_insync,
+            logs=logs,
+            seams=seams,
+        )
+        replicas = PlaneReplicas(self.plane, self.fragments)
+        self.hosting = Hosting(
+            overlay, self.records, site, self.mirrors, api, replicas=replicas, lease_s=lease_s
+        )
+        self.forwarder = Forwarder(self.router, self.hosting, site, overlay.incarnation, quota)
+        self.coordinator = Coordinator(overlay, self.records, self.hosting, self.router, replicas)
+        self.requests = SiteRequests(
+            site, self.records, self.hosting, self.mirrors, self.router, replicas
+        )
         self.requests.register()
         self.router.register_stream(self.forwarder.serve)
-        self.replication = replication or ReplicationSettings()
-        self.plane = ControlPlane(site, self.router, self.records, self.replication, self._on_role)
-        self.plane.replicas.is_live = lambda node: overlay.is_live(bytes.fromhex(node))
-        self.plane.replicas.responsible = lambda name, r: [
-            m.node_id.hex() for m in overlay.responsible(name, r)
-        ]
-        self.hosting.primary_of = self._primary_of
-        self.hosting.replicated = self.plane.replicas.is_replicated
-        self.hosting.epoch_of = self.plane.replicas.epoch_of
-        self.requests.on_host_stream = self._host_replica
-        self.fragments = ReplicatedFragments(
-            site, self.plane, self.records, self.router, min_insync=self.replication.min_insync
-        )
-        self.requests.install_replicated = self.fragments.install
-        self.requests.after_status = self.fragments.after_status
-        self.coordinator.primary_of = self._primary_hex
-        self.status_parts: dict[str, StatusPart] = {}  # more of `peer status` (the brain's)
-        site.upstream_reachable = self._upstream_reachable
+        self.status_parts: Mapping[str, StatusPart] = {} if status_parts is None else status_parts
 
-    def _upstream_reachable(self, stream: str) -> bool:
+    def _is_live(self, node: str) -> bool:
+        return self.overlay.is_live(bytes.fromhex(node))
+
+    def _responsible(self, name: str, r: int) -> list[str]:
+        return [m.node_id.hex() for m in self.overlay.responsible(name, r)]
+
+    def upstream_reachable(self, stream: str) -> bool:
         """Whether the peer a mirrored stream comes from is alive in gossip's view (a stream
         hosted here, or whose source is unknown, counts as reachable)."""
         source = self.site.catalog.replicas().get(stream)
@@ -131,23 +159,6 @@ class Federation:
         else:
             self.hosting.hosted.discard(stream)
         self.fragments.on_role(stream, primary)
-
-    async def _host_replica(self, stream: str) -> bool:
-        if not self.plane.client.active:
-            return False
-        state = await self.plane.replicas.refresh(stream)
-        return state is not None
-
-    async def _primary_hex(self, stream: str) -> str | None:
-        """The primary of a replicated stream (node id, hex), None for a plain one."""
-        primary = await self._primary_of(stream, True)
-        return None if primary is None else primary.hex()
-
-    async def _primary_of(self, stream: str, fresh: bool) -> bytes | None:
-        if not self.plane.client.active:
-            return None
-        state = await self.plane.client.state_of(stream, fresh=fresh)
-        return None if state is None else bytes.fromhex(state.primary)
 
     # the client API (peer.server.PeerService)
     async def create_schema(self, schema: str | dict[str, Any]) -> CreateSchemaReply:
@@ -360,3 +371,36 @@ class Federation:
                 **{key: part() for key, part in self.status_parts.items()},
             },
         )
+
+
+class PlaneReplicas:
+    """Implements peer.federation.replicas.ReplicaPlacement and ReplicaRequests with this
+    peer's control plane and replicated fragments."""
+
+    def __init__(self, plane: ControlPlane, fragments: ReplicatedFragments) -> None:
+        self.plane = plane
+        self.fragments = fragments
+
+    def is_replicated(self, stream: str) -> bool:
+        return self.plane.replicas.is_replicated(stream)
+
+    def epoch_of(self, stream: str) -> int | None:
+        return self.plane.replicas.epoch_of(stream)
+
+    async def primary_of(self, stream: str, fresh: bool) -> bytes | None:
+        if not self.plane.client.active:
+            return None
+        state = await self.plane.client.state_of(stream, fresh=fresh)
+        return None if state is None else bytes.fromhex(state.primary)
+
+    async def host_replica(self, stream: str) -> bool:
+        if not self.plane.client.active:
+            return False
+        state = await self.plane.replicas.refresh(stream)
+        return state is not None
+
+    async def install(self, checked: CheckedQuery) -> dict[str, Any] | None:
+        return await self.fragments.install(checked)
+
+    async def after_status(self, fragment: str, status: str) -> None:
+        await self.fragments.after_status(fragment, status)

@@ -322,10 +322,14 @@ def _brain(brain: Mapping[str, Any], add: Any) -> None:
 
 
 class SnapshotCollector(Collector):
-    """Gives the registry the families of the newest snapshot (set :attr:`snapshot`)."""
+    """Gives the registry the families of the newest snapshot (see :meth:`hold`)."""
 
     def __init__(self) -> None:
         self.snapshot = Snapshot()
+
+    def hold(self, snapshot: Snapshot) -> None:
+        """Collect ``snapshot`` from now on (the observer takes a new one before a scrape)."""
+        self.snapshot = snapshot
 
     def collect(self) -> Iterator[Metric]:
         yield from build(self.snapshot)

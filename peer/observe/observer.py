@@ -81,14 +81,14 @@ class Observer:
         self,
         peer: Observed,
         *,
-        dashboard: str | None = None,
+        dashboard: Callable[[], str | None] = lambda: None,
         clock: Clock = MONOTONIC,
         wall: Callable[[], float] = WALL,
     ) -> None:
         self.peer = peer
         self.clock = clock  # the sampling period and the intervals between samples
         self.wall = wall  # the time stamps of the history and the federation view
-        self.dashboard = dashboard  # this peer's dashboard URL, shown to the others
+        self.dashboard = dashboard  # this peer's dashboard URL, shown to the others (once served)
         self.registry = CollectorRegistry(auto_describe=True)
         self.collector = SnapshotCollector()
         self.registry.register(self.collector)
@@ -207,7 +207,7 @@ class Observer:
             mirror_bytes=self.peer.mirror_bytes(),
             links=self.peer.link_stats(),
         )
-        self.collector.snapshot = snapshot
+        self.collector.hold(snapshot)
         return snapshot
 
     async def metrics(self) -> bytes:
@@ -224,7 +224,7 @@ class Observer:
         node = self.peer.node_id
         return {
             "node_id": None if node is None else node.hex(),
-            "dashboard": self.dashboard,
+            "dashboard": self.dashboard(),
             "status": status,
             "samples": samples,
         }

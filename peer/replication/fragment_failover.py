@@ -42,11 +42,13 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import pyarrow as pa
 
+from peer.engine.seams import EngineSeams
 from peer.errors import FedstreamError, Unavailable
 from peer.model.plan import CheckedQuery
 from peer.model.query import parse_query, query_to_dict
 from peer.model.schema import Field, Schema, make_schema
 from peer.protocol.link import FragmentStatus, HostStream
+from peer.replication.appenders import Appenders
 from peer.replication.control import DropStream, StreamState
 from peer.replication.names import CKPT_PREFIX, checkpoint_stream
 from peer.replication.plane import ControlPlane
@@ -167,7 +169,8 @@ class _Standing:
 
 
 class ReplicatedFragments:
-    """The replicated fragments of this peer: placed, checkpointed, taken over, released."""
+    """The replicated fragments of this peer: placed, checkpointed, taken over, released
+    (implements peer.engine.seams.ResultSink: the engine's results go through it)."""
 
     def __init__(
         self,
@@ -177,8 +180,13 @@ class ReplicatedFragments:
         router: Links,
         *,
         min_insync: int,
+        logs: Appenders,
+        seams: EngineSeams | None = None,
     ) -> None:
+        """``logs``: the replicated streams' appenders; ``seams``: the engine's (None: this
+        peer has no engine), whose results this takes from now on."""
         self.site = site
+        self.logs = logs
         self.plane = plane
         self.records = records
         self.router = router
@@ -189,9 +197,8 @@ class ReplicatedFragments:
         self._wake = asyncio.Event()
         self._restarted: dict[str, float] = {}  # fragment -> when it was last restarted
         self._refused: dict[str, int] = {}  # checkpoint stream -> offset of a refused record
-        if site.engine is not None:
-            site.engine.on_batch = self.on_batch
-            site.engine.emit = self.emit
+        if seams is not None:
+            seams.send_results_to(self)
 
     # ----------------------------------------------------------------------- placing
     async def anchor_of(self, checked: CheckedQuery) -> StreamState | None:
@@ -320,7 +327,7 @@ class ReplicatedFragments:
         """A result part: to the stream's replicas if it is replicated, else the spool."""
         if table.num_rows == 0:
             return
-        if stream not in self.site.appenders:
+        if stream not in self.logs:
             self.site.spools.get(stream).append(table, origin=origin, seq=seq)
             return
         body = self.site.spools.get(stream).encode(table, origin=origin, seq=seq)
@@ -354,7 +361,7 @@ class ReplicatedFragments:
         leads it (a follower catching up, an ISR change under way)."""
         deadline = time.monotonic() + EMIT_PATIENCE_S
         while True:
-            appender = self.site.appenders.get(stream)
+            appender = self.logs.appender(stream)
             if appender is None:
                 raise Unavailable(f"stream {stream} is not replicated here", stream=stream)
             try:

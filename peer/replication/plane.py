@@ -27,6 +27,7 @@ from typing import Any
 
 from peer.errors import Unavailable
 from peer.protocol.link import Frame
+from peer.replication.appenders import Appenders
 from peer.replication.heartbeats import ControlClient
 from peer.replication.link_messages import (
     ControlHeartbeat,
@@ -36,7 +37,7 @@ from peer.replication.link_messages import (
     RaftFrame,
 )
 from peer.replication.ports import Links, Records
-from peer.replication.streams import OnRole, ReplicatedStreams
+from peer.replication.streams import IsLive, OnRole, ReplicatedStreams, Responsible
 from peer.replication.voter import Voter
 from peer.site import LocalSite
 from peer.storage.spool_format import atomic_write
@@ -75,6 +76,10 @@ class ControlPlane:
         records: Records,
         settings: ReplicationSettings,
         on_role: OnRole,
+        *,
+        logs: Appenders,
+        is_live: IsLive | None = None,
+        responsible: Responsible | None = None,
     ) -> None:
         self.site = site
         self.router = router
@@ -82,7 +87,15 @@ class ControlPlane:
         self.me = router.node_id.hex()
         self.client = ControlClient(router, self._log_ends, heartbeat_s=settings.heartbeat_s)
         self.replicas = ReplicatedStreams(
-            site, router, self.client, records, on_role, repair_after_s=settings.repair_after_s
+            site,
+            router,
+            self.client,
+            records,
+            on_role,
+            logs=logs,
+            is_live=is_live,
+            responsible=responsible,
+            repair_after_s=settings.repair_after_s,
         )
         self.voter: Voter | None = None
         self.directory = site.data_dir / "control"
@@ -125,8 +138,8 @@ class ControlPlane:
             self._call_voter,
             journal_dir=self.directory,
             failover_after_s=self.settings.failover_after_s,
+            on_voters=self._save_voters,
         )
-        self.voter.on_voters = self._save_voters
         self.client.set_voters(voters)
 
     async def _join_voters(self) -> Frame:

@@ -10,7 +10,8 @@ catalog) and take the role the state gives it. ``replica`` exchanges from other 
 served only for a stream the control plane says this peer replicates, from a peer that is
 one of its replicas; anything else is refused and changes nothing.
 
-The site hands pushes of a replicated stream here (``LocalSite.appenders``). After a restart,
+The site hands pushes of a replicated stream here (through the ``Appenders`` registry that
+both are given when they are made). After a restart,
 streams whose spool carries a replica state are refused (retriably) until the control plane's
 state has said what this peer is for them, so a returning old primary cannot take pushes on
 its own.
@@ -19,12 +20,14 @@ its own.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from peer.errors import FedstreamError, InvalidInput, Unavailable
 from peer.protocol.link import Frame
+from peer.replication.appenders import Appenders
 from peer.replication.control import (
     CreateStream,
     ExpandIsr,
@@ -61,6 +64,9 @@ class ReplicatedStreams:
         records: Records,
         on_role: OnRole,
         *,
+        logs: Appenders,
+        is_live: IsLive | None = None,
+        responsible: Responsible | None = None,
         repair_after_s: float = 30.0,
         clock: Clock = MONOTONIC,
     ) -> None:
@@ -76,15 +82,15 @@ class ReplicatedStreams:
         self.clock = clock
         self._tasks = OwnedTasks("replicated streams")  # awaited when run() ends
         self._repair_at = 0.0
-        # replica-set repair (peer.replication.control.repair), wired by the federation
-        self.is_live: IsLive | None = None
-        self.responsible: Responsible | None = None
+        self.logs = logs  # the site appends pushes of our streams through these
+        # replica-set repair (peer.replication.control.repair): the overlay's view, if any
+        self.is_live = is_live
+        self.responsible = responsible
         self.repair_after_s = repair_after_s
         self._silent_since: dict[str, float] = {}
         self._repairs: dict[str, int] = {}  # stream -> the version a repair was proposed at
         control.listen(self.on_state)
         router.register(ReplicaExchange.OP, self.on_exchange)
-        site.trim_limit = self.trim_limit
 
     # ----------------------------------------------------------------------- ReplicaOwner
     def on_role(self, stream: str, primary: bool) -> None:
@@ -111,7 +117,7 @@ class ReplicatedStreams:
         for name in self.site.spools.streams():
             directory = self.site.spools.get(name).directory
             if ReplicaState.exists(directory):
-                self.site.appenders[name] = self._not_ready(name)
+                self.logs.register(name, self._not_ready(name), self._limit(name))
 
     def _not_ready(self, name: str) -> Appender:
         async def refuse(
@@ -130,7 +136,7 @@ class ReplicatedStreams:
         return None if primary is None else primary.epoch
 
     def is_replicated(self, name: str) -> bool:
-        return name in self.streams or name in self.site.appenders
+        return name in self.streams or name in self.logs
 
     async def run(self) -> None:
         """Tick the replicas (and check for repairs) until cancelled; then end this peer's
@@ -198,7 +204,7 @@ class ReplicatedStreams:
             return  # (a late state from before this peer was added)
         self.streams.pop(state.name, None)
         log.warning("this peer no longer replicates %s: dropping its copy", state.name)
-        self.site.appenders.pop(state.name, None)
+        self.logs.remove(state.name)
         await replica.close()
         await self.site.drop_streams([state.name])
 
@@ -238,7 +244,7 @@ class ReplicatedStreams:
                 spool.hold(-1)  # nothing is acknowledged until this peer's role says so
             replica = StreamReplica(self, name, ReplicatedLog(spool, state), clock=self.clock)
             self.streams[name] = replica
-            self.site.appenders[name] = replica.push
+            self.logs.register(name, replica.push, self._limit(name))
             return replica
 
     async def create(
@@ -269,7 +275,7 @@ class ReplicatedStreams:
         control plane's states of it are ignored until the name is created again."""
         self._forgotten.add(name)
         replica = self.streams.pop(name, None)
-        self.site.appenders.pop(name, None)
+        self.logs.remove(name)
         self.control.states.pop(name, None)
         if replica is not None:
             await replica.close()
@@ -287,6 +293,9 @@ class ReplicatedStreams:
         if replica.known is None or replica.known.version < state.version:
             await replica.learn(state)
         return await replica.on_exchange(message.messages)
+
+    def _limit(self, name: str) -> Callable[[], int | None]:
+        return functools.partial(self.trim_limit, name)
 
     def trim_limit(self, name: str) -> int | None:
         """On a primary, the last offset every replica holds: a follower catches up from

@@ -66,6 +66,7 @@ class Voter:
         *,
         journal_dir: Path | None,
         failover_after_s: float = FAILOVER_AFTER_S,
+        on_voters: Callable[[tuple[str, ...]], None] | None = None,
     ) -> None:
         self.node = node
         self.call = call
@@ -77,7 +78,7 @@ class Voter:
         self._tasks = OwnedTasks("control voter")  # raft senders, elections; run() awaits them
         self._leading_since: float | None = None
         self._electing: dict[str, int] = {}  # stream -> epoch an Elect was submitted in
-        self.on_voters: Callable[[tuple[str, ...]], None] | None = None  # the group changed
+        self.on_voters = on_voters  # told when the group changed
         self._voters: tuple[str, ...] = ()
         self.machine = ControlMachine(node, tuple(voters), self._send, journal_dir=journal_dir)
 

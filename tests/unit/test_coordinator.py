@@ -167,8 +167,8 @@ def test_a_lone_site_parses_and_checks_a_query_once(
         parses.append(source)
         return real_parse(source, **options)
 
-    monkeypatch.setattr("peer.site.check_query", counting_check)
-    monkeypatch.setattr("peer.site.parse_query", counting_parse)
+    monkeypatch.setattr("peer.site.local.check_query", counting_check)
+    monkeypatch.setattr("peer.site.local.parse_query", counting_parse)
 
     async def go() -> None:
         site = LocalSite(SiteConfig(data_dir=tmp_path))

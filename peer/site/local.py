@@ -20,13 +20,10 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import AsyncIterator, Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from peer.errors import Conflict, EngineError, InvalidInput, NotFound, Unavailable
-from peer.model.limits import ContentLimits
 from peer.model.plan import CheckedQuery, check_query
 from peer.model.query import Query, parse_query, query_to_dict
 from peer.model.schema import Schema, check_name, parse_schema, to_arrow_schema
@@ -34,12 +31,15 @@ from peer.model.sql import unbounded_state
 from peer.model.tentative import UNDO
 from peer.model.tuples import batch_from_wire
 from peer.protocol import replies
-from peer.protocol.api import QUERY_STATUSES, READY, START_POSITIONS
+from peer.protocol.api import QUERY_STATUSES, START_POSITIONS
 from peer.protocol.link_replies import MirrorAppendReply
-from peer.storage.catalog import LocalCatalog, QueryEntry
-from peer.storage.feed import after_offset, open_tentative, trimmed_gap, wire_entries
-from peer.storage.spool import Spool, SpoolSet
-from peer.storage.spool_format import REPLICA_STATE_FILE, Quarantine, TrimmedError
+from peer.site.ports import NoReplicaLogs, Reachable, ReplicaLogs, always_reachable
+from peer.site.store import SiteConfig, SiteStore
+from peer.site.subscribe import follow
+from peer.storage.catalog import QueryEntry
+from peer.storage.feed import open_tentative
+from peer.storage.spool import Spool
+from peer.storage.spool_format import REPLICA_STATE_FILE, Quarantine
 
 if TYPE_CHECKING:
     from peer.engine.runner import Engine
@@ -47,25 +47,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SUBSCRIBE_CHUNK = 64  # spool files read per wake-up of a subscriber
 INTERNAL_PREFIX = "~"  # streams the federation makes for itself (names users cannot give)
 # An internal stream (a fragment's checkpoints) keeps its newest batch, and the others this
 # long: a replica that was away longer cannot catch up on them.
 INTERNAL_RETENTION_S = 120.0
-
-
-@dataclass(frozen=True)
-class SiteConfig:
-    data_dir: Path
-    # Backpressure: how many batches a stream may hold that its slowest reader (a query, a
-    # mirror to another peer) has not taken; beyond it, pushes and mirrored appends wait
-    # (up to backlog_wait_s, then a retriable error) and queries writing it read no input.
-    max_backlog_batches: int = 1000
-    backlog_wait_s: float = 30.0
-    # How long a stream no query reads (a result stream) keeps its tuples for late subscribers.
-    retention_s: float = 600.0
-    # What one request may ask (pushed bytes, query size; peer.model.limits).
-    limits: ContentLimits = field(default_factory=ContentLimits)
 
 
 def checked_status(status: str) -> str:
@@ -78,37 +63,39 @@ def checked_status(status: str) -> str:
     return status
 
 
-# (the batch's spool file, its rows, producer, seq) -> the push's answer
-Appender = Callable[[bytes, int, str | None, int | None], Awaitable[dict[str, Any]]]
-
-
 class LocalSite:
     """Streams, queries and the engine of one peer (implements peer.server.PeerService)."""
 
-    def __init__(self, config: SiteConfig, engine: Engine | None = None) -> None:
+    def __init__(
+        self,
+        config: SiteConfig,
+        engine: Engine | None = None,
+        *,
+        store: SiteStore | None = None,
+        availability: Availability | None = None,
+        logs: ReplicaLogs | None = None,
+        address: Callable[[], str] = lambda: "",
+    ) -> None:
+        """``store``: opened here if not given (the engine's spools must be its spools);
+        ``availability``: the engine's tentative forks (None: queries are never forked);
+        ``logs``: the replicated streams' appenders; ``address``: HOST:PORT of the client API
+        (empty until it listens)."""
         self.config = config
         self.data_dir = config.data_dir
         self.engine = engine
         self.started_at = time.time()
-        self.address = ""  # HOST:PORT of the client API, set once it listens
+        self._address = address
         self.query_errors: dict[str, str] = {}
-        config.data_dir.mkdir(parents=True, exist_ok=True)
-        self.catalog = LocalCatalog(config.data_dir / "catalog.sqlite")
-        self.spools = SpoolSet(config.data_dir / "spool")  # quarantines what does not open
-        for name in self.catalog.stream_names():
-            if name not in self.spools and self.spools.quarantine_of(name) is None:
-                self.spools.create(name, to_arrow_schema(self.catalog.stream(name).schema))
+        store = store or SiteStore.open(config.data_dir)
+        self.catalog = store.catalog
+        self.spools = store.spools
         self._checked: dict[str, CheckedQuery] = {}
         self._frozen: set[str] = set()  # replica streams being moved away: no appends
         self._landing: dict[str, int] = {}  # mirrored appends under way, per stream
         self._landed = asyncio.Condition()
-        # streams whose pushes another room appends (replicated streams: peer.federation)
-        self.appenders: dict[str, Appender] = {}
-        # the highest offset of a stream that may be trimmed (a replica still lacks the rest)
-        self.trim_limit: Callable[[str], int | None] = lambda _stream: None
-        self.availability: Availability | None = None  # tentative forks, made with the engine
-        # whether a stream's upstream is reachable (the federation knows; alone: always)
-        self.upstream_reachable: Callable[[str], bool] = lambda _stream: True
+        # streams whose pushes another room appends (replicated streams), and their trim limits
+        self.logs: ReplicaLogs = logs or NoReplicaLogs()
+        self.availability = availability
 
     # lifecycle
     async def resume_queries(self, skip: Collection[str] = ()) -> None:
@@ -136,19 +123,16 @@ class LocalSite:
             self.query_errors[name] = exc.message
             log.error("query %s could not resume: %s", name, exc.message)
 
-    async def check_availability(self) -> None:
-        """Fork or correct the queries with an availability bound (peer.engine.tentative)."""
-        if self.engine is None:
+    async def check_availability(self, reachable: Reachable = always_reachable) -> None:
+        """Fork or correct the queries with an availability bound (peer.engine.tentative);
+        ``reachable`` says whether a stream's upstream is (the federation knows; alone: yes)."""
+        if self.engine is None or self.availability is None:
             return
-        if self.availability is None:
-            from peer.engine.tentative import Availability  # pyspark: peers with an engine
-
-            self.availability = Availability(self.engine, self.spools)
-            self.availability.reachable = self.upstream_reachable
         entries = [self.catalog.query(n) for n in self.catalog.query_names()]
         bounded = [e for e in entries if e.query.availability_bound_s and e.status == "RUNNING"]
         unreplicated = [e for e in bounded if not self.replicated_outputs(e.query)]
-        await self.availability.tick([(self.checked(e.query), e.incarnation) for e in unreplicated])
+        queries = [(self.checked(e.query), e.incarnation) for e in unreplicated]
+        await self.availability.tick(queries, reachable)
 
     async def close(self) -> None:
         if self.availability is not None:
@@ -166,7 +150,7 @@ class LocalSite:
                 retain, age = 0, self.config.retention_s
                 if name.startswith(INTERNAL_PREFIX):  # a fragment's checkpoints: the newest
                     retain, age = 1, min(INTERNAL_RETENTION_S, age)
-                keep = self.trim_limit(name)
+                keep = self.logs.trim_limit(name)
                 await asyncio.to_thread(spool.trim, retain, max_age_s=age, keep_after=keep)
         if self.engine is not None:
             for name, reason in (await self.engine.failed()).items():
@@ -334,7 +318,7 @@ class LocalSite:
             return table.num_rows, spool.append(table, origin=producer, seq=seq)
 
         await self.room(stream, spool)
-        appender = self.appenders.get(stream)
+        appender = self.logs.appender(stream)
         if appender is not None:  # a replicated stream: its replicas must hold it first
 
             def encode() -> tuple[int, bytes | None]:
@@ -428,48 +412,9 @@ class LocalSite:
         than the retention behind, or resumes from an offset no longer kept), it gets
         :func:`trimmed_gap`, naming the first missing offset, and may subscribe again."""
         self.catalog.stream(stream)
-        after = after_offset(start)
-        if start not in START_POSITIONS and after is None:
-            raise InvalidInput(f"subscribe: start must be latest or earliest, not {start!r}")
-        spool = self.spools.get(stream)
-        loop = asyncio.get_running_loop()
-        wake = asyncio.Event()
-
-        def on_append(_offset: int) -> None:
-            loop.call_soon_threadsafe(wake.set)
-
-        spool.add_listener(on_append)
-        try:
-            if after is not None:
-                position = after
-            else:
-                position = spool.latest if start == "latest" else spool.earliest - 1
-            if position + 1 < spool.earliest:
-                raise trimmed_gap(stream, position + 1, spool.earliest)
-            yield {**READY, "after": position}
-            while True:
-                wake.clear()
-                latest = spool.latest
-                if latest <= position:
-                    if stream not in self.spools:  # moved away (peer.move) or dropped
-                        raise Unavailable(
-                            f"stream {stream} is no longer here; subscribe again",
-                            stream=stream,
-                            moved=True,
-                        )
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(wake.wait(), 1.0)
-                    continue
-                end = min(latest, position + SUBSCRIBE_CHUNK)
-                try:
-                    items = await asyncio.to_thread(wire_entries, spool, position, end, tentative)
-                except TrimmedError:  # trimmed before this subscriber read it
-                    raise trimmed_gap(stream, position + 1, spool.earliest) from None
-                for item in items:
-                    yield item
-                position = end
-        finally:
-            spool.remove_listener(on_append)
+        async with contextlib.aclosing(follow(self.spools, stream, start, tentative)) as items:
+            async for item in items:
+                yield item
 
     # what the brain and moves measure
     def input_backlog(self) -> int:
@@ -600,3 +545,8 @@ class LocalSite:
 
     async def lookup(self, name: str) -> replies.LookupReply:
         return self.lookup_here(name)
+
+    @property
+    def address(self) -> str:
+        """HOST:PORT of this peer's client API (empty until it listens)."""
+        return self._address()

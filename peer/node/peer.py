@@ -6,8 +6,9 @@ engine of this peer); :class:`peer.federation.Federation` (with an overlay: wher
 live in the federation, and how requests get there); :class:`peer.move.Mover` and
 :class:`peer.brain.Brain` (with contracts: moving fragments to partners under the
 bounded-price mechanism); the client API server (:mod:`peer.server`), serving the site or
-the federation; with ``http``, the observer and its HTTP server (:mod:`peer.observe`), fed
-at the seams this module holds (client service, brain port, engine result seam, lookups).
+the federation; with ``http``, the observer and its HTTP server (:mod:`peer.observe`), made
+first and given to the parts that feed it (client service, brain port, engine seams, DHT
+lookups). Each object gets its collaborators when it is made (tests/unit/test_wiring.py).
 """
 
 from __future__ import annotations
@@ -16,118 +17,38 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from overlay.stream import decode_pool
 from overlay.wire import DecodeBudget
-from peer.errors import Conflict, FedstreamError, Unavailable
+from peer.engine.seams import EngineSeams
+from peer.errors import Conflict
 from peer.federation import Federation
-from peer.fetch.server import FetchLimits, FetchServer, remote_input
-from peer.model.limits import ContentLimits
+from peer.federation.service import StatusPart
+from peer.fetch.server import FetchServer, remote_input
+from peer.node.config import PeerConfig
+from peer.node.ports import BrainPort, FederationDoor
+from peer.node.service import ClientService
 from peer.protocol import replies
 from peer.protocol.link import Raw
+from peer.replication.appenders import Appenders
 from peer.replication.plane import ReplicationSettings
-from peer.server import AnnouncedBatches, ApiServer, PeerService, api_server_tls, is_loopback
-from peer.site import LocalSite, SiteConfig
+from peer.server import ApiServer, api_server_tls, is_loopback
+from peer.site import LocalSite, SiteConfig, SiteStore, always_reachable
+from peer.storage.spool import SpoolSet
 from peer.timing import MONOTONIC, Clock, every
 
 if TYPE_CHECKING:
     from contracts.book import ContractBook
     from overlay.identity import NodeIdentity, TrustStore
-    from overlay.membership import MemberInfo
     from overlay.node import Overlay
     from peer.brain import Brain
     from peer.engine.runner import Engine
+    from peer.engine.tentative import Availability
     from peer.move import Mover
     from peer.observe import HttpServer, Observer
 
 log = logging.getLogger(__name__)
-R = TypeVar("R")
-
-
-@dataclass
-class PeerConfig:
-    data_dir: Path = field(default_factory=lambda: Path("peer-data"))
-    host: str = "127.0.0.1"
-    port: int = 7700
-    engine: bool = True
-    spark_master: str = "local[*]"
-    spark_conf: dict[str, str] = field(default_factory=dict)
-    checkpoint_root: Path | None = None  # None: DATA_DIR/checkpoints (peer.engine.checkpoint_home)
-    trigger_s: float = 0.0
-    max_rows_per_batch: int = 200_000
-    # Run filter/map/union-only queries together in one streaming query (peer.engine.lane).
-    fuse_stateless: bool = True
-    # How many per-tuple queries run on their own before the next ones share the lane.
-    lane_after: int = 1
-    max_frame_bytes: int = 64 * 1024 * 1024
-    # Wire budgets, timeouts, fair sharing (issue 12): docs/protocol.md section 6 says each.
-    max_frame_depth: int = 32
-    max_frame_elements: int = 2_000_000
-    max_container_len: int = 1_000_000
-    max_decoded_bytes: int = 128 * 1024 * 1024
-    frame_timeout_s: float = 60.0
-    api_idle_timeout_s: float = 300.0
-    link_idle_timeout_s: float = 300.0
-    max_connections_per_address: int = 64
-    evict_idle_s: float = 2.0
-    relay_streams_per_connection: int = 16
-    relay_streams_per_address: int = 32
-    decode_workers: int = 1
-    maintenance_interval_s: float = 2.0
-    availability_interval_s: float = 0.25  # how often queries with a bound are looked at
-    # How long a stream no query reads (a result stream) keeps its tuples for late subscribers.
-    retention_s: float = 600.0
-    fsync: bool = True
-    # the overlay (DHT catalog, peer links, gossip); off: a lone peer as in issue 2
-    overlay: bool = True
-    overlay_host: str | None = None  # default: the API host
-    overlay_port: int | None = None  # default: API port + 1 (0 when the API port is 0)
-    bootstrap: list[tuple[str, int]] = field(default_factory=list)
-    bootstrap_timeout_s: float = 30.0
-    participant: str | None = None
-    key_path: Path | None = None
-    trust_dir: Path | None = None
-    gossip_interval_s: float = 1.0
-    suspect_after_s: float = 3.0
-    dead_after_s: float = 8.0
-    lease_s: float = 20.0
-    # Backpressure: how many batches a stream may hold that its slowest reader (a query, a
-    # mirror to another peer) has not taken; beyond it, pushes and mirrored appends wait
-    # (up to backlog_wait_s, then a retriable error) and queries writing it read no input.
-    max_backlog_batches: int = 1000
-    backlog_wait_s: float = 30.0
-    # Federation (issue 5): signed contracts with partners, and the bounded-price brain.
-    contracts_dir: Path | None = None
-    capacity: float | None = None  # cores this peer offers; default: os.cpu_count()
-    bpm_period_s: float = 5.0
-    offer_margin: float = 0.05
-    accept_margin: float = 0.05
-    offer_timeout_s: float = 10.0
-    brain: bool = True  # run the brain when there are contracts
-    # Replication (issue 11): a seat in the control plane, and the defaults of new streams.
-    voter: bool = False
-    replicas: int = 3
-    min_insync: int = 2
-    failover_after_s: float = 1.5
-    repair_after_s: float = 30.0  # a replica silent this long is replaced by a live peer
-    # Observability (issue 13): /metrics, /status and the dashboard on this address; None: off
-    # (``peer join`` serves them by default on the API host, API port + 2).
-    http: tuple[str, int] | None = None
-    # Run a small windowed query once after this peer's own Spark session starts, so that the
-    # first fragment it runs (a take-over, an arrival) starts warm (peer.engine.warm).
-    warm_up: bool = True
-    # Content budgets of requests (issue 12): pushed Arrow bytes once decompressed, query size
-    # in any form, boxes, arrows per box, parameter text (peer.model.limits).
-    limits: ContentLimits = field(default_factory=ContentLimits)
-    # Executors fetch spool files from this peer (peer.fetch.server.remote_input: None = when
-    # the Spark master is not local, or FEDSTREAM_FETCH_REMOTE=1).
-    fetch_remote: bool | None = None
-    fetch_port: int = 0  # 0: any free port (fix it where a firewall needs to know)
-    fetch_limits: FetchLimits = field(default_factory=FetchLimits)
 
 
 class Peer:
@@ -146,10 +67,19 @@ class Peer:
         self.fed: Federation | None = None
         self.mover: Mover | None = None
         self.brain: Brain | None = None
-        self.observer: Observer | None = None
         self.http: HttpServer | None = None
         self.fetch: FetchServer | None = None
-        self._service = ClientService(clock)
+        # with ``http``, the observer is made first: the parts that feed it get it when made
+        self.observer: Observer | None = self._make_observer() if config.http else None
+        self._service = ClientService(clock, self.observer)
+        # made here, before what they join: the site and the replication room share the
+        # registry of replicated streams; the engine and the parts taking its results share
+        # its seams (each bound once, as those parts are made)
+        self._logs = Appenders()
+        self._seams = EngineSeams()
+        self._status_parts: dict[str, StatusPart] = {}  # more of `peer status` (the brain's)
+        if self.observer is not None:
+            self._seams.report_results_to(self.observer.result)
         self._stopping = asyncio.Event()
         self._cpu_mark = (clock(), time.process_time())
 
@@ -168,6 +98,15 @@ class Peer:
     # lifecycle
     async def start(self, spark: Any = None) -> None:
         config = self.config
+        store = SiteStore.open(config.data_dir)
+        engine: Engine | None = None
+        availability: Availability | None = None
+        if config.engine:
+            engine = await self._start_engine(store.spools, spark)
+            from peer.engine.tentative import Availability  # pyspark: peers with an engine
+
+            availability = Availability(engine, store.spools)
+            self._seams.fork_with(availability)
         site = self.site = LocalSite(
             SiteConfig(
                 data_dir=config.data_dir,
@@ -175,11 +114,15 @@ class Peer:
                 backlog_wait_s=config.backlog_wait_s,
                 retention_s=config.retention_s,
                 limits=config.limits,
-            )
+            ),
+            engine,
+            store=store,
+            availability=availability,
+            logs=self._logs,
+            address=self._api_address,
         )
-        self._service.target = site
+        self._service.serve(site)
         if config.engine:
-            site.engine = await self._start_engine(site, spark)
             from peer.move.journal import Journal
 
             # a fragment whose move did not finish runs where its move's outcome says
@@ -207,14 +150,17 @@ class Peer:
             **tls,
         )
         await self.api.start()
-        site.address = f"{config.host}:{self.api.port}"
         if config.overlay:
             await self._start_federation(site)
         if config.http is not None:
             await self._start_http(*config.http)
         log.info("peer listening on %s:%d (data %s)", config.host, self.api.port, self.data_dir)
 
-    async def _start_engine(self, site: LocalSite, spark: Any) -> Engine:
+    def _api_address(self) -> str:
+        """HOST:PORT of the client API (the site's answer to where it is), once it listens."""
+        return "" if self.api is None else f"{self.config.host}:{self.api.port}"
+
+    async def _start_engine(self, spools: SpoolSet, spark: Any) -> Engine:
         from peer.engine.runner import Engine  # pyspark: imported only by peers with an engine
 
         config = self.config
@@ -227,7 +173,7 @@ class Peer:
                 self.data_dir, roots, config.host, config.fetch_port, config.fetch_limits
             )
         engine = Engine(
-            site.spools,
+            spools,
             checkpoints,
             master=config.spark_master,
             conf=config.spark_conf,
@@ -237,6 +183,7 @@ class Peer:
             lane_after=config.lane_after,
             max_backlog=config.max_backlog_batches,
             fetch=None if self.fetch is None else self.fetch.endpoint,
+            seams=self._seams,
         )
         await engine.start(spark)
         return engine
@@ -269,6 +216,7 @@ class Peer:
         port = config.overlay_port
         if port is None:
             port = config.port + 1 if config.port else 0
+        door = FederationDoor()
         overlay = self.overlay = Overlay(
             identity,
             trust,
@@ -292,6 +240,9 @@ class Peer:
             self.data_dir,
             api=self.api_addr,
             engine=site.engine is not None,
+            handler=door,
+            on_member=door.on_member,
+            on_lookup=None if self.observer is None else self.observer.dht_lookup,
         )
         replication = ReplicationSettings(
             voter=config.voter,
@@ -301,50 +252,60 @@ class Peer:
             repair_after_s=config.repair_after_s,
         )
         fed = self.fed = Federation(
-            site, overlay, self.api_addr, lease_s=config.lease_s, replication=replication
+            site,
+            overlay,
+            self.api_addr,
+            logs=self._logs,
+            seams=None if site.engine is None else self._seams,
+            quota=RelayQuota(config.relay_streams_per_connection, config.relay_streams_per_address),
+            status_parts=self._status_parts,
+            lease_s=config.lease_s,
+            replication=replication,
         )
-        fed.forwarder.quota = RelayQuota(
-            config.relay_streams_per_connection, config.relay_streams_per_address
-        )
-        overlay.handler = fed.router
-        overlay.on_member = fed.on_member
+        door.open(fed)
+        mover = self.mover = Mover(site, fed, self.book, self._arrived)
+        mover.register()
         if self.book is not None and config.brain:
-            self.brain = self._make_brain(fed, self.book)
-        self.mover = Mover(site, fed, self.book, self._arrived)
-        self.mover.register()
+            self.brain = self._make_brain(fed, mover, self.book)
         if self.brain is not None:
             fed.router.register("offer", self._on_offer)
             brain = self.brain
-            fed.status_parts["brain"] = lambda: dict(brain.status())
+            self._status_parts["brain"] = lambda: dict(brain.status())
         else:
             fed.router.register("offer", _no_offers)
         await overlay.start()
         await fed.start()
-        self._service.target = fed
+        self._service.serve(fed)
         await self.mover.recover()
 
+    def _make_observer(self) -> Observer:
+        from peer.observe import Observer, PeerPort  # aiohttp: imported only with ``http``
+
+        port = PeerPort(self._client_status, lambda: self.site, lambda: self.fed)
+        return Observer(port, dashboard=self._dashboard_url)
+
+    async def _client_status(self) -> replies.StatusReply:
+        return await self._service.status()
+
+    def _dashboard_url(self) -> str | None:
+        return None if self.http is None else self.http.url
+
     async def _start_http(self, host: str, port: int) -> None:
-        from peer.observe import HttpServer, Observer, PeerPort, current_context
+        from peer.observe import HttpServer, current_context
         from peer.protocol.link import ObservePeer
 
         ssl_context = None
         if not is_loopback(host):  # like the client API: TLS with participant certificates
             assert self.identity is not None and self.trust is not None
             ssl_context = current_context(api_server_tls(self.identity, self.trust))
-        assert self.site is not None
-        observer = self.observer = Observer(PeerPort(self._service.status, self.site, self.fed))
-        self._service.observer = observer
-        if self.engine is not None:
-            self.engine.on_result = observer.result
-        if self.overlay is not None and self.overlay.catalog is not None:
-            self.overlay.catalog.on_lookup = observer.dht_lookup
+        observer = self.observer
+        assert observer is not None
         if self.fed is not None:
             self.fed.router.register(ObservePeer.OP, observer.handle_observe)
         self.http = HttpServer(observer, self._service.status, host, port, ssl_context=ssl_context)
         await self.http.start()
-        observer.dashboard = self.http.url
 
-    def _make_brain(self, fed: Federation, book: ContractBook) -> Brain:
+    def _make_brain(self, fed: Federation, mover: Mover, book: ContractBook) -> Brain:
         from contracts.bpm import BpmConfig
         from peer.brain import Brain
 
@@ -356,7 +317,14 @@ class Peer:
             accept_margin=config.accept_margin,
         )
         capacity = config.capacity or float(os.cpu_count() or 1)
-        return Brain(BrainPort(self, fed), book, bpm, capacity)
+        port = BrainPort(
+            fed,
+            data_dir=self.data_dir,
+            mover=mover,
+            observer=self.observer,
+            move=self.move_fragment,
+        )
+        return Brain(port, book, bpm, capacity)
 
     async def _on_offer(self, message: Raw, sender: str) -> dict[str, Any]:
         assert self.brain is not None
@@ -402,7 +370,7 @@ class Peer:
                     tg.create_task(
                         every(
                             self.config.availability_interval_s,
-                            site.check_availability,
+                            self._check_availability,
                             clock=self.clock,
                         )
                     )
@@ -447,6 +415,15 @@ class Peer:
             await self.fetch.close()
             self.fetch = None
 
+    async def _check_availability(self) -> None:
+        """Fork or correct the site's queries with a bound; the federation, if any, says
+        whose upstream is out of reach."""
+        if self.site is not None:
+            fed = self.fed
+            await self.site.check_availability(
+                always_reachable if fed is None else fed.upstream_reachable
+            )
+
     async def _maintenance(self) -> None:
         if self.overlay is not None:
             self.overlay.set_load(self._load_figures())
@@ -487,109 +464,6 @@ class Peer:
             pause = reply.get("pause_s")
             self.observer.moved("out", True, pause if isinstance(pause, float | int) else None)
         return reply
-
-
-class ClientService:
-    """The client API's view of the peer: the site of a lone peer, the federation once the
-    overlay has joined. Subscriptions announce their start position (peer.server)."""
-
-    def __init__(self, clock: Clock = MONOTONIC) -> None:
-        self.clock = clock  # times a push for the metrics
-        self.target: PeerService | None = None
-        self.observer: Observer | None = None  # told of pushes and refusals
-
-    async def _counted(self, call: Awaitable[R]) -> R:
-        """``call``'s reply; a refusal is counted by its code (the metrics) and raised."""
-        try:
-            return await call
-        except FedstreamError as exc:
-            if self.observer is not None:
-                self.observer.refused(exc.code)
-            raise
-
-    def _to(self) -> PeerService:
-        if self.target is None:
-            raise Unavailable("the peer is starting; retry")
-        return self.target
-
-    async def create_schema(self, schema: str | dict[str, Any]) -> replies.CreateSchemaReply:
-        return await self._counted(self._to().create_schema(schema))
-
-    async def create_stream(
-        self, name: str, schema: str, replicas: int | None = None
-    ) -> replies.CreateStreamReply:
-        return await self._counted(self._to().create_stream(name, schema, replicas))
-
-    async def create_query(self, query: str | dict[str, Any]) -> replies.CreateQueryReply:
-        return await self._counted(self._to().create_query(query))
-
-    async def set_query_status(self, name: str, status: str) -> replies.SetQueryStatusReply:
-        return await self._counted(self._to().set_query_status(name, status))
-
-    async def push(
-        self, stream: str, payload: dict[str, Any], producer: str | None, seq: int | None
-    ) -> replies.PushReply:
-        started = self.clock()
-        reply = await self._counted(self._to().push(stream, payload, producer, seq))
-        if self.observer is not None:
-            self.observer.pushed(stream, reply.count, self.clock() - started)
-        return reply
-
-    def subscribe(self, stream: str, start: str) -> AsyncIterator[dict[str, Any]]:
-        return AnnouncedBatches(self._to().subscribe(stream, start))
-
-    async def lookup(self, name: str) -> replies.LookupReply:
-        return await self._counted(self._to().lookup(name))
-
-    async def status(self) -> replies.StatusReply:
-        return await self._to().status()
-
-
-class BrainPort:
-    """What the brain uses of the peer (peer.brain.BrainHost)."""
-
-    def __init__(self, peer: Peer, fed: Federation) -> None:
-        self._peer = peer
-        self._fed = fed
-
-    @property
-    def node_id(self) -> bytes:
-        return self._fed.node_id
-
-    @property
-    def data_dir(self) -> Path:
-        return self._peer.data_dir
-
-    def live_members(self) -> Sequence[MemberInfo]:
-        return self._fed.overlay.live_members()
-
-    async def send_offer(self, node_id: bytes, frame: dict[str, object]) -> object:
-        observer = self._peer.observer
-        try:
-            reply = await self._fed.router.call(node_id, Raw("offer", dict(frame)))
-        except FedstreamError:
-            if observer is not None:
-                observer.offered("sent", "failed")
-            raise
-        if observer is not None:
-            observer.offered("sent", "accepted" if reply.get("accepted") else "refused")
-        return reply
-
-    def movable_fragments(self) -> Sequence[tuple[str, tuple[str, ...]]]:
-        return [] if self._peer.mover is None else self._peer.mover.movable()
-
-    async def engine_busy_seconds(self) -> Mapping[str, float]:
-        return await self._fed.site.engine_busy_seconds()
-
-    def input_backlog(self) -> int:
-        return self._fed.site.input_backlog()
-
-    async def move_fragment(
-        self, name: str, target: bytes, *, contract: str, load: float, price: float
-    ) -> Mapping[str, object]:
-        return await self._peer.move_fragment(
-            name, target, contract=contract, load=load, price=price
-        )
 
 
 async def _no_offers(_message: Raw, _sender: str) -> dict[str, Any]:
