@@ -84,7 +84,11 @@ def _print_replication(console: Console, replication: Mapping[str, Any]) -> None
 
     voters = ", ".join(v[:12] for v in replication.get("voters", ()))
     console.print(f"control plane voters: {voters or 'none known'}")
-    table = Table("replicated stream", "role", "epoch", "log end", "acked", "in sync", "lag")
+    if replication.get("note"):
+        console.print(f"streams: {replication['note']}", style="yellow")
+    table = Table(
+        "replicated stream", "role", "epoch", "log end", "acked", "in sync", "copies", "lag"
+    )
     for name, s in replication["streams"].items():
         lag = s.get("lag") or {}
         table.add_row(
@@ -94,6 +98,7 @@ def _print_replication(console: Console, replication: Mapping[str, Any]) -> None
             str(s.get("log_end")),
             str(s.get("acknowledged")),
             f"{len(s.get('in_sync', ()))}/{len(s.get('replicas', ()))}",
+            str(s.get("copies", "-")),
             ", ".join(f"{n[:8]}:{v}" for n, v in lag.items()) or "-",
         )
     console.print(table)

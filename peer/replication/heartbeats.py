@@ -68,6 +68,7 @@ class ControlClient:
         self.heartbeat_s = heartbeat_s
         self.voters: tuple[str, ...] = ()
         self.leader: str | None = None
+        self.seats: int | None = None  # how many voters the voters want (control.seats)
         self.states: dict[str, StreamState] = {}
         self._listeners: list[Listener] = []
         # streams a voter said are not replicated, until (monotonic): host lookups of plain
@@ -104,6 +105,9 @@ class ControlClient:
         if isinstance(voters, list):
             leader = reply.get("leader")
             self.set_voters(voters, leader if isinstance(leader, str) else None)
+        seats = reply.get("seats")
+        if isinstance(seats, int) and not isinstance(seats, bool) and seats > 0:
+            self.seats = seats
         for raw in reply.get("streams") or ():
             try:
                 self.learn(state_from_wire(raw))
@@ -204,4 +208,5 @@ class ControlClient:
         return await self.read(stream)
 
     def describe(self) -> dict[str, Any]:
-        return {"voters": list(self.voters), "leader": self.leader}
+        seats = {} if self.seats is None else {"seats": self.seats}
+        return {"voters": list(self.voters), "leader": self.leader, **seats}
