@@ -309,7 +309,7 @@ def add_join_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="never sit in the control plane (by default a peer volunteers while it has "
         "fewer than 3 voters, 5 once five peers are live)",
     )
-    p.set_defaults(volunteer=False)
+    p.set_defaults(volunteer=True)
     p.add_argument(
         "--replicas",
         type=int,
