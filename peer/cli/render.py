@@ -56,7 +56,7 @@ def print_status(status: Mapping[str, Any]) -> None:
     if overlay:
         _print_overlay(console, overlay)
     replication = status.get("replication")
-    if replication and replication.get("streams"):
+    if replication and (replication.get("streams") or replication.get("note")):
         _print_replication(console, replication)
     brain = status.get("brain")
     if brain:
@@ -86,6 +86,8 @@ def _print_replication(console: Console, replication: Mapping[str, Any]) -> None
     console.print(f"control plane voters: {voters or 'none known'}")
     if replication.get("note"):
         console.print(f"streams: {replication['note']}", style="yellow")
+    if not replication.get("streams"):
+        return
     table = Table(
         "replicated stream", "role", "epoch", "log end", "acked", "in sync", "copies", "lag"
     )
