@@ -15,8 +15,10 @@ in-sync set; voters run it (:mod:`peer.replication.voter`). Every peer, voter or
 * reads a stream's state for forwarding (who is primary now), from what it learnt or from a
   voter.
 
-The voters are found once, on start, by asking live members of the overlay; every answer of a
-voter repeats the list, so it stays current as voters are added.
+The voters are found by asking live members of the overlay (on start, and again every second
+until some are known: :mod:`peer.replication.plane`); every answer of a voter repeats the list
+and the seats the voters want (:mod:`peer.replication.control.seats`), so both stay current as
+voters are added and replaced.
 """
 
 from __future__ import annotations
