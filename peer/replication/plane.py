@@ -9,10 +9,10 @@ federation (no ``--bootstrap``) founds the plane alone if it volunteers (``peer 
 default) or is forced (``--voter``); every other peer that volunteers asks the voters to admit
 it while the seats they announce (3, or 5 once five peers are live) are not all taken, and
 then starts its Raft member with the voters it was told. A joining peer that finds no voters
-keeps asking live members (every ``SEAT_CHECK_S``) and never founds a second plane, unless it
-was forced into a seat and has found none for ``found_after_s``. A voter that dies for good is
-removed by the leader (:mod:`peer.replication.voter`), and its seat goes to the next
-volunteer.
+keeps asking a few live members (every ``SEAT_CHECK_S``; a ``--no-voter`` peer every
+``WATCH_S``) and never founds a second plane, unless it was forced into a seat and has found
+none for ``found_after_s``. A voter that dies for good is removed by the leader
+(:mod:`peer.replication.voter`), and its seat goes to the next volunteer.
 
 A voter remembers the group it belongs to (``control/voters.json`` in its data directory) and
 its Raft journal, so it rejoins after a restart without asking; if the live voters no longer
@@ -29,6 +29,7 @@ import asyncio
 import functools
 import json
 import logging
+import random
 import shutil
 import time
 from collections.abc import Awaitable, Callable
@@ -63,6 +64,8 @@ Members = Callable[[], list[bytes]]  # the overlay's live members now (node ids)
 VOTERS_FILE = "voters.json"
 JOIN_S = 30.0
 SEAT_CHECK_S = 1.0  # how often a peer without a seat looks for voters and open seats
+WATCH_S = 10.0  # how often a --no-voter peer that knows no voters asks again
+DISCOVER_SAMPLE = 3  # live members asked per round (a federation without a plane stays quiet)
 LEAD_S = 10.0  # how long a founder waits for its plane to elect it
 
 
@@ -215,7 +218,9 @@ class ControlPlane:
         since = time.monotonic()
         forced = self.settings.voter
         while self.voter is None:
-            if not self.client.active and not await self.client.discover(self._others()):
+            others = self._others()
+            sample = random.sample(others, min(len(others), DISCOVER_SAMPLE))
+            if not self.client.active and not await self.client.discover(sample):
                 if forced and time.monotonic() - since >= self.settings.found_after_s:
                     log.warning(
                         "no voters found in %.0f s: this forced voter founds the plane",
@@ -241,7 +246,7 @@ class ControlPlane:
                         self._seat_from(reply)
                         return
                     log.debug("no seat: %s", reply.get("reason"))
-            await asyncio.sleep(SEAT_CHECK_S)
+            await asyncio.sleep(SEAT_CHECK_S if self.settings.seeks_seat else WATCH_S)
 
     async def _call_voter(self, node: str, frame: RaftFrame) -> Frame:
         return await self.router.call(bytes.fromhex(node), frame)
