@@ -83,6 +83,7 @@ async def cmd_join(args: argparse.Namespace) -> int:
         offer_margin=args.offer_margin,
         accept_margin=args.accept_margin,
         voter=args.voter,
+        volunteer=args.volunteer,
         replicas=args.replicas,
         min_insync=args.min_insync,
         repair_after_s=args.repair_after,
@@ -294,12 +295,21 @@ def add_join_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         metavar="BYTES",
         help="refuse a query definition larger than this (XML or JSON text, or a map)",
     )
-    p.add_argument(
+    seat = p.add_mutually_exclusive_group()
+    seat.add_argument(
         "--voter",
         action="store_true",
-        help="hold a seat in the control plane (Raft) that names each stream's primary; "
-        "give it to 3 or 5 peers of a federation",
+        help="hold a seat in the control plane (Raft) that names each stream's primary, "
+        "whatever the number of voters",
     )
+    seat.add_argument(
+        "--no-voter",
+        dest="volunteer",
+        action="store_false",
+        help="never sit in the control plane (by default a peer volunteers while it has "
+        "fewer than 3 voters, 5 once five peers are live)",
+    )
+    p.set_defaults(volunteer=True)
     p.add_argument(
         "--replicas",
         type=int,

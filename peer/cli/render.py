@@ -61,7 +61,7 @@ def print_status(status: Mapping[str, Any]) -> None:
     if overlay:
         _print_overlay(console, overlay)
     replication = status.get("replication")
-    if replication and replication.get("streams"):
+    if replication and (replication.get("streams") or replication.get("note")):
         _print_replication(console, replication)
     brain = status.get("brain")
     if brain:
@@ -89,7 +89,13 @@ def _print_replication(console: Console, replication: Mapping[str, Any]) -> None
 
     voters = ", ".join(v[:12] for v in replication.get("voters", ()))
     console.print(f"control plane voters: {voters or 'none known'}")
-    table = Table("replicated stream", "role", "epoch", "log end", "acked", "in sync", "lag")
+    if replication.get("note"):
+        console.print(f"streams: {replication['note']}", style="yellow")
+    if not replication.get("streams"):
+        return
+    table = Table(
+        "replicated stream", "role", "epoch", "log end", "acked", "in sync", "copies", "lag"
+    )
     for name, s in replication["streams"].items():
         lag = s.get("lag") or {}
         table.add_row(
@@ -99,6 +105,7 @@ def _print_replication(console: Console, replication: Mapping[str, Any]) -> None
             str(s.get("log_end")),
             str(s.get("acknowledged")),
             f"{len(s.get('in_sync', ()))}/{len(s.get('replicas', ()))}",
+            str(s.get("copies", "-")),
             ", ".join(f"{n[:8]}:{v}" for n, v in lag.items()) or "-",
         )
     console.print(table)

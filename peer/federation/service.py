@@ -131,8 +131,7 @@ class Federation:
     async def start(self) -> None:
         """Once the overlay has joined: find the control plane (and join it as a voter),
         then take our unreplicated streams back (see Hosting.resume)."""
-        members = [m.node_id for m in self.overlay.live_members()]
-        await self.plane.start(members)
+        await self.plane.start(lambda: [m.node_id for m in self.overlay.live_members()])
         await self.hosting.resume()
 
     async def run(self) -> None:
@@ -254,12 +253,19 @@ class Federation:
         else:
             found = await self._lookup_catalog(name)
         if found.kind == "stream":
-            return replace(found, extra={**found.extra, **await self._replication_of(name)})
+            copies = await self._replication_of(name, found.host)
+            return replace(found, extra={**found.extra, **copies})
         if found.kind == "query":
-            for fragment in found.extra.get("fragments", ()):
-                node = fragment.get("site")
-                if isinstance(node, str) and "api" not in fragment:
-                    fragment["api"] = self._api_of(node)
+            fragments = found.extra.get("fragments")
+            if fragments is None:  # looked up where it runs: this peer's fragment
+                status = found.extra.get("status")
+                fragments = [{"name": name, "site": self.node_id.hex(), "status": status}]
+                found = replace(found, extra={**found.extra, "fragments": fragments})
+            for fragment in fragments:
+                node = fragment.get("site")  # ("site": the old key, kept for one release)
+                if isinstance(node, str):
+                    fragment.setdefault("peer", node)
+                    fragment.setdefault("api", self._api_of(node))
         return found
 
     def _api_of(self, node: str) -> str | None:
@@ -272,22 +278,41 @@ class Federation:
             return None
         return None if member is None else f"{member.api[0]}:{member.api[1]}"
 
-    async def _replication_of(self, name: str) -> dict[str, Any]:
-        """A replicated stream's epoch, primary and replicas (for ``peer lookup``)."""
-        if not self.plane.client.active:
-            return {}
-        state = await self.plane.client.state_of(name, fresh=True)
+    async def _replication_of(self, name: str, host: str | None) -> dict[str, Any]:
+        """A stream's copies for ``peer lookup``, in one shape whether it is replicated or
+        not (docs/protocol.md, "lookup"): a stream without replication has one copy, on its
+        host, at no epoch."""
+        state = None
+        if self.plane.client.active:
+            state = await self.plane.client.state_of(name, fresh=True)
         if state is None:
-            return {}
+            node = host or self.node_id.hex()
+            copy = {"node": node, "api": self._api_of(node)}
+            return {
+                "stream": name,
+                "epoch": None,
+                "primary": copy,
+                "replicas": [{**copy, "in_sync": True}],
+                "in_sync": [node],
+                "min_insync": 1,
+                "asked": 1,
+                "under_replicated": False,
+                "replicated": False,
+                "copies": self.plane.plain_copies(),
+            }
         return {
+            "stream": name,
             "epoch": state.epoch,
             "primary": {"node": state.primary, "api": self._api_of(state.primary)},
             "replicas": [
                 {"node": n, "api": self._api_of(n), "in_sync": n in state.in_sync}
                 for n in state.replicas
             ],
+            "in_sync": list(state.in_sync),
             "min_insync": state.min_insync,
             "under_replicated": state.under_replicated,
+            "replicated": True,
+            **self.plane.replicas.copies(name, state),
         }
 
     async def _lookup_catalog(self, name: str) -> LookupReply:

@@ -73,11 +73,13 @@ class PeerConfig:
     offer_timeout_s: float = 10.0
     brain: bool = True  # run the brain when there are contracts
     # Replication (issue 11): a seat in the control plane, and the defaults of new streams.
-    voter: bool = False
+    voter: bool = False  # a seat in the control plane whatever the count (--voter)
+    volunteer: bool = False  # take an open seat (peer join's default; --no-voter: off)
     replicas: int = 3
     min_insync: int = 2
     failover_after_s: float = 1.5
     repair_after_s: float = 30.0  # a replica silent this long is replaced by a live peer
+    voter_grace_s: float = 30.0  # a voter silent this long is replaced by a volunteer
     # Observability (issue 13): /metrics, /status and the dashboard on this address; None: off
     # (``peer join`` serves them by default on the API host, API port + 2).
     http: tuple[str, int] | None = None

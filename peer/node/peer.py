@@ -246,10 +246,13 @@ class Peer:
         )
         replication = ReplicationSettings(
             voter=config.voter,
+            volunteer=config.volunteer,
+            founder=not config.bootstrap,
             replicas=config.replicas,
             min_insync=config.min_insync,
             failover_after_s=config.failover_after_s,
             repair_after_s=config.repair_after_s,
+            voter_grace_s=config.voter_grace_s,
         )
         fed = self.fed = Federation(
             site,

@@ -15,8 +15,10 @@ in-sync set; voters run it (:mod:`peer.replication.voter`). Every peer, voter or
 * reads a stream's state for forwarding (who is primary now), from what it learnt or from a
   voter.
 
-The voters are found once, on start, by asking live members of the overlay; every answer of a
-voter repeats the list, so it stays current as voters are added.
+The voters are found by asking live members of the overlay (on start, and again every second
+until some are known: :mod:`peer.replication.plane`); every answer of a voter repeats the list
+and the seats the voters want (:mod:`peer.replication.control.seats`), so both stay current as
+voters are added and replaced.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class ControlClient:
         self.heartbeat_s = heartbeat_s
         self.voters: tuple[str, ...] = ()
         self.leader: str | None = None
+        self.seats: int | None = None  # how many voters the voters want (control.seats)
         self.states: dict[str, StreamState] = {}
         self._listeners: list[Listener] = []
         # streams a voter said are not replicated, until (monotonic): host lookups of plain
@@ -105,6 +108,9 @@ class ControlClient:
         if isinstance(voters, list):
             leader = reply.get("leader")
             self.set_voters(voters, leader if isinstance(leader, str) else None)
+        seats = reply.get("seats")
+        if isinstance(seats, int) and not isinstance(seats, bool) and seats > 0:
+            self.seats = seats
         for raw in reply.get("streams") or ():
             try:
                 self.learn(state_from_wire(raw))
@@ -207,4 +213,5 @@ class ControlClient:
         return await self.read(stream)
 
     def describe(self) -> dict[str, Any]:
-        return {"voters": list(self.voters), "leader": self.leader}
+        seats = {} if self.seats is None else {"seats": self.seats}
+        return {"voters": list(self.voters), "leader": self.leader, **seats}

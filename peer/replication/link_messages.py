@@ -218,7 +218,8 @@ def messages_to_wire(messages: Sequence[ReplicationMessage]) -> Frame:
 
 
 def state_to_wire(state: StreamState) -> Frame:
-    """One stream's state; ``anchor`` only if it has one (older peers ignore the key)."""
+    """One stream's state; ``anchor`` only if it has one, ``wanted`` (the replicas asked for)
+    only if it has fewer (older peers ignore the keys)."""
     frame: Frame = {
         "name": state.name,
         "epoch": state.epoch,
@@ -230,6 +231,8 @@ def state_to_wire(state: StreamState) -> Frame:
     }
     if state.anchor is not None:
         frame["anchor"] = state.anchor
+    if state.wanted is not None:
+        frame["wanted"] = state.wanted
     return frame
 
 
@@ -248,7 +251,10 @@ def state_from_wire(frame: object) -> StreamState:
         _field(frame, "min_insync", int, what),
         _field(frame, "version", int, what),
         _opt(frame, "anchor", str, what),  # absent (older voters) or nil: not anchored
+        _opt(frame, "wanted", int, what),  # absent or nil: as many as it has
     )
+    if state.wanted is not None and state.wanted < 1:
+        raise InvalidInput(f"{what} of {state.name}: wanted must be at least 1")
     if state.anchor is not None and state.anchor in ("", state.name):
         raise InvalidInput(f"{what} of {state.name}: the anchor must name another stream")
     if state.epoch < 1 or state.version < 0 or state.min_insync < 1:
@@ -299,17 +305,25 @@ class ControlSubmit:
 
 @dataclass(frozen=True)
 class ControlJoin:
-    """Peer -> voter: admit ``node`` (the asking peer itself) as a voter."""
+    """Peer -> voter: admit ``node`` (the asking peer itself) as a voter. ``volunteer``: it
+    asks for an open seat (declined when the seats are taken); without it, it was forced into
+    a seat (``peer join --voter``) and is admitted whatever the count. ``volunteer`` is sent
+    only when true, so an older voter reads the frame as before."""
 
     OP: ClassVar[str] = "control_join"
     node: str
+    volunteer: bool = False
 
     def to_wire(self) -> Frame:
-        return {"op": self.OP, "node": self.node}
+        extra = {"volunteer": True} if self.volunteer else {}
+        return {"op": self.OP, "node": self.node, **extra}
 
     @classmethod
     def from_wire(cls, frame: Frame) -> ControlJoin:
-        return cls(_node_hex(frame.get("node"), "control_join: node"))
+        volunteer = frame.get("volunteer", False)
+        if not isinstance(volunteer, bool):
+            raise InvalidInput("control_join: volunteer must be a boolean")
+        return cls(_node_hex(frame.get("node"), "control_join: node"), volunteer)
 
 
 @dataclass(frozen=True)

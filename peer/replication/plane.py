@@ -3,11 +3,20 @@ peer is a voter), and the replicated streams (docs/replication.md).
 
 Theory of operation
 -------------------
-On start, the peer finds the federation's voters by asking live members. A peer started as
-a voter (``peer join --voter``) joins them: the first voter of a federation starts the Raft
-group alone; a later one asks the group to admit it and then starts its member with the
-voters it was told. A voter remembers the group it belongs to (``control/voters.json`` in its
-data directory) and its Raft journal, so it rejoins after a restart without asking.
+On start, the peer finds the federation's voters by asking live members. Who sits in the
+control plane is decided by :mod:`peer.replication.control.seats`: the peer that starts a
+federation (no ``--bootstrap``) founds the plane alone if it volunteers (``peer join``'s
+default) or is forced (``--voter``); every other peer that volunteers asks the voters to admit
+it while the seats they announce (3, or 5 once five peers are live) are not all taken, and
+then starts its Raft member with the voters it was told. A joining peer that finds no voters
+keeps asking a few live members (every ``SEAT_CHECK_S``; a ``--no-voter`` peer every
+``WATCH_S``) and never founds a second plane, unless it was forced into a seat and has found
+none for ``found_after_s``. A voter that dies for good is removed by the leader
+(:mod:`peer.replication.voter`), and its seat goes to the next volunteer.
+
+A voter remembers the group it belongs to (``control/voters.json`` in its data directory) and
+its Raft journal, so it rejoins after a restart without asking; if the live voters no longer
+count it (it was replaced while it was away), it drops that journal and volunteers afresh.
 
 The control plane's requests are served on every peer: a voter answers them, any other peer
 answers a read with the voters it knows (that is how a joining peer finds them) and refuses
@@ -20,6 +29,8 @@ import asyncio
 import functools
 import json
 import logging
+import random
+import shutil
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -28,6 +39,8 @@ from typing import Any
 from peer.errors import Unavailable
 from peer.protocol.link import Frame
 from peer.replication.appenders import Appenders
+from peer.replication.control import NO_CONTROL_PLANE, VoterSeats, may_found, may_volunteer
+from peer.replication.control.seats import FOUND_AFTER_S, GRACE_S, LIVE_WINDOW_S
 from peer.replication.heartbeats import ControlClient
 from peer.replication.link_messages import (
     ControlHeartbeat,
@@ -41,20 +54,33 @@ from peer.replication.streams import IsLive, OnRole, ReplicatedStreams, Responsi
 from peer.replication.voter import Voter
 from peer.site import LocalSite
 from peer.storage.spool_format import atomic_write
+from peer.timing import wait_until
 
 log = logging.getLogger(__name__)
 
 VoterHandler = Callable[[Voter, Any, str], Awaitable[Frame]]
 
+Members = Callable[[], list[bytes]]  # the overlay's live members now (node ids)
+
 VOTERS_FILE = "voters.json"
 JOIN_S = 30.0
+SEAT_CHECK_S = 1.0  # how often a peer without a seat looks for voters and open seats
+WATCH_S = 10.0  # how often a --no-voter peer that knows no voters asks again
+DISCOVER_SAMPLE = 3  # live members asked per round (a federation without a plane stays quiet)
+LEAD_S = 10.0  # how long a founder waits for its plane to elect it
 
 
 @dataclass(frozen=True)
 class ReplicationSettings:
-    """``peer join --voter / --replicas / --min-insync``."""
+    """``peer join --voter / --no-voter / --replicas / --min-insync``.
+
+    ``voter``: a seat whatever the count (``--voter``); ``volunteer``: take an open seat
+    (``peer join``'s default; ``--no-voter`` turns it off); ``founder``: this peer starts the
+    federation (no ``--bootstrap``), so it may found the control plane."""
 
     voter: bool = False
+    volunteer: bool = False
+    founder: bool = False
     replicas: int = 3
     min_insync: int = 2
     heartbeat_s: float = 0.25
@@ -62,10 +88,18 @@ class ReplicationSettings:
     repair_after_s: float = (
         30.0  # a replica silent this long is replaced (peer.replication.control.repair)
     )
+    voter_grace_s: float = GRACE_S  # a voter silent this long is replaced
+    found_after_s: float = FOUND_AFTER_S  # a forced voter that finds no plane this long founds one
 
     def __post_init__(self) -> None:
         if self.replicas < 1 or self.min_insync < 1:
             raise ValueError("replicas and min_insync must be at least 1")
+        if not self.voter_grace_s > 0 or not self.found_after_s >= 0:
+            raise ValueError("voter_grace_s must be above 0 and found_after_s at least 0")
+
+    @property
+    def seeks_seat(self) -> bool:
+        return self.voter or self.volunteer
 
 
 class ControlPlane:
@@ -98,6 +132,7 @@ class ControlPlane:
             repair_after_s=settings.repair_after_s,
         )
         self.voter: Voter | None = None
+        self._members: Members = list
         self.directory = site.data_dir / "control"
         voter_only: tuple[tuple[str, VoterHandler], ...] = (
             (ControlHeartbeat.OP, Voter.on_heartbeat),
@@ -113,32 +148,67 @@ class ControlPlane:
         return self.replicas.log_ends()
 
     # ----------------------------------------------------------------------- joining
-    async def start(self, members: list[bytes]) -> None:
+    async def start(self, members: Members) -> None:
+        """Find the voters; take this peer's seat now if it has one (saved), founds the
+        plane, or was forced into one and the plane exists. Volunteering goes on in
+        :meth:`run`."""
         self.replicas.start()
+        self._members = members
         saved = self._saved_voters()
-        found = await self.client.discover([m for m in members if m != self.router.node_id])
-        if not self.settings.voter and not saved:
-            if not found:
-                log.info("no control plane found; replicated streams are off until one is")
-            return
+        others = self._others()
+        found = await self.client.discover(others)
+        if saved and found and self.me not in self.client.voters:
+            log.warning("the control plane's voters no longer count this peer: it volunteers")
+            await asyncio.to_thread(shutil.rmtree, self.directory, True)
+            saved = ()
         if saved:
-            voters = saved
-        elif not found:
-            voters = (self.me,)
-            log.warning("no voters found: this peer starts the control plane")
-        else:
+            self._take_seat(saved)
+        elif may_found(  # (a peer rejoining through the neighbours it saved founds nothing)
+            volunteer=self.settings.seeks_seat,
+            founder=self.settings.founder and not others,
+            voters_found=found,
+        ):
+            log.warning("no voters found: this peer founds the control plane")
+            self._take_seat((self.me,))
+            await self._lead_alone()
+        elif self.settings.voter and found:
             reply = await self._join_voters()
-            voters = tuple(v for v in reply.get("voters", ()) if isinstance(v, str))
-            if self.me not in voters:
-                voters = (*voters, self.me)
+            if reply.get("ok"):
+                self._seat_from(reply)
+        elif not found:
+            log.info("no control plane found yet; replicated streams are off until one is")
+
+    async def _lead_alone(self) -> None:
+        """Wait (up to LEAD_S) until a plane founded here has elected its leader, so that
+        the peer takes streams as soon as it says it is ready."""
+        voter = self.voter
+        assert voter is not None
+        try:
+            await wait_until(lambda: voter.machine.is_leader(), "a leader", LEAD_S, every_s=0.05)
+        except TimeoutError:
+            log.warning("the control plane founded here has no leader after %.0f s", LEAD_S)
+
+    def _others(self) -> list[bytes]:
+        return [m for m in self._members() if m != self.router.node_id]
+
+    def _seat_from(self, reply: Frame) -> None:
+        voters = tuple(v for v in reply.get("voters", ()) if isinstance(v, str))
+        self._take_seat(voters if self.me in voters else (*voters, self.me))
+
+    def _take_seat(self, voters: tuple[str, ...]) -> None:
         self._save_voters(voters)
         self.voter = Voter(
             self.me,
             voters,
             self._call_voter,
             journal_dir=self.directory,
-            failover_after_s=self.settings.failover_after_s,
+            seats=VoterSeats(
+                time.monotonic,
+                live_window_s=min(LIVE_WINDOW_S, self.settings.voter_grace_s),
+                grace_s=self.settings.voter_grace_s,
+            ),
             on_voters=self._save_voters,
+            failover_after_s=self.settings.failover_after_s,
         )
         self.client.set_voters(voters)
 
@@ -146,13 +216,50 @@ class ControlPlane:
         """Ask the voters to admit this peer; a group still electing its leader is asked
         again, for up to JOIN_S."""
         deadline = time.monotonic() + JOIN_S
+        message = ControlJoin(self.me, volunteer=not self.settings.voter)
         while True:
             try:
-                return await self.client.submit(ControlJoin(self.me))
+                return await self.client.submit(message)
             except Unavailable:
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.2)
+
+    async def _find_seat(self) -> None:
+        """Until this peer sits (or, with ``--no-voter``, knows the voters): look for the
+        voters, and ask for an open seat while there is one (docs/replication.md, Seats)."""
+        since = time.monotonic()
+        forced = self.settings.voter
+        while self.voter is None:
+            others = self._others()
+            sample = random.sample(others, min(len(others), DISCOVER_SAMPLE))
+            if not self.client.active and not await self.client.discover(sample):
+                if forced and time.monotonic() - since >= self.settings.found_after_s:
+                    log.warning(
+                        "no voters found in %.0f s: this forced voter founds the plane",
+                        self.settings.found_after_s,
+                    )
+                    self._take_seat((self.me,))
+                    return
+            elif not self.settings.seeks_seat:
+                return  # the heartbeats keep the voters current from now on
+            elif may_volunteer(
+                self.me,
+                self.client.voters,
+                self.client.seats,
+                volunteer=self.settings.volunteer,
+                forced=forced,
+            ):
+                try:
+                    reply = await self.client.submit(ControlJoin(self.me, volunteer=not forced))
+                except Unavailable as exc:
+                    log.debug("asking for a seat failed: %s", exc)
+                else:
+                    if reply.get("ok"):
+                        self._seat_from(reply)
+                        return
+                    log.debug("no seat: %s", reply.get("reason"))
+            await asyncio.sleep(SEAT_CHECK_S if self.settings.seeks_seat else WATCH_S)
 
     async def _call_voter(self, node: str, frame: RaftFrame) -> Frame:
         return await self.router.call(bytes.fromhex(node), frame)
@@ -191,12 +298,25 @@ class ControlPlane:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self.client.run())
             tg.create_task(self.replicas.run())
-            if self.voter is not None:
-                tg.create_task(self.voter.run())
+            tg.create_task(self._sit())
+
+    async def _sit(self) -> None:
+        if self.voter is None:
+            await self._find_seat()
+        if self.voter is not None:
+            await self.voter.run()
+
+    def plain_copies(self) -> str:
+        """What a stream without replication has, in words (``peer lookup``)."""
+        return "1 copy: not replicated" if self.client.active else NO_CONTROL_PLANE
 
     def status(self) -> dict[str, Any]:
+        """The voters, this peer's seat, its replicated streams; without a control plane, a
+        ``note`` that every stream then has one copy."""
+        note = {} if self.client.active else {"note": NO_CONTROL_PLANE}
         return {
             **self.client.describe(),
             "voter": self.voter is not None,
             "streams": self.replicas.describe(),
+            **note,
         }

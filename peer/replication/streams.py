@@ -34,6 +34,7 @@ from peer.replication.control import (
     SetReplicas,
     ShrinkIsr,
     StreamState,
+    copies_text,
     repaired_replicas,
 )
 from peer.replication.driver import TICK_S, StreamReplica
@@ -178,8 +179,8 @@ class ReplicatedStreams:
             if state.anchor is not None and anchor is None:
                 continue
             candidates: list[str] = []
-            if anchor is None and dead & set(state.replicas):
-                candidates = responsible(name, len(state.replicas) + len(dead))
+            if anchor is None and (dead & set(state.replicas) or state.missing > 0):
+                candidates = responsible(name, state.asked + len(dead))
             wanted = repaired_replicas(state, dead, candidates, anchor)
             if wanted is None or self._repairs.get(name) == state.version:
                 continue
@@ -261,7 +262,10 @@ class ReplicatedStreams:
         chosen = tuple(n.hex() for n in nodes[:replicas])
         if not chosen:
             raise Unavailable(f"stream {name}: no live peer can hold it")
-        command = CreateStream(name, chosen, min(min_insync, replicas), anchor=anchor)
+        wanted = replicas if len(chosen) < replicas else None  # more come as peers join
+        command = CreateStream(
+            name, chosen, min(min_insync, replicas), anchor=anchor, wanted=wanted
+        )
         reply = await self.control.submit(command)
         if not reply.get("ok") and "exists" not in str(reply.get("reason")):
             raise Unavailable(f"stream {name} not created: {reply.get('reason')}", stream=name)
@@ -311,4 +315,16 @@ class ReplicatedStreams:
         return {name: replica.spool.log_end for name, replica in self.streams.items()}
 
     def describe(self) -> dict[str, Any]:
-        return {name: replica.describe() for name, replica in sorted(self.streams.items())}
+        return {
+            name: {
+                **replica.describe(),
+                **({} if replica.known is None else self.copies(name, replica.known)),
+            }
+            for name, replica in sorted(self.streams.items())
+        }
+
+    def copies(self, name: str, state: StreamState) -> dict[str, Any]:
+        """The stream's copies, asked for and held, in words (``peer status``, ``lookup``)."""
+        responsible = self.responsible
+        live = state.asked if responsible is None else len(responsible(name, state.asked))
+        return {"asked": state.asked, "copies": copies_text(state, live)}

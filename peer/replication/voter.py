@@ -10,7 +10,8 @@ one sender task per destination so that each voter sees another's frames in orde
   heard the peer and the log ends it reported; the answer is the state of the streams the
   peer replicates, the voters, and the leader;
 * ``control_submit``: a command for the Raft log (pysyncobj forwards it to the leader);
-* ``control_join``: the admission of a new voter (the asking peer);
+* ``control_join``: the admission of a new voter (the asking peer): a forced one always, a
+  volunteer while a seat is open (:class:`peer.replication.control.VoterSeats`), one at a time;
 * ``control_read``: one stream's state, as this voter has applied it;
 * ``raft``: a frame of the Raft library, accepted only from a current voter.
 
@@ -18,6 +19,11 @@ The voter that leads runs the failover rounds (:func:`peer.replication.control.c
 primary not heard for ``failover_after_s`` is replaced by the live in-sync replica with the longest
 log. A new leader seeds every peer's last-heard time with the moment it took office, so nobody is
 declared dead for silence that happened before it could hear them. No wall clock is read.
+
+The leader also keeps the seats (:mod:`peer.replication.control.seats`): a voter not heard for
+the seats' grace (30 s) is removed through Raft's membership change, one at a time, and the
+seat it leaves is taken by the next volunteer. Every answer names the seats (3, or 5 once five
+peers are live), so that peers know whether to volunteer.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from typing import Any
 
 from peer.errors import InvalidInput, Unavailable
 from peer.protocol.link import Frame
-from peer.replication.control import Applied, Command, Elect, failover_decisions
+from peer.replication.control import Applied, Command, Elect, VoterSeats, failover_decisions
 from peer.replication.link_messages import (
     ControlHeartbeat,
     ControlJoin,
@@ -43,7 +49,7 @@ from peer.replication.link_messages import (
     state_to_wire,
 )
 from peer.replication.raft import ControlMachine, command_from_wire
-from peer.timing import OwnedTasks, every
+from peer.timing import OwnedTasks, every, wait_until
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +71,9 @@ class Voter:
         call: Call,
         *,
         journal_dir: Path | None,
+        seats: VoterSeats,
+        on_voters: Callable[[tuple[str, ...]], None],
         failover_after_s: float = FAILOVER_AFTER_S,
-        on_voters: Callable[[tuple[str, ...]], None] | None = None,
     ) -> None:
         self.node = node
         self.call = call
@@ -78,8 +85,11 @@ class Voter:
         self._tasks = OwnedTasks("control voter")  # raft senders, elections; run() awaits them
         self._leading_since: float | None = None
         self._electing: dict[str, int] = {}  # stream -> epoch an Elect was submitted in
-        self.on_voters = on_voters  # told when the group changed
+        self.seats = seats
+        self.on_voters = on_voters  # the group changed (the caller saves it)
         self._voters: tuple[str, ...] = ()
+        self._admitting = asyncio.Lock()  # one admission at a time (rule 4 of seats)
+        self._removing: str | None = None  # the voter whose removal is in flight
         self.machine = ControlMachine(node, tuple(voters), self._send, journal_dir=journal_dir)
 
     # ----------------------------------------------------------------------- raft frames
@@ -118,6 +128,7 @@ class Voter:
     async def on_heartbeat(self, message: ControlHeartbeat, _sender: str) -> Frame:
         now = time.monotonic()
         self.last_heard[message.node] = now
+        self.seats.heard(message.node)
         for stream, end in message.log_ends.items():
             self.log_ends.setdefault(stream, {})[message.node] = end
         states = [state_to_wire(s) for s in self.machine.snapshot() if message.node in s.replicas]
@@ -128,9 +139,34 @@ class Voter:
         return {"stream": None if state is None else state_to_wire(state), **self.describe()}
 
     async def on_join(self, message: ControlJoin, _sender: str) -> Frame:
-        if message.node not in self.machine.voters():
-            await self._wait(self.machine.add_voter(message.node), "adding a voter")
+        async with self._admitting:
+            voters = self.machine.voters()
+            declined = self.seats.admit(voters, message.node, forced=not message.volunteer)
+            if declined is not None:
+                return {"ok": False, "reason": declined, **self.describe()}
+            if message.node not in voters:
+                log.warning("admitting %s as a voter of the control plane", message.node[:12])
+                await self._admit(message.node)
         return {"ok": True, "reason": "", **self.describe()}
+
+    async def _admit(self, node: str) -> None:
+        """Add ``node`` to the voters and return once the change is in this voter's log.
+
+        Not once it commits: Raft counts a new member in the majority from the moment its
+        change is appended, so a group of one that admits a second cannot commit the change
+        until the newcomer runs its member, which it starts once told it is admitted."""
+        future = self.machine.add_voter(node)
+        try:
+            await wait_until(
+                lambda: future.done() or node in self.machine.voters(),
+                "the voter's admission",
+                SUBMIT_TIMEOUT_S,
+                every_s=0.02,
+            )
+        except TimeoutError:
+            raise Unavailable("control plane: adding a voter timed out (no leader?)") from None
+        if node not in self.machine.voters():
+            future.result()  # (raises why it failed: Unavailable)
 
     async def on_submit(self, message: ControlSubmit, _sender: str) -> Frame:
         try:
@@ -151,7 +187,11 @@ class Voter:
             raise Unavailable(f"control plane: {what} timed out (no leader?)") from None
 
     def describe(self) -> dict[str, Any]:
-        return {"voters": list(self.machine.voters()), "leader": self.machine.leader()}
+        return {
+            "voters": list(self.machine.voters()),
+            "leader": self.machine.leader(),
+            "seats": self.seats.seats(),
+        }
 
     # ----------------------------------------------------------------------- failover
     async def run(self) -> None:
@@ -165,8 +205,7 @@ class Voter:
         voters = self.machine.voters()
         if voters != self._voters:
             self._voters = voters
-            if self.on_voters is not None:
-                self.on_voters(voters)
+            self.on_voters(voters)
         if not self.machine.is_leader():
             self._leading_since = None
             return
@@ -174,7 +213,9 @@ class Voter:
         if self._leading_since is None:
             self._leading_since = now  # count silence only from taking office
             self.last_heard = dict.fromkeys(self.last_heard, now)
+            self.seats.took_office(voters)
         self._failover_round(now)
+        self._seats_round(voters)
 
     def _failover_round(self, now: float) -> None:
         streams = self.machine.snapshot()
@@ -202,3 +243,22 @@ class Voter:
         finally:
             if applied is None or not applied.ok:
                 self._electing.pop(command.name, None)  # try again next round
+
+    def _seats_round(self, voters: tuple[str, ...]) -> None:
+        """Remove a voter that died for good (one change at a time); its seat is then open."""
+        if self._removing is not None:
+            return
+        dead = self.seats.to_remove(voters, self.node)
+        if dead is None:
+            return
+        log.warning("voter %s silent for %.0f s: removing it", dead[:12], self.seats.grace_s)
+        self._removing = dead
+        self._tasks.spawn(self._remove(dead), name=f"remove voter {dead[:12]}")
+
+    async def _remove(self, dead: str) -> None:
+        try:
+            await self._wait(self.machine.remove_voter(dead), "removing a voter")
+        except Exception as exc:  # tried again next round
+            log.info("removing a voter failed (tried again): %s", exc)
+        finally:
+            self._removing = None

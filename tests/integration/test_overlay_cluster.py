@@ -160,16 +160,16 @@ def test_responsibility_moves_when_the_host_dies(
 ) -> None:
     trust, keys = participants(tmp_path)
     names = ["acme", "globex", "initech", "acme"]
-    first = PeerProcess(tmp_path / "p0", *peer_args(names[0], keys, trust, "--no-engine", *FAST))
+    # --no-voter: this test is about the unreplicated hosting's take-over (the place: lease)
+    plain = ("--no-engine", "--no-voter")
+    first = PeerProcess(tmp_path / "p0", *peer_args(names[0], keys, trust, *plain, *FAST))
     first.start()
     stopper.append(first)
     peers = [first]
     for i in range(1, 4):
         p = PeerProcess(
             tmp_path / f"p{i}",
-            *peer_args(
-                names[i], keys, trust, "--no-engine", "--bootstrap", first.overlay_addr, *FAST
-            ),
+            *peer_args(names[i], keys, trust, *plain, "--bootstrap", first.overlay_addr, *FAST),
         )
         p.launch()
         stopper.append(p)
@@ -237,7 +237,7 @@ def test_responsibility_moves_when_the_host_dies(
     # restarted on its data directory without --bootstrap, the old host rejoins through the
     # neighbours it saved, with its old identity, and leaves the stream with its new host
     again = PeerProcess(
-        host.data_dir, *peer_args(names[peers.index(host)], keys, trust, "--no-engine", *FAST)
+        host.data_dir, *peer_args(names[peers.index(host)], keys, trust, *plain, *FAST)
     )
     again.start()
     stopper.append(again)

@@ -134,3 +134,31 @@ def test_status_shows_tentative_queries_since_when_and_their_corrections() -> No
     assert text == "TENTATIVE for 30 s (missing cars_g); 1 corrections, 12 taken back"
     done = {"tentative": False, "corrections": 2, "corrected_tuples": 5}
     assert availability_text(done) == "exact (2 corrections, 5 taken back)"
+
+
+def test_join_volunteers_for_the_control_plane_unless_told_otherwise() -> None:
+    parser = build_parser()
+    plain = parser.parse_args(["join"])
+    assert (plain.voter, plain.volunteer) == (False, True)
+    forced = parser.parse_args(["join", "--voter"])
+    assert (forced.voter, forced.volunteer) == (True, True)
+    out = parser.parse_args(["join", "--no-voter"])
+    assert (out.voter, out.volunteer) == (False, False)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["join", "--voter", "--no-voter"])
+
+
+def test_status_says_why_a_stream_has_fewer_copies(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from peer.cli.render import print_status
+
+    monkeypatch.setenv("COLUMNS", "300")  # (rich wraps table cells to the terminal's width)
+    base = {"peer": "127.0.0.1:7700", "engine": "none", "uptime_s": 1, "data_dir": "d"}
+    base = {**base, "queries": [], "streams": [{"name": "ticks", "latest_offset": 3}]}
+    print_status({**base, "replication": {"voters": [], "streams": {}, "note": "1 copy: x"}})
+    assert "streams: 1 copy: x" in capsys.readouterr().out
+    lone = {"role": "primary", "epoch": 1, "replicas": ["a" * 40], "in_sync": ["a" * 40]}
+    lone["copies"] = "1 of 3 copies: only 1 peer live"
+    print_status({**base, "replication": {"voters": ["a" * 40], "streams": {"ticks": lone}}})
+    assert "1 of 3 copies: only 1 peer live" in capsys.readouterr().out

@@ -112,12 +112,13 @@ function render(view) {
     for (const name of status.hosted || []) {
       const s = streams.get(name) || {replicas: new Set()};
       s.host = peer; s.sample = sample; s.peerStatus = status;
+      if (!s.copies) s.copies = (status.replication || {}).note; // no control plane: one copy
       streams.set(name, s);
     }
     const replicated = ((status.replication || {}).streams) || {};
     for (const [name, info] of Object.entries(replicated)) {
       const s = streams.get(name) || {replicas: new Set()};
-      if (info.role === "primary") { s.host = peer; s.sample = sample; s.peerStatus = status; }
+      if (info.role === "primary") { s.host = peer; s.sample = sample; s.peerStatus = status; s.copies = info.copies; }
       else s.replicas.add(peer.node_id);
       streams.set(name, s);
     }
@@ -142,6 +143,7 @@ function render(view) {
     streamRows.push(el("tr", {"data-stream": name},
       td(name), td(el("code", {}, short(s.host.node_id)), {"data-host": s.host.node_id}),
       td([...s.replicas].map(short).join(", ")),
+      td(s.copies || "–", {class: "copies"}),
       td(entered, {class: "num records-in", "data-value": entered}),
       td(num(rate) + "/s", {class: "num rate", "data-value": rate}),
       td(backlog === undefined ? "–" : backlog, {class: "num backlog", "data-value": backlog}),

@@ -1,8 +1,9 @@
 """The control plane: a replicated state machine that names each stream's primary, epoch and
 in-sync set (docs/replication.md). This package is its pure core: the commands of the
-replicated log, the state they are applied to, and the failover decisions of the Raft
-leader (which keep an anchored stream on its anchor's primary). The Raft library and the
-heartbeats that drive it live elsewhere and call in."""
+replicated log, the state they are applied to, the failover decisions of the Raft leader
+(which keep an anchored stream on its anchor's primary), the repair of replica sets, and who
+sits in the control plane (seats). The Raft library and the heartbeats that drive it live
+elsewhere and call in."""
 
 from __future__ import annotations
 
@@ -21,10 +22,17 @@ from peer.replication.control.failover import (
     failover_decisions,
     live_nodes,
 )
-from peer.replication.control.repair import repaired_replicas
+from peer.replication.control.repair import NO_CONTROL_PLANE, copies_text, repaired_replicas
+from peer.replication.control.seats import (
+    VoterSeats,
+    may_found,
+    may_volunteer,
+    seats_for,
+)
 from peer.replication.control.state import Applied, ControlState, StreamState
 
 __all__ = [
+    "NO_CONTROL_PLANE",
     "Applied",
     "Command",
     "ControlState",
@@ -35,9 +43,14 @@ __all__ = [
     "SetReplicas",
     "ShrinkIsr",
     "StreamState",
+    "VoterSeats",
     "anchor_roots",
     "choose_primary",
+    "copies_text",
     "failover_decisions",
     "live_nodes",
+    "may_found",
+    "may_volunteer",
     "repaired_replicas",
+    "seats_for",
 ]

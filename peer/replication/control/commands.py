@@ -48,12 +48,15 @@ def _check_replicas(owner: str, name: str, replicas: object) -> None:
 class CreateStream:
     """A new replicated stream: epoch 1, ``replicas[0]`` its primary, every replica in sync
     (all hold the empty log). With ``anchor`` (another stream's name) the stream follows that
-    stream's primary; its creator passes the anchor's replicas, its current primary first."""
+    stream's primary; its creator passes the anchor's replicas, its current primary first.
+    ``wanted``: the replicas asked for, when fewer peers lived than that (None: as many as
+    given); the stream's primary adds replicas as peers join (control.repair)."""
 
     name: str
     replicas: tuple[str, ...]
     min_insync: int
     anchor: str | None = None
+    wanted: int | None = None
 
     def __post_init__(self) -> None:
         _check_name("CreateStream", "name", self.name)
@@ -63,6 +66,8 @@ class CreateStream:
             _check_name("CreateStream", "anchor", self.anchor)
             if self.anchor == self.name:
                 raise ValueError(f"CreateStream({self.name!r}).anchor must name another stream")
+        if self.wanted is not None:
+            _check_int("CreateStream", "wanted", self.wanted, len(self.replicas))
 
 
 @dataclass(frozen=True)

@@ -69,11 +69,22 @@ class StreamState:
     min_insync: int
     version: int
     anchor: str | None = None  # the stream this one fails over with (see the module docstring)
+    wanted: int | None = None  # the replicas asked for (None: as many as it has)
 
     @property
     def under_replicated(self) -> bool:
         """Whether some of the stream's replicas are out of its in-sync set."""
         return len(self.in_sync) < len(self.replicas)
+
+    @property
+    def asked(self) -> int:
+        """How many replicas the stream asked for."""
+        return len(self.replicas) if self.wanted is None else max(self.wanted, len(self.replicas))
+
+    @property
+    def missing(self) -> int:
+        """How many replicas it lacks of those it asked for (peers were too few)."""
+        return self.asked - len(self.replicas)
 
     @property
     def required_insync(self) -> int:
@@ -155,6 +166,7 @@ class ControlState:
             min_insync=command.min_insync,
             version=1,
             anchor=command.anchor,
+            wanted=command.wanted,
         )
         return Applied(command, True)
 

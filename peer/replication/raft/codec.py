@@ -66,7 +66,8 @@ _COMMANDS: dict[str, type[Command]] = {
 _TYPE_OF: dict[type[Any], str] = {cls: name for name, cls in _COMMANDS.items()}
 _STR_FIELDS = {"name", "primary", "node"}
 _INT_FIELDS = {"epoch", "version", "min_insync"}
-_OPTIONAL_FIELDS = {"anchor"}  # absent from the wire form when None (as older voters wrote)
+# absent from the wire form when None (as older voters wrote): field -> its type
+_OPTIONAL_FIELDS: dict[str, type] = {"anchor": str, "wanted": int}
 
 
 def wire_int(what: str, value: object) -> int:
@@ -128,7 +129,8 @@ def command_from_wire(data: bytes) -> Command:
     for name in sorted(names):
         if name in _OPTIONAL_FIELDS:
             value = body.get(name)
-            kwargs[name] = None if value is None else _wire_str(f"{kind}.{name}", value)
+            read = _wire_str if _OPTIONAL_FIELDS[name] is str else wire_int
+            kwargs[name] = None if value is None else read(f"{kind}.{name}", value)
             continue
         if name not in body:
             raise InvalidInput(f"{kind}: missing field {name!r}")
@@ -152,7 +154,8 @@ def command_from_wire(data: bytes) -> Command:
 def stream_to_wire(stream: StreamState) -> list[Any]:
     """One stream's state as a plain list (msgpack-able): name, epoch, primary, replicas,
     in_sync, min_insync, version, and the anchor as an 8th element if there is one (so an
-    unanchored stream keeps the 7-element form older voters read)."""
+    unanchored stream keeps the 7-element form older voters read), and the replicas asked
+    for as a 9th if the stream has fewer (the anchor then nil if it has none)."""
     wire = [
         stream.name,
         stream.epoch,
@@ -162,16 +165,18 @@ def stream_to_wire(stream: StreamState) -> list[Any]:
         stream.min_insync,
         stream.version,
     ]
-    if stream.anchor is not None:
+    if stream.anchor is not None or stream.wanted is not None:
         wire.append(stream.anchor)
+    if stream.wanted is not None:
+        wire.append(stream.wanted)
     return wire
 
 
 def stream_from_wire(value: object) -> StreamState:
-    """The inverse of :func:`stream_to_wire` (7 elements, or 8 with the anchor, which may be
-    nil), checking the invariants of the state."""
-    if not isinstance(value, list) or len(value) not in (7, 8):
-        raise InvalidInput(f"a stream state must be a list of 7 or 8, not {value!r:.80}")
+    """The inverse of :func:`stream_to_wire` (7 elements, 8 with the anchor, which may be
+    nil, 9 with the replicas asked for), checking the invariants of the state."""
+    if not isinstance(value, list) or len(value) not in (7, 8, 9):
+        raise InvalidInput(f"a stream state must be a list of 7 to 9, not {value!r:.80}")
     name = _wire_str("stream.name", value[0])
     epoch = wire_int(f"stream {name!r} epoch", value[1])
     primary = _wire_str(f"stream {name!r} primary", value[2])
@@ -186,11 +191,16 @@ def stream_from_wire(value: object) -> StreamState:
     if primary not in in_sync or not set(in_sync) <= set(replicas):
         raise InvalidInput(f"stream {name!r}: the primary must be in sync, the ISR in replicas")
     anchor: str | None = None
-    if len(value) == 8 and value[7] is not None:
+    if len(value) >= 8 and value[7] is not None:
         anchor = _wire_str(f"stream {name!r} anchor", value[7])
         if anchor in ("", name):
             raise InvalidInput(f"stream {name!r}: the anchor must name another stream")
-    return StreamState(name, epoch, primary, replicas, in_sync, min_insync, version, anchor)
+    wanted: int | None = None
+    if len(value) == 9 and value[8] is not None:
+        wanted = wire_int(f"stream {name!r} wanted", value[8])
+        if wanted < 1:
+            raise InvalidInput(f"stream {name!r}: the replicas asked for must be at least 1")
+    return StreamState(name, epoch, primary, replicas, in_sync, min_insync, version, anchor, wanted)
 
 
 def state_from_streams(streams: Sequence[StreamState], applied: int) -> ControlState:
