@@ -132,6 +132,7 @@ class Engine:
             preaggregate=(
                 not master.startswith("local") if lane_preaggregate is None else lane_preaggregate
             ),
+            fetch=fetch,
             clock=clock,
         )
         # Seams for replicated fragments (peer.replication.fragment_failover), called on Spark's
@@ -237,9 +238,7 @@ class Engine:
 
     def placement_for(self, checked: CheckedQuery) -> str:
         """Where a query that never ran goes: ``lane`` or ``own`` (its own streaming query)."""
-        # The lane's own source opens spool files: with fetched input, queries run alone.
-        fused = self.fuse_stateless and self.fetch is None
-        kind = lane_kind(checked) if fused else None
+        kind = lane_kind(checked) if self.fuse_stateless else None
         if kind is None:
             return "own"
         alone = sum(1 for q in self.running.values() if lane_kind(q.checked) == kind)
