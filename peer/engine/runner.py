@@ -32,6 +32,7 @@ from peer.engine.compile import (
     needs_arrival_order,
     split_outputs,
 )
+from peer.engine.executors import ExecutorWatch
 from peer.engine.lane import Lane, error_line, lane_kind
 from peer.engine.lane_source import register_lane_source
 from peer.errors import EngineError
@@ -95,6 +96,8 @@ class Engine:
     ) -> None:
         self.spools = spools
         self.clock = clock  # batch durations (read on Spark's threads: a plain reading)
+        # A cluster's executors come and go (peer.engine.executors); a local master's are here.
+        self.executors = None if master.startswith("local") else ExecutorWatch()
         # Input without a shared disk: with the peer's fetch server, Spark's executors fetch
         # spool files from it (peer.fetch) instead of opening them; None: they open them.
         self.fetch = fetch
@@ -534,6 +537,10 @@ class Engine:
         lane_members = self.lane.member_names()
 
         def check() -> dict[str, str]:
+            if self.executors is not None and self.spark is not None:
+                from peer.engine.shipping import executor_count
+
+                self.executors.observe(executor_count(self.spark))
             out = {}
             lane_failure = self.lane.failure()
             if lane_failure is not None:
