@@ -25,7 +25,7 @@ from overlay.stream import decode_pool
 from overlay.wire import DecodeBudget
 from peer.errors import Conflict, FedstreamError, Unavailable
 from peer.federation import Federation
-from peer.fetch.server import FetchLimits, FetchServer, remote_input
+from peer.fetch.server import FetchLimits, FetchServer, advertised_host, remote_input
 from peer.model.limits import ContentLimits
 from peer.protocol import replies
 from peer.protocol.link import Raw
@@ -223,8 +223,9 @@ class Peer:
             # checkpoints (the warm-up's, tentative forks'), wherever --checkpoint-dir put them.
             roots = [self.data_dir, checkpoints]
             self.fetch = await FetchServer.open(
-                self.data_dir, roots, config.host, config.fetch_port, config.fetch_limits
-            )
+                self.data_dir, roots, config.host, config.fetch_port, config.fetch_limits,
+                advertised_host(config.host, config.spark_conf),
+            )  # fmt: skip
         engine = Engine(
             site.spools,
             checkpoints,
