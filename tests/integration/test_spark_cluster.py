@@ -530,7 +530,6 @@ def test_forged_and_expired_read_capabilities_are_refused_on_the_executors(
     assert {r["host"] for r in found.values()} <= workers, found  # read on the Worker hosts
     assert found["good"]["error"] is None, found["good"]
     assert found["good"]["rows"] == [*range(50), *range(100, 150), *range(200, 250)]
-    assert not (hidden / "refusals").is_relative_to(spark_cluster.shared)
     for name in ("other-key", "forged", "expired"):
         result = found[name]
         assert result["rows"] == [], result  # nothing read
@@ -574,3 +573,84 @@ def test_nexmark_on_the_cluster_equals_duckdb(nexmark_peer: Callable[[], Client]
     assert want, f"{q}: the generated events give no result; the test would prove nothing"
     got = asyncio.run(run_query(nexmark_peer, q, len(want), timeout_s=300))
     assert compare(got, want) == []
+
+
+def test_the_traffic_query_in_a_federation_with_a_cluster_peer_is_exact(
+    spark_cluster: SparkCluster, hidden: Path
+) -> None:
+    """Medusa's traffic query over two participants: globex's peer runs Spark ``local[1]``
+    and the statistics and towing boxes; acme's peer runs on the cluster and the billing
+    fragment, which receives globex's segment tolls over a peer link and car positions from
+    wherever they are hosted, and whose results are read through globex. Every output equals
+    the plain-Python reference, tuple for tuple (issue 25, "Tests")."""
+    from peer.examples import columns, traffic
+    from peer.testing import LocalFederation
+
+    work = hidden / "federation"
+    keys = make_participants(work, ("acme", "globex"))
+    trust = work / "trust"
+    args = {
+        "acme": [
+            *participant_args("acme", keys["acme"], trust), "--http", "off",
+            "--spark-master", spark_cluster.master_url,
+            "--checkpoint-dir", f"file://{spark_cluster.shared}",
+            "--spark-conf", "spark.executor.memory=512m",
+        ],
+        "globex": [
+            *participant_args("globex", keys["globex"], trust), "--http", "off",
+            "--spark-master", "local[1]", "--no-warm-up",
+        ],
+    }  # fmt: skip
+    host = spark_cluster.driver_host  # both on the cluster's network: the Workers reach acme
+    nodes = {
+        "per_minute": "globex", "toll": "globex", "stopped": "globex", "dispatch": "globex",
+        "moving": "acme", "bill": "acme",
+    }  # fmt: skip
+    inputs = traffic.generate(seed=3, cars=30, minutes=4, segments=6)
+    want = traffic.reference(inputs)
+    assert all(want[s] for s in traffic.OUTPUTS)
+    assert any(row["toll"] > 0 for row in want["toll_notifications"])
+
+    def client(fed: LocalFederation, name: str) -> Client:
+        return Client(host, fed.procs[name].port, participant=name, key_path=keys[name],
+                      trust_dir=trust, timeout_s=120)  # fmt: skip
+
+    async def scenario(fed: LocalFederation) -> tuple[dict[str, list[Any]], list[Any]]:
+        async with client(fed, "globex") as g, client(fed, "acme") as a:
+            async with asyncio.timeout(180):  # the overlay: each sees both alive
+                while True:
+                    views = [((await c.status()).extra.get("overlay") or {}) for c in (g, a)]
+                    alive = [
+                        sum(m.get("state") == "alive" for m in v.get("members", [])) for v in views
+                    ]
+                    if min(alive) >= 2:
+                        break
+                    await asyncio.sleep(1)
+            for schema in traffic.SCHEMAS:
+                await g.create_schema(schema)
+            for stream, schema_name in traffic.SOURCE_STREAMS.items():
+                await g.create_stream(stream, schema_name)
+            made = await g.create_query(traffic.query("traffic", nodes))
+            await g.start_query("traffic")
+            for stream, rows in inputs.items():
+                for i in range(0, len(rows), 250):
+                    await g.push(stream, {"columns": columns(rows[i : i + 250])})
+            got = {
+                stream: await collect(g, stream, len(rows), timeout_s=300, settle_s=5)
+                for stream, rows in want.items()
+            }
+            return got, list(made.extra.get("fragments", []))
+
+    with LocalFederation(work, args, hosts={"acme": host, "globex": host}) as fed:
+        try:
+            got, fragments = asyncio.run(scenario(fed))
+        except BaseException:
+            for name in ("acme", "globex"):
+                print(name, fed.procs[name].log_path.read_text(errors="replace")[-4000:])
+            print(spark_cluster.logs())
+            raise
+        acme = fed.procs["acme"].node_id
+    # the billing fragment runs on the cluster peer, the others on the local one
+    on_acme = [f for f in fragments if f.get("site") == acme]
+    assert on_acme and len(on_acme) < len(fragments), fragments
+    assert {s: traffic.compare(got[s], want[s]) for s in want} == {s: [] for s in want}
