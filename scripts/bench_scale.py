@@ -257,24 +257,27 @@ async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     results = bc.new_results("bench_scale.py")
     started = time.monotonic()
     runs: list[dict[str, Any]] = []
-    setups = [
-        Setup(
-            "local[2] before",
-            ["--spark-master", "local[2]"],
-            pythonpath=export_before(args.before, work),
-        ),
-        Setup("local[2]", ["--spark-master", "local[2]"]),
-        Setup("local[1]", ["--spark-master", "local[1]"]),
-    ]
+    wanted = set(args.setups.split(","))
+    setups = []
+    if "before" in wanted:
+        before = export_before(args.before, work)
+        setups.append(Setup("local[2] before", ["--spark-master", "local[2]"], pythonpath=before))
+    if "local2" in wanted:
+        setups.append(Setup("local[2]", ["--spark-master", "local[2]"]))
+    if "local1" in wanted:
+        setups.append(Setup("local[1]", ["--spark-master", "local[1]"]))
     for setup in setups:
         try:
             runs.append(await measure(setup, work, args))
         except Exception as exc:  # a failed setup is reported, the others still run
             results["errors"].append(f"{setup.name}: {exc!r}")
     why = missing()
-    if why is not None:
+    clusters = [
+        (n, w) for n, w in (("cluster 1x1", 1), ("cluster 2x1", 2)) if f"cluster{w}" in wanted
+    ]
+    if clusters and why is not None:
         results["errors"].append(f"cluster setups skipped: {why}")
-    else:
+    elif clusters:
         shared = work / "shared-checkpoints"
         shared.mkdir(exist_ok=True)
         with SparkCluster(shared=shared, hidden=[work], workers=2, cores=1) as cluster:
@@ -284,7 +287,7 @@ async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 "--checkpoint-dir", f"file://{shared}",
                 "--spark-conf", "spark.executor.memory=512m",
             ]  # fmt: skip
-            for name, workers in (("cluster 1x1", 1), ("cluster 2x1", 2)):
+            for name, workers in clusters:
                 if workers == 2:
                     cluster.start_worker(1)
                 setup = Setup(name, options, host=cluster.driver_host, cluster=cluster)
@@ -377,6 +380,11 @@ def main() -> None:
     parser.add_argument("--warmup-s", type=float, default=None)
     parser.add_argument("--drain-s", type=float, default=60.0)
     parser.add_argument("--before", default=BEFORE, help="the commit measured as 'before'")
+    parser.add_argument(
+        "--setups",
+        default="before,local2,local1,cluster1,cluster2",
+        help="which engines, comma-separated (default: all five)",
+    )
     parser.add_argument("--work-dir", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
