@@ -314,6 +314,7 @@ def report(results: dict[str, Any]) -> str:
             [
                 r["setup"],
                 bc.fmt_rate(r["offered_rate"]),
+                bc.fmt_rate(r["acked_rate"]),
                 bc.fmt_rate(r["processed_rate"]),
                 bc.fmt_s(r["p50_s"]),
                 f"{peer.get('driver', 0):.2f}",
@@ -325,8 +326,9 @@ def report(results: dict[str, Any]) -> str:
             ]
         )
     header = [
-        "engine", "offered /s", "processed /s", "p50", "peer Python cores", "driver JVM cores",
-        "local Python workers cores", "Worker hosts cores", "Worker hosts rx", "results",
+        "engine", "offered /s", "pushes acked /s", "processed /s", "p50", "peer Python cores",
+        "driver JVM cores", "local Python workers cores", "Worker hosts cores",
+        "Worker hosts rx", "results",
     ]  # fmt: skip
     lines.append(bc.md_table(header, rows))
     one, two = by_name.get("cluster 1x1"), by_name.get("cluster 2x1")
