@@ -559,6 +559,7 @@ def nexmark_peer(spark_cluster: SparkCluster, hidden: Path) -> Iterator[Callable
     [
         "q1",  # per tuple: a map of every bid (currency conversion)
         "q3",  # a windowed join: people and their auctions, the join bounded in event time
+        "q8",  # a window join: new people and new sellers of the same tumbling window
     ],
 )
 def test_nexmark_on_the_cluster_equals_duckdb(nexmark_peer: Callable[[], Client], q: str) -> None:
