@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from peer.engine.executors import waiting_text
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -34,9 +36,11 @@ def print_status(status: Mapping[str, Any]) -> None:
     from rich.table import Table
 
     console = Console()
+    executors = status.get("executors")
     console.print(
         f"peer {status['peer']}  engine={status['engine']}  "
         f"uptime={status['uptime_s']}s  data={status['data_dir']}"
+        + (f"  {waiting_text(executors)}" if executors else "")
     )
     table = Table("query", "status", "batches", "rows out", "results", "error")
     for q in status["queries"]:

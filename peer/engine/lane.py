@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -69,6 +70,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
+
+    from peer.fetch.protocol import FetchEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -139,9 +142,13 @@ class Lane:
         trigger_s: float,
         max_rows: int,
         preaggregate: bool = True,
+        fetch: FetchEndpoint | None = None,
         clock: Callable[[], float] = MONOTONIC,
     ) -> None:
         self.spools = spools
+        # The peer's fetch server: the executors fetch the lane's input from it (None: they
+        # open the spool files, on the peer's host).
+        self.fetch = fetch
         self.clock = clock  # the phases of a batch (read on Spark's thread)
         # Windowed members: aggregate per (window, group) in the executors and collect the
         # partials (True), or collect their rows and aggregate on the driver (False: the path
@@ -235,7 +242,8 @@ class Lane:
             spec["streams"].append(
                 {
                     "name": stream,
-                    "dir": str(spool.directory),
+                    # absolute: a fetch capability names the spool as the server resolves it
+                    "dir": os.path.abspath(spool.directory),
                     "reader": READER,
                     "fields": [[f.name, f.type] for f in schema.fields],
                 }
@@ -249,6 +257,7 @@ class Lane:
         }
         frame = (
             spark.readStream.format(SOURCE_NAME)
+            .options(**({} if self.fetch is None else self.fetch.to_options()))
             .option("spec", str(spec_path))
             .option("maxRowsPerBatch", str(self.max_rows))
             .load()

@@ -18,6 +18,13 @@ stream, and ``commit`` writes every stream's reader offset so the peer can trim.
 read past its spool's watermark (a replicated stream's acknowledged end, ``Spool.hold``;
 read once per stream and ``latestOffset`` call; no file: no bound).
 
+Input without a shared disk: with the options ``fetch=remote``, ``fetchAddress``, ``fetchPin``,
+``fetchKey`` and ``fetchTtlS`` (``peer.fetch.protocol.FetchEndpoint``, set by the lane when the
+engine's master is not local) each piece of a partition carries a ticket for exactly its files
+(``fedspool``'s :class:`~peer.engine.source.Tickets`), and ``read`` in the executor fetches them
+from the peer instead of opening them. The planner and ``commit`` run on the peer's host and go
+on reading and writing the spool directories.
+
 Like ``fedspool`` it runs in Spark's Python processes, so it imports only light modules.
 """
 
@@ -35,7 +42,8 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
 from peer.engine.source import SEQ_COLUMN as SEQ
-from peer.engine.source import seq_column
+from peer.engine.source import Tickets, seq_column, stored_tables
+from peer.fetch.protocol import FetchEndpoint, FetchTicket
 from peer.model.schema import spark_type
 from peer.model.tentative import STABLE
 from peer.storage import spool_format as fmt
@@ -78,11 +86,15 @@ MAX_PARTITIONS = 2  # one per core here; more only add tasks for every scan of a
 
 
 class LaneRange(InputPartition):
-    """Runs of files, each ``(stream index, first, last)``: what one Spark task reads."""
+    """Runs of files, each ``(stream index, first, last)``: what one Spark task reads. With
+    ``tickets`` (one per piece) the task fetches the files from the peer."""
 
-    def __init__(self, pieces: list[tuple[int, int, int]]) -> None:
+    def __init__(
+        self, pieces: list[tuple[int, int, int]], tickets: list[FetchTicket] | None = None
+    ) -> None:
         super().__init__(tuple(pieces))
         self.pieces = pieces
+        self.tickets = tickets
 
 
 class LaneDataSource(DataSource):
@@ -117,6 +129,8 @@ class LaneStreamReader(DataSourceStreamReader):
         self.shapes = shapes(spec)
         self.dirs = [Path(s["dir"]) for s in self.streams]
         self.max_rows = int(lowered.get("maxrowsperbatch", 200_000))
+        fetch = FetchEndpoint.from_options(lowered)
+        self._tickets = None if fetch is None else Tickets(fetch)
         self.arrow_schema: pa.Schema = to_arrow_schema(schema, timezone="UTC")
         self._rows: dict[tuple[int, int], int] = {}
 
@@ -177,19 +191,27 @@ class LaneStreamReader(DataSourceStreamReader):
         # Deal the pieces round-robin into a few partitions: a partition per stream would make
         # every scan of a batch over many streams a task per stream.
         count = min(MAX_PARTITIONS, len(pieces))
-        return [LaneRange(pieces[p::count]) for p in range(count)]
+        dealt = [pieces[p::count] for p in range(count)]
+        if self._tickets is None:
+            return [LaneRange(run) for run in dealt]
+        mint = self._tickets.mint
+        return [LaneRange(run, [mint(self.dirs[i], a, b) for i, a, b in run]) for run in dealt]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, LaneRange)
-        for i, first, last in partition.pieces:
-            yield from self._read_piece(i, first, last)
+        tickets: list[FetchTicket | None] = [None] * len(partition.pieces)
+        if partition.tickets is not None:
+            tickets = list(partition.tickets)
+        for (i, first, last), ticket in zip(partition.pieces, tickets, strict=True):
+            yield from self._read_piece(i, first, last, ticket)
 
-    def _read_piece(self, i: int, first: int, last: int) -> Iterator[pa.RecordBatch]:
+    def _read_piece(
+        self, i: int, first: int, last: int, ticket: FetchTicket | None
+    ) -> Iterator[pa.RecordBatch]:
         fields = self.streams[i]["fields"]
         own = {column_name(self.shapes[i], name): name for name, _ in fields}
         target = self.arrow_schema
-        for offset in range(first, last + 1):
-            table = fmt.read_file(fmt.offset_path(self.dirs[i], offset))
+        for offset, table in stored_tables(self.dirs[i], first, last, ticket):
             if entry_mark(table.schema.metadata)[0] != STABLE:
                 continue  # tentative results and undos: not an input of exact results
             row = 0

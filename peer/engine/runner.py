@@ -32,6 +32,7 @@ from peer.engine.compile import (
     needs_arrival_order,
     split_outputs,
 )
+from peer.engine.executors import ExecutorWatch
 from peer.engine.lane import Lane, error_line, lane_kind
 from peer.engine.lane_source import register_lane_source
 from peer.engine.seams import EngineSeams
@@ -99,6 +100,8 @@ class Engine:
         # (replicated fragments, tentative forks, the metrics): peer.engine.seams.
         self.seams = seams or EngineSeams()
         self.clock = clock  # batch durations (read on Spark's threads: a plain reading)
+        # A cluster's executors come and go (peer.engine.executors); a local master's are here.
+        self.executors = None if master.startswith("local") else ExecutorWatch()
         # Input without a shared disk: with the peer's fetch server, Spark's executors fetch
         # spool files from it (peer.fetch) instead of opening them; None: they open them.
         self.fetch = fetch
@@ -136,6 +139,7 @@ class Engine:
             preaggregate=(
                 not master.startswith("local") if lane_preaggregate is None else lane_preaggregate
             ),
+            fetch=fetch,
             clock=clock,
         )
 
@@ -224,9 +228,7 @@ class Engine:
 
     def placement_for(self, checked: CheckedQuery) -> str:
         """Where a query that never ran goes: ``lane`` or ``own`` (its own streaming query)."""
-        # The lane's own source opens spool files: with fetched input, queries run alone.
-        fused = self.fuse_stateless and self.fetch is None
-        kind = lane_kind(checked) if fused else None
+        kind = lane_kind(checked) if self.fuse_stateless else None
         if kind is None:
             return "own"
         alone = sum(1 for q in self.running.values() if lane_kind(q.checked) == kind)
@@ -522,6 +524,10 @@ class Engine:
         lane_members = self.lane.member_names()
 
         def check() -> dict[str, str]:
+            if self.executors is not None and self.spark is not None:
+                from peer.engine.shipping import executor_count
+
+                self.executors.observe(executor_count(self.spark))
             out = {}
             lane_failure = self.lane.failure()
             if lane_failure is not None:

@@ -155,7 +155,7 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
         self.fsync = not _flag(options.get("nofsync"))
         self.fetch = FetchEndpoint.from_options(options)
-        self._key: FetchKey | None = None  # the planner's, loaded on first use, never pickled
+        self._tickets = None if self.fetch is None else Tickets(self.fetch)
         # Backpressure: while a reader of one of these (output) spools is more than
         # maxBacklog batches behind, plan no new data; the input waits on disk.
         hold = options.get("holdback") or ""
@@ -268,25 +268,12 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 run_start = offset
             acc += n
         ranges.append(SpoolRange(run_start, last))
-        if self.fetch is not None:
-            return [self._ticketed(r, self.fetch) for r in ranges]
+        if self._tickets is not None:  # each with a capability for its files
+            mint = self._tickets.mint
+            return [
+                SpoolRange(r.first, r.last, mint(self.directory, r.first, r.last)) for r in ranges
+            ]
         return ranges
-
-    def _ticketed(self, part: SpoolRange, fetch: FetchEndpoint) -> SpoolRange:
-        """``part`` with a capability for its files (the planner, on the peer's host)."""
-        if self._key is None:
-            from peer.fetch.capability import FetchKey
-
-            self._key = FetchKey.load(Path(fetch.key_path))
-        spool = str(self.directory)
-        token = self._key.mint(spool, part.first, part.last, now=time.time(), ttl_s=fetch.ttl_s)
-        ticket = FetchTicket(fetch.address, fetch.pin, spool, token)
-        return SpoolRange(part.first, part.last, ticket)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_key"] = None  # executors get tokens, never the key that signs them
-        return state
 
     # ----------------------------------------------------------------------- reading
 
@@ -308,33 +295,7 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 row += batch.num_rows
 
     def _tables(self, partition: SpoolRange) -> Iterator[tuple[int, pa.Table]]:
-        """Each file of the partition as stored: opened here, or fetched from the peer."""
-        offsets = range(partition.first, partition.last + 1)
-        if partition.ticket is None:
-            for offset in offsets:
-                try:
-                    table = fmt.read_file(fmt.offset_path(self.directory, offset))
-                except FileNotFoundError:
-                    raise self._trimmed(offset) from None
-                yield offset, table
-            return
-        from peer.errors import NotFound
-        from peer.fetch.client import SpoolFetcher
-
-        with SpoolFetcher(partition.ticket) as fetcher:
-            for offset in offsets:
-                try:
-                    data = fetcher.fetch(offset)
-                except NotFound as exc:
-                    if exc.details.get("reason") == "trimmed":
-                        raise self._trimmed(offset) from None
-                    raise
-                yield offset, pa.ipc.open_file(pa.py_buffer(data)).read_all()
-
-    def _trimmed(self, offset: int) -> fmt.TrimmedError:
-        return fmt.TrimmedError(
-            f"spool {self.directory}: offset {offset} was trimmed before it was read"
-        )
+        return stored_tables(self.directory, partition.first, partition.last, partition.ticket)
 
     def commit(self, end: dict[str, int]) -> None:
         if self.reader_id is not None:
@@ -344,6 +305,64 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def stop(self) -> None:
         self._rows.clear()
+
+
+class Tickets:
+    """Mints the tickets of a planner's partitions with the peer's fetch key, loaded from
+    ``endpoint.key_path`` on first use (the planner runs on the peer's host). Pickled, it
+    drops the key: executors get tickets, never the key that signs them."""
+
+    def __init__(self, endpoint: FetchEndpoint) -> None:
+        self.endpoint = endpoint
+        self._key: FetchKey | None = None
+
+    def mint(self, directory: Path, first: int, last: int) -> FetchTicket:
+        """A ticket for files ``first..last`` of the spool in ``directory`` (absolute: the
+        capability names the spool as the fetch server resolves it)."""
+        if self._key is None:
+            from peer.fetch.capability import FetchKey
+
+            self._key = FetchKey.load(Path(self.endpoint.key_path))
+        spool = str(directory)
+        ttl_s = self.endpoint.ttl_s
+        token = self._key.mint(spool, first, last, now=time.time(), ttl_s=ttl_s)
+        return FetchTicket(self.endpoint.address, self.endpoint.pin, spool, token)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"endpoint": self.endpoint, "_key": None}
+
+
+def stored_tables(
+    directory: Path, first: int, last: int, ticket: FetchTicket | None
+) -> Iterator[tuple[int, pa.Table]]:
+    """Files ``first..last`` of a spool as stored, each ``(offset, table)``: opened in
+    ``directory``, or, with a ``ticket``, fetched from the peer (an executor on another host).
+    A file trimmed before it was read raises TrimmedError."""
+    offsets = range(first, last + 1)
+    if ticket is None:
+        for offset in offsets:
+            try:
+                table = fmt.read_file(fmt.offset_path(directory, offset))
+            except FileNotFoundError:
+                raise _trimmed(directory, offset) from None
+            yield offset, table
+        return
+    from peer.errors import NotFound
+    from peer.fetch.client import SpoolFetcher
+
+    with SpoolFetcher(ticket) as fetcher:
+        for offset in offsets:
+            try:
+                data = fetcher.fetch(offset)
+            except NotFound as exc:
+                if exc.details.get("reason") == "trimmed":
+                    raise _trimmed(directory, offset) from None
+                raise
+            yield offset, pa.ipc.open_file(pa.py_buffer(data)).read_all()
+
+
+def _trimmed(directory: Path, offset: int) -> fmt.TrimmedError:
+    return fmt.TrimmedError(f"spool {directory}: offset {offset} was trimmed before it was read")
 
 
 @overload

@@ -29,7 +29,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,11 +57,12 @@ from peer.fetch.protocol import (
 from peer.fetch.tls import server_context
 from peer.storage import spool_format as fmt
 
-__all__ = ["FORCE_ENV", "FetchLimits", "FetchServer", "remote_input"]
+__all__ = ["FORCE_ENV", "FetchLimits", "FetchServer", "advertised_host", "remote_input"]
 
 log = logging.getLogger(__name__)
 
 FORCE_ENV = "FEDSTREAM_FETCH_REMOTE"  # "1": fetch even under a local master (tests)
+WILDCARDS = ("0.0.0.0", "::", "")  # a listen host that is every address: not one to advertise
 
 REQUEST_BUDGET = DecodeBudget(
     max_depth=2, max_elements=16, max_container_len=8, max_decoded_bytes=64 * 1024
@@ -106,8 +107,12 @@ class FetchServer:
         limits: FetchLimits | None = None,
         clock: Callable[[], float] = time.time,
         network: MemoryNetwork | None = None,
+        advertise_host: str | None = None,
     ) -> None:
         self.limits = limits = limits or FetchLimits()
+        # The host executors are told to fetch from (None: the one listened on; a wildcard
+        # listen address needs one: advertised_host).
+        self.advertise_host = advertise_host
         self.key_path = key_path
         self.roots = [Path(os.path.realpath(r)) for r in roots]
         self._check = CapabilityCheck(key.public)
@@ -136,7 +141,7 @@ class FetchServer:
 
     @property
     def address(self) -> str:
-        host = self.listener.host
+        host = self.advertise_host or self.listener.host
         return f"[{host}]:{self.listener.port}" if ":" in host else f"{host}:{self.listener.port}"
 
     @property
@@ -154,11 +159,20 @@ class FetchServer:
         host: str,
         port: int,
         limits: FetchLimits,
+        advertise_host: str | None = None,
     ) -> FetchServer:
         """The started fetch server of the peer whose data directory is ``data_dir`` (its
-        fetch key made there on first use)."""
+        fetch key made there on first use), telling executors ``advertise_host`` if given."""
         key = await asyncio.to_thread(FetchKey.load_or_create, data_dir)
-        server = cls(key, fetch_key_path(data_dir), roots, host=host, port=port, limits=limits)
+        server = cls(
+            key,
+            fetch_key_path(data_dir),
+            roots,
+            host=host,
+            port=port,
+            limits=limits,
+            advertise_host=advertise_host,
+        )
         await server.start()
         return server
 
@@ -271,3 +285,22 @@ def remote_input(chosen: bool | None, master: str) -> bool:
         return chosen
     forced = os.environ.get(FORCE_ENV, "").strip().lower() in ("1", "true", "yes")
     return forced or not master.strip().lower().startswith("local")
+
+
+def advertised_host(listen_host: str, spark_conf: Mapping[str, str]) -> str | None:
+    """The host executors fetch from when the peer listens on ``listen_host``: None (that
+    host itself) unless it is a wildcard, which is no address to connect to; then the
+    driver's advertised host (``spark.driver.host``: ``--spark-driver-host``, which a cluster
+    master requires with a wildcard ``--listen``), the one address the executors are known to
+    reach this host at. InvalidInput if there is none."""
+    if listen_host.strip("[]") not in WILDCARDS:
+        return None
+    driver = spark_conf.get("spark.driver.host", "").strip()
+    if not driver or driver.strip("[]") in WILDCARDS:
+        raise InvalidInput(
+            f"--listen {listen_host} is every address, and executors need one to fetch spool "
+            "data from: give --spark-driver-host HOST (this host's address on the cluster's "
+            "network)",
+            listen=listen_host,
+        )
+    return driver

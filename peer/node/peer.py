@@ -25,7 +25,7 @@ from peer.engine.seams import EngineSeams
 from peer.errors import Conflict
 from peer.federation import Federation
 from peer.federation.service import StatusPart
-from peer.fetch.server import FetchServer, remote_input
+from peer.fetch.server import FetchServer, advertised_host, remote_input
 from peer.node.config import PeerConfig
 from peer.node.ports import BrainPort, FederationDoor
 from peer.node.service import ClientService
@@ -170,8 +170,9 @@ class Peer:
             # checkpoints (the warm-up's, tentative forks'), wherever --checkpoint-dir put them.
             roots = [self.data_dir, checkpoints]
             self.fetch = await FetchServer.open(
-                self.data_dir, roots, config.host, config.fetch_port, config.fetch_limits
-            )
+                self.data_dir, roots, config.host, config.fetch_port, config.fetch_limits,
+                advertised_host(config.host, config.spark_conf),
+            )  # fmt: skip
         engine = Engine(
             spools,
             checkpoints,

@@ -161,6 +161,12 @@ COLLECTED: tuple[Family, ...] = (
     _f("overlay_members", "gauge", "Overlay members as gossip has them, by state", "state"),
     _f("links", "gauge", "Peer links open, by direction (outgoing, incoming)", "direction"),
     _f("link_bytes_total", "counter", "Bytes over peer links, by direction", "direction"),
+    _f(
+        "engine_executors",
+        "gauge",
+        "Executors registered with the peer's Spark driver on a cluster master (0: the engine "
+        "waits for executors; its queries resume when a Worker returns)",
+    ),
     _f("brain_utilisation_ratio", "gauge", "The brain's last measured utilisation (load/capacity)"),
     _f("brain_load_cores", "gauge", "The brain's last measured load, in cores"),
     _f("brain_capacity_cores", "gauge", "Cores this peer offers (its capacity)"),
@@ -278,6 +284,9 @@ def build(snapshot: Snapshot) -> list[Metric]:
         add("links", [direction], links.get(direction))
     add("link_bytes_total", ["sent"], links.get("sent_bytes"))
     add("link_bytes_total", ["received"], links.get("received_bytes"))
+    executors = status.get("executors")
+    if isinstance(executors, Mapping) and executors.get("checked"):
+        add("engine_executors", [], executors.get("live"))
     _brain(status.get("brain") or {}, add)
     for (direction, outcome), n in sorted(snapshot.offers.items()):
         add("offers_total", [direction, outcome], n)

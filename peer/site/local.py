@@ -496,8 +496,16 @@ class LocalSite:
             str(self.data_dir),
             streams,
             queries,
-            extra={"quarantined": [q.to_dict() for q in quarantined.values()]},
+            extra={
+                "quarantined": [q.to_dict() for q in quarantined.values()],
+                **self._executors(),
+            },
         )
+
+    def _executors(self) -> dict[str, Any]:
+        """A cluster engine's executors (``peer.engine.executors``); nothing on local ones."""
+        watch = None if self.engine is None else self.engine.executors
+        return {} if watch is None else {"executors": watch.status.to_wire()}
 
     # the client API of a lone peer (peer.server.PeerService)
     async def create_schema(self, schema: str | dict[str, Any]) -> replies.CreateSchemaReply:

@@ -14,6 +14,7 @@ Rows the flush tuples make are set apart.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -45,17 +46,23 @@ PIECE = 500
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-@pytest.fixture(scope="module")
-def expected() -> dict[str, list[dict[str, Any]]]:
+def duckdb_rows(queries: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+    """DuckDB's rows of each query's SQL over the generated events (also the reference of the
+    cluster tests, tests/integration/test_spark_cluster.py)."""
     con = duckdb.connect()
     for stream, table in generate(CFG, 0, EVENTS).items():
         con.register(stream, table)
     out = {}
-    for q in QUERIES:
+    for q in queries:
         cursor = con.execute(sql(q, CFG))
         names = [d[0] for d in cursor.description]
         out[q] = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
     return out
+
+
+@pytest.fixture(scope="module")
+def expected() -> dict[str, list[dict[str, Any]]]:
+    return duckdb_rows(QUERIES)
 
 
 def plain(row: dict[str, Any]) -> dict[str, Any]:
@@ -66,9 +73,12 @@ def plain(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def run_query(port: int, q: str, want: int, *, timeout_s: float) -> list[dict[str, Any]]:
+async def run_query(
+    connect: Callable[[], Client], q: str, want: int, *, timeout_s: float
+) -> list[dict[str, Any]]:
+    """Query ``q``'s stages on the peer ``connect`` reaches, fed the generated events: its rows."""
     prefix = f"{q}:"
-    async with Client("127.0.0.1", port, timeout_s=120) as c:
+    async with connect() as c:
         for schema in SCHEMAS:
             await c.create_schema(schema)  # an identical schema that exists is fine
         for stream, schema_name in SOURCE_STREAMS.items():
@@ -104,5 +114,9 @@ def test_query_matches_duckdb(
 ) -> None:
     want = expected[q]
     assert want, f"{q}: the generated events give no result; the test would prove nothing"
-    got = asyncio.run(run_query(peer.port, q, len(want), timeout_s=120))
+
+    def connect() -> Client:
+        return Client("127.0.0.1", peer.port, timeout_s=120)
+
+    got = asyncio.run(run_query(connect, q, len(want), timeout_s=120))
     assert compare(got, want) == []

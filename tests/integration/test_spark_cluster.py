@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -303,6 +303,30 @@ def test_a_worker_killed_mid_stream_and_started_again_keeps_the_result_exact(
     assert got == _expected(starts)
 
 
+def _cluster_peer(cluster: SparkCluster, hidden: Path, name: str) -> tuple[PeerProcess, Any]:
+    """A ``peer join --spark-master spark://...`` (not started) whose data directory the Worker
+    hosts cannot see, and the arguments of a trusted client of it: its API listens off
+    loopback, so it takes TLS clients of trusted participants only."""
+    key = make_participants(hidden / f"{name}-keys", ["acme"])["acme"]
+    trust = hidden / f"{name}-keys" / "trust"
+    peer = PeerProcess(
+        hidden / name,
+        *participant_args("acme", key, trust),
+        "--http", "off",
+        "--spark-master", cluster.master_url,
+        "--checkpoint-dir", f"file://{cluster.shared}",
+        "--spark-conf", "spark.executor.memory=512m",
+        log_path=hidden / f"{name}.log",
+        host=cluster.driver_host,
+    )  # fmt: skip
+
+    def client() -> Client:
+        return Client(cluster.driver_host, peer.port, participant="acme", key_path=key,
+                      trust_dir=trust, timeout_s=120)  # fmt: skip
+
+    return peer, client
+
+
 def test_a_peer_on_the_cluster_computes_pushed_data_exactly(
     spark_cluster: SparkCluster, hidden: Path
 ) -> None:
@@ -311,30 +335,14 @@ def test_a_peer_on_the_cluster_computes_pushed_data_exactly(
     a keyed tumbling window run on the executors, which fetch the spool files from the peer
     (signed read capabilities over TLS, peer.fetch); the windows equal plain Python, once
     each."""
-    data = hidden / "peer-pushed"
-    # Its API listens off loopback, so it takes TLS clients of trusted participants only.
-    key = make_participants(hidden / "pushed-keys", ["acme"])["acme"]
-    trust = hidden / "pushed-keys" / "trust"
-    peer = PeerProcess(
-        data,
-        *participant_args("acme", key, trust),
-        "--http", "off",
-        "--spark-master", spark_cluster.master_url,
-        "--checkpoint-dir", f"file://{spark_cluster.shared}",
-        "--spark-conf", "spark.executor.memory=512m",
-        log_path=hidden / "peer-pushed.log",
-        host=spark_cluster.driver_host,
-    )  # fmt: skip
+    peer, client = _cluster_peer(spark_cluster, hidden, "peer-pushed")
     batches = keyed_window_batches(25, 30, 400, keys=4, values=(-5, 40))
     want = keyed_window_sums(batches, at_least=0)
     peer.start(timeout_s=300)
     try:
 
         async def scenario() -> tuple[list[dict[str, Any]], dict[str, Any]]:
-            async with Client(
-                spark_cluster.driver_host, peer.port, participant="acme", key_path=key,
-                trust_dir=trust,
-            ) as c:  # fmt: skip
+            async with client() as c:
                 await c.create_schema(keyed_window_schema())
                 await c.create_stream("ticks", "tick")
                 await c.create_query(keyed_window_query("onc", "ticks", "onc_out"))
@@ -354,5 +362,295 @@ def test_a_peer_on_the_cluster_computes_pushed_data_exactly(
     assert got == want, peer.log_path.read_text(errors="replace")[-4000:]
     # Spark runs no task in the driver: the executors, which cannot see the data directory,
     # read every input file through the peer's fetch server; the state lives in the shared dir.
-    assert not (data / "checkpoints").exists()
+    assert not (hidden / "peer-pushed" / "checkpoints").exists()
     assert any(q.get("name") == "onc" for q in status["queries"]), status
+
+
+def _windows(rows: list[dict[str, Any]]) -> Counter[tuple[int, ...]]:
+    return Counter((r["window_start"], r["window_end"], r["k"], r["s"], r["n"]) for r in rows)
+
+
+def test_a_lane_member_on_the_cluster_pre_aggregates_in_the_executors_exactly(
+    spark_cluster: SparkCluster, hidden: Path
+) -> None:
+    """The lane on the cluster (issue 25, item 6): a second keyed window over the same stream
+    joins the lane (the first runs alone); the lane's source fetches its input from the peer
+    in the executors, the member's (window, key) partials are computed there, and the driver
+    collects partials, not rows. Both queries' windows equal plain Python, once each."""
+    peer, client = _cluster_peer(spark_cluster, hidden, "peer-lane")
+    per_push = 400
+    batches = keyed_window_batches(31, 30, per_push, keys=4, values=(-5, 40))
+    want_own = keyed_window_sums(batches, at_least=0)
+    want_lane = keyed_window_sums(batches, at_least=10)
+    peer.start(timeout_s=300)
+    try:
+
+        async def scenario() -> tuple[list[Any], list[Any], dict[str, Any]]:
+            async with client() as c:
+                await c.create_schema(keyed_window_schema())
+                await c.create_stream("ticks", "tick")
+                for name, at_least in (("alone", 0), ("laned", 10)):
+                    query = keyed_window_query(name, "ticks", f"{name}_out", at_least=at_least)
+                    await c.create_query(query)
+                    await c.start_query(name)
+                for i, batch in enumerate(batches):
+                    await c.push("ticks", {"columns": batch}, producer="t", seq=i)
+                own = await collect(c, "alone_out", sum(want_own.values()), timeout_s=240)
+                laned = await collect(
+                    c, "laned_out", sum(want_lane.values()), timeout_s=240, settle_s=5
+                )
+                return own, laned, dict(await c.status())
+
+        own, laned, status = asyncio.run(scenario())
+    except BaseException:
+        print(peer.log_path.read_text(errors="replace")[-6000:], spark_cluster.logs())
+        raise
+    finally:
+        peer.stop()
+    log_text = peer.log_path.read_text(errors="replace")
+    assert _windows(laned) == want_lane, log_text[-4000:]
+    assert _windows(own) == want_own, log_text[-4000:]
+    queries = {q["name"]: q for q in status["queries"]}
+    assert queries["laned"].get("lane") is True, queries
+    assert queries["alone"].get("lane") is None, queries
+    # the driver's last lane batch: (window, key) partials per partition, never a push's rows
+    assert 0 < queries["laned"]["collected_rows"] < per_push, queries["laned"]
+    assert not (hidden / "peer-lane" / "checkpoints").exists()
+
+
+def test_every_worker_gone_the_peer_waits_for_executors_and_resumes_exactly(
+    spark_cluster: SparkCluster, hidden: Path
+) -> None:
+    """Both Worker hosts killed -9 mid-stream (issue 25, item 8): pushes are still taken, the
+    peer's status says the engine waits for executors (none live, since when); one Worker
+    started again, the query resumes and every window equals plain Python, once each."""
+    peer, client = _cluster_peer(spark_cluster, hidden, "peer-orphan")
+    batches = keyed_window_batches(37, 30, 400, keys=4, values=(-5, 40))
+    want = keyed_window_sums(batches, at_least=0)
+    first, second = batches[:12], batches[12:]
+    peer.start(timeout_s=300)
+
+    async def executors(c: Client, ok: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+        """The status' executors once ``ok`` holds (bounded: 180 s)."""
+        async with asyncio.timeout(180):
+            while True:
+                found = dict((await c.status()).get("executors") or {})
+                if found and ok(found):
+                    return found
+                await asyncio.sleep(1)
+
+    async def scenario() -> tuple[list[Any], dict[str, Any], dict[str, Any]]:
+        async with client() as c:
+            await c.create_schema(keyed_window_schema())
+            await c.create_stream("ticks", "tick")
+            await c.create_query(keyed_window_query("orphan", "ticks", "orphan_out"))
+            await c.start_query("orphan")
+            before = await executors(c, lambda e: e["live"] == 2)
+            assert before["waiting"] is False and before["waiting_since"] is None, before
+            for i, batch in enumerate(first):
+                await c.push("ticks", {"columns": batch}, producer="t", seq=i)
+            early = await collect(c, "orphan_out", 1, timeout_s=240)  # it has run on them
+            assert early, "no window came out before the Workers were killed"
+            killed_at = time.time()
+            await asyncio.to_thread(spark_cluster.kill_worker, 0)
+            await asyncio.to_thread(spark_cluster.kill_worker, 1)
+            waiting = await executors(c, lambda e: e["waiting"])
+            for i, batch in enumerate(second, start=len(first)):  # still taken
+                await c.push("ticks", {"columns": batch}, producer="t", seq=i)
+            assert (await executors(c, lambda e: True))["waiting"] is True
+            await asyncio.to_thread(spark_cluster.start_worker, 0)
+            back = await executors(c, lambda e: e["live"] >= 1)
+            assert killed_at <= waiting["waiting_since"] <= time.time(), waiting
+            rows = await collect(c, "orphan_out", sum(want.values()), timeout_s=300, settle_s=5)
+            return rows, waiting, back
+
+    try:
+        rows, waiting, back = asyncio.run(scenario())
+    except BaseException:
+        print(peer.log_path.read_text(errors="replace")[-6000:], spark_cluster.logs())
+        raise
+    finally:
+        peer.stop()
+        for host in spark_cluster.hosts:  # the next test gets both Workers back
+            if host.proc is None:
+                spark_cluster.start_worker(host.index)
+    assert waiting["live"] == 0 and waiting["waiting"] is True, waiting
+    assert back["waiting"] is False and back["waiting_since"] is None, back
+    assert _windows(rows) == want, peer.log_path.read_text(errors="replace")[-4000:]
+
+
+def test_forged_and_expired_read_capabilities_are_refused_on_the_executors(
+    spark_cluster: SparkCluster, hidden: Path
+) -> None:
+    """Executors on the Worker hosts read a spool they cannot see through the peer's fetch
+    server (real TLS, the server bound where the Workers reach it): with a good ticket they
+    read every row; with a capability signed by another key, one whose signature was tampered
+    with, and one that expired, the fetch fails with the server's reason and nothing is read
+    (issue 25, item 2)."""
+    import pickle
+
+    import pyarrow as pa
+
+    from peer.errors import Unauthorized
+    from peer.fetch.capability import FetchKey
+    from peer.fetch.protocol import FetchTicket
+    from peer.storage.spool import Spool
+    from peer.testing import FetchServerThread
+
+    data = hidden / "refusals"
+    spool = Spool(data / "spools" / "s", pa.schema([("a", pa.int64())]), fsync=False, name="s")
+    for first in (0, 100, 200):
+        spool.append(pa.table({"a": pa.array(range(first, first + 50), pa.int64())}))
+    directory = str(spool.directory.resolve())
+    with FetchServerThread(data, host=spark_cluster.driver_host) as fetch:
+        key = FetchKey.load(Path(fetch.endpoint.key_path))
+        now = time.time()
+        good = key.mint(directory, 0, 2, now=now, ttl_s=600)
+        tampered = bytes([good[0] ^ 1]) + good[1:]  # the signature's first byte
+        tickets = {
+            name: (directory, 0, 2, FetchTicket(fetch.endpoint.address, fetch.server.pin,
+                                                directory, token))
+            for name, token in {
+                "good": good,
+                "other-key": FetchKey.generate().mint(directory, 0, 2, now=now, ttl_s=600),
+                "forged": tampered,
+                "expired": key.mint(directory, 0, 2, now=now - 3600, ttl_s=60),
+            }.items()
+        }  # fmt: skip
+        path = hidden / "refusal-tickets.pickle"
+        path.write_bytes(pickle.dumps(tickets))
+        done = _python(
+            "-m", "tests.integration.cluster_fetch_job", spark_cluster.master_url,
+            spark_cluster.driver_host, str(path),
+        )  # fmt: skip
+        served, refused = fetch.server.served_files, fetch.server.refused
+    assert done.returncode == 0, done.stderr[-4000:] + spark_cluster.logs()
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    workers = {h.address for h in spark_cluster.hosts}
+    assert {r["host"] for r in found.values()} <= workers, found  # read on the Worker hosts
+    assert found["good"]["error"] is None, found["good"]
+    assert found["good"]["rows"] == [*range(50), *range(100, 150), *range(200, 250)]
+    for name in ("other-key", "forged", "expired"):
+        result = found[name]
+        assert result["rows"] == [], result  # nothing read
+        assert result["error_type"] == Unauthorized.__name__, result
+        assert f"read capability refused ({name})" in result["error"], result
+    assert "its signature does not verify" in found["forged"]["error"]
+    assert "expired" in found["expired"]["error"] and "s ago" in found["expired"]["error"]
+    assert served == 3 and refused == 3, (served, refused)
+
+
+@pytest.fixture(scope="module")
+def nexmark_peer(spark_cluster: SparkCluster, hidden: Path) -> Iterator[Callable[[], Client]]:
+    """One cluster peer for the NEXMark tests (each creates its streams under a prefix)."""
+    peer, client = _cluster_peer(spark_cluster, hidden, "peer-nexmark")
+    peer.start(timeout_s=300)
+    try:
+        yield client
+    except BaseException:
+        print(peer.log_path.read_text(errors="replace")[-6000:], spark_cluster.logs())
+        raise
+    finally:
+        peer.stop()
+
+
+@pytest.mark.parametrize(
+    "q",
+    [
+        "q1",  # per tuple: a map of every bid (currency conversion)
+        "q3",  # a windowed join: people and their auctions, the join bounded in event time
+        "q8",  # a window join: new people and new sellers of the same tumbling window
+    ],
+)
+def test_nexmark_on_the_cluster_equals_duckdb(nexmark_peer: Callable[[], Client], q: str) -> None:
+    """NEXMark queries on a peer whose engine is the cluster (input fetched by the executors,
+    state in the shared directory) equal DuckDB running each query's SQL on the same events,
+    tuple for tuple (tests/integration/test_nexmark.py's generator, reference and driver)."""
+    from peer.examples import compare
+    from tests.integration.test_nexmark import duckdb_rows, run_query
+
+    want = duckdb_rows([q])[q]
+    assert want, f"{q}: the generated events give no result; the test would prove nothing"
+    got = asyncio.run(run_query(nexmark_peer, q, len(want), timeout_s=300))
+    assert compare(got, want) == []
+
+
+def test_the_traffic_query_in_a_federation_with_a_cluster_peer_is_exact(
+    spark_cluster: SparkCluster, hidden: Path
+) -> None:
+    """Medusa's traffic query over two participants: globex's peer runs Spark ``local[1]``
+    and the statistics and towing boxes; acme's peer runs on the cluster and the billing
+    fragment, which receives globex's segment tolls over a peer link and car positions from
+    wherever they are hosted, and whose results are read through globex. Every output equals
+    the plain-Python reference, tuple for tuple (issue 25, "Tests")."""
+    from peer.examples import columns, traffic
+    from peer.testing import LocalFederation
+
+    work = hidden / "federation"
+    keys = make_participants(work, ("acme", "globex"))
+    trust = work / "trust"
+    args = {
+        "acme": [
+            *participant_args("acme", keys["acme"], trust), "--http", "off",
+            "--spark-master", spark_cluster.master_url,
+            "--checkpoint-dir", f"file://{spark_cluster.shared}",
+            "--spark-conf", "spark.executor.memory=512m",
+        ],
+        "globex": [
+            *participant_args("globex", keys["globex"], trust), "--http", "off",
+            "--spark-master", "local[1]", "--no-warm-up",
+        ],
+    }  # fmt: skip
+    host = spark_cluster.driver_host  # both on the cluster's network: the Workers reach acme
+    nodes = {
+        "per_minute": "globex", "toll": "globex", "stopped": "globex", "dispatch": "globex",
+        "moving": "acme", "bill": "acme",
+    }  # fmt: skip
+    inputs = traffic.generate(seed=3, cars=30, minutes=4, segments=6)
+    want = traffic.reference(inputs)
+    assert all(want[s] for s in traffic.OUTPUTS)
+    assert any(row["toll"] > 0 for row in want["toll_notifications"])
+
+    def client(fed: LocalFederation, name: str) -> Client:
+        return Client(host, fed.procs[name].port, participant=name, key_path=keys[name],
+                      trust_dir=trust, timeout_s=120)  # fmt: skip
+
+    async def scenario(fed: LocalFederation) -> tuple[dict[str, list[Any]], list[Any]]:
+        async with client(fed, "globex") as g, client(fed, "acme") as a:
+            async with asyncio.timeout(180):  # the overlay: each sees both alive
+                while True:
+                    views = [((await c.status()).extra.get("overlay") or {}) for c in (g, a)]
+                    alive = [
+                        sum(m.get("state") == "alive" for m in v.get("members", [])) for v in views
+                    ]
+                    if min(alive) >= 2:
+                        break
+                    await asyncio.sleep(1)
+            for schema in traffic.SCHEMAS:
+                await g.create_schema(schema)
+            for stream, schema_name in traffic.SOURCE_STREAMS.items():
+                await g.create_stream(stream, schema_name)
+            made = await g.create_query(traffic.query("traffic", nodes))
+            await g.start_query("traffic")
+            for stream, rows in inputs.items():
+                for i in range(0, len(rows), 250):
+                    await g.push(stream, {"columns": columns(rows[i : i + 250])})
+            got = {
+                stream: await collect(g, stream, len(rows), timeout_s=300, settle_s=5)
+                for stream, rows in want.items()
+            }
+            return got, list(made.extra.get("fragments", []))
+
+    with LocalFederation(work, args, hosts={"acme": host, "globex": host}) as fed:
+        try:
+            got, fragments = asyncio.run(scenario(fed))
+        except BaseException:
+            for name in ("acme", "globex"):
+                print(name, fed.procs[name].log_path.read_text(errors="replace")[-4000:])
+            print(spark_cluster.logs())
+            raise
+        acme = fed.procs["acme"].node_id
+    # the billing fragment runs on the cluster peer, the others on the local one
+    on_acme = [f for f in fragments if f.get("site") == acme]
+    assert on_acme and len(on_acme) < len(fragments), fragments
+    assert {s: traffic.compare(got[s], want[s]) for s in want} == {s: [] for s in want}

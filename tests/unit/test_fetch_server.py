@@ -26,7 +26,13 @@ from peer.fetch.protocol import (
     FetchTicket,
     FileAssembler,
 )
-from peer.fetch.server import FORCE_ENV, FetchLimits, FetchServer, remote_input
+from peer.fetch.server import (
+    FORCE_ENV,
+    FetchLimits,
+    FetchServer,
+    advertised_host,
+    remote_input,
+)
 from peer.storage import spool_format as fmt
 from peer.storage.spool import Spool
 from peer.testing.clock import ManualClock
@@ -343,5 +349,36 @@ def test_a_connection_the_server_closed_while_idle_is_opened_again(tmp_path: Pat
             )
             assert await fetcher.fetch_async(1) == stored[1]
             await fetcher.aclose()
+
+    run(body)
+
+
+def test_a_wildcard_listen_address_is_advertised_as_the_drivers_host(tmp_path: Path) -> None:
+    """Executors are told an address they can connect to: the listen host itself, or for a
+    wildcard the driver's advertised host; a wildcard with none is refused, naming the fix."""
+    assert advertised_host("10.0.0.5", {"spark.driver.host": "10.0.0.9"}) is None
+    for wildcard in ("0.0.0.0", "::", "[::]"):
+        assert advertised_host(wildcard, {"spark.driver.host": "10.0.0.5"}) == "10.0.0.5"
+        with pytest.raises(InvalidInput, match="give --spark-driver-host HOST"):
+            advertised_host(wildcard, {})
+    with pytest.raises(InvalidInput, match=r"--listen 0\.0\.0\.0 is every address"):
+        advertised_host("0.0.0.0", {"spark.driver.host": "0.0.0.0"})
+
+    async def body() -> None:
+        network = MemoryNetwork()
+        for host, advertise, want in (
+            ("0.0.0.0", "10.0.0.5", "10.0.0.5"),
+            ("10.0.0.7", None, "10.0.0.7"),
+        ):
+            server = FetchServer(
+                KEY, tmp_path / "k", [tmp_path], host=host, network=network,
+                advertise_host=advertise,
+            )  # fmt: skip
+            await server.start()
+            try:
+                assert server.address == f"{want}:{server.listener.port}"
+                assert server.endpoint.address == server.address  # what the tickets carry
+            finally:
+                await server.close()
 
     run(body)

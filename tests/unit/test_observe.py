@@ -53,6 +53,8 @@ def status() -> dict[str, Any]:
             ],
         },
         "hosted": ["ticks"],
+        # a cluster engine whose Workers are all gone (peer.engine.executors)
+        "executors": {"live": 0, "waiting": True, "waiting_since": 1.0, "checked": True},
         "mirrors": [{"stream": "ticks", "to": OTHER.hex()[:16], "acked": 30, "latest": 41}],
         "replication": {"streams": {"ticks": {"role": "primary", "lag": {OTHER.hex(): 2}}}},
         "brain": {
@@ -177,6 +179,7 @@ def test_the_figures_are_the_peers() -> None:
     assert value("fedstream_tentative_tuples", query="win") == 7
     assert value("fedstream_corrections", query="win") == 2
     assert value("fedstream_corrected_tuples", query="win") == 5
+    assert value("fedstream_engine_executors") == 0
     latency = [s for s in found["fedstream_result_latency_seconds"].samples]
     assert any(s.name.endswith("_sum") and s.value == 1.5 for s in latency)
 

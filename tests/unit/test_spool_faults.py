@@ -357,6 +357,7 @@ class FakeEngine:
 
     def __init__(self) -> None:
         self.ran: list[str] = []
+        self.executors = None  # a local master's engine: no executors to watch
 
     async def run_query(self, checked: Any, _incarnation: str, **_kw: Any) -> Any:
         self.ran.append(checked.query.name)
