@@ -3,13 +3,13 @@
 - :mod:`peer.node.config`: :class:`PeerConfig`, what ``peer join`` sets;
 - :mod:`peer.node.peer`: :class:`Peer`, its objects built in dependency order and run in one
   TaskGroup;
-- :mod:`peer.node.service`: :class:`ClientService`, what the client API server calls;
+- :mod:`peer.node.client_service`: :class:`ClientService`, what the client API server calls;
 - :mod:`peer.node.ports`: what the wired parts see of each other (the overlay's door to the
   federation, the brain's view of the peer).
 """
 
+from peer.node.client_service import ClientService
 from peer.node.config import PeerConfig
 from peer.node.peer import Peer
-from peer.node.service import ClientService
 
 __all__ = ["ClientService", "Peer", "PeerConfig"]

@@ -26,9 +26,9 @@ from peer.errors import Conflict
 from peer.federation import Federation
 from peer.federation.service import StatusPart
 from peer.fetch.server import FetchServer, advertised_host, remote_input
+from peer.node.client_service import ClientService
 from peer.node.config import PeerConfig
 from peer.node.ports import BrainPort, FederationDoor
-from peer.node.service import ClientService
 from peer.protocol import replies
 from peer.protocol.link import Raw
 from peer.replication.appenders import Appenders

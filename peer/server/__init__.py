@@ -4,9 +4,9 @@
   Protocol the peer implements), and :class:`AnnouncedBatches`/:data:`READY` for
   subscriptions whose start position is fixed elsewhere.
 * :mod:`peer.server.connection`: one client connection (requests, subscriptions, outbox).
-* :mod:`peer.server.sql`: :class:`~peer.server.sql.SqlScripts`, the ``create_sql`` request: a
-  SQL script compiled in the server's own threads, within budgets, and created through the
-  service's other requests.
+* :mod:`peer.server.sql_scripts`: :class:`~peer.server.sql_scripts.SqlScripts`, the
+  ``create_sql`` request: a SQL script compiled in the server's own threads, within
+  budgets, and created through the service's other requests.
 * :mod:`peer.server.server`: :class:`ApiServer`, listening through
   :class:`overlay.transport.Listener`, with its TLS (:func:`api_server_tls`).
 

@@ -77,7 +77,7 @@ from peer.protocol.api_events import (
 )
 from peer.protocol.replies import Reply
 from peer.server.service import CLIENT, READY, ClientRef, PeerService
-from peer.server.sql import SqlScripts
+from peer.server.sql_scripts import SqlScripts
 
 __all__ = ["ApiConnection", "ConnectionSettings"]
 

@@ -17,7 +17,7 @@ connection idle longest (at least ``evict_idle_s``), else it gets an ``error`` f
 begun must be complete within ``frame_timeout_s``; a connection with nothing in flight and no
 frame for ``idle_timeout_s`` is closed (docs/protocol.md, "Limits"). A ``create_sql`` script
 is compiled within ``limits`` and ``sql_compile_timeout_s`` in the server's own compile threads
-(:class:`~peer.server.sql.SqlScripts`).
+(:class:`~peer.server.sql_scripts.SqlScripts`).
 
 Tests run the server on a :class:`~overlay.transport.MemoryNetwork` (``network=``), with no
 socket.
@@ -39,7 +39,7 @@ from peer.model.limits import DEFAULT_LIMITS, ContentLimits
 from peer.protocol.api import ErrorReply
 from peer.server.connection import ApiConnection, ConnectionSettings
 from peer.server.service import PeerService
-from peer.server.sql import SqlScripts
+from peer.server.sql_scripts import SqlScripts
 
 if TYPE_CHECKING:  # overlay.tls pulls in cryptography: imported where TLS is used
     from overlay.identity import NodeIdentity, TrustStore

@@ -31,7 +31,7 @@ from peer.protocol.replies import (
     decode_result,
 )
 from peer.server import ApiServer
-from peer.server.sql import MAX_LOOKUPS
+from peer.server.sql_scripts import MAX_LOOKUPS
 from peer.site import LocalSite, SiteConfig
 from peer.testing import run_async
 

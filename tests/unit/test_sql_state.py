@@ -1,4 +1,4 @@
-"""Unbounded state named per query (peer.model.sql.state): NEXMark q3's join without a time
+"""Unbounded state named per query (peer.model.sql.unbounded): NEXMark q3's join without a time
 bound in its SQL form, one-sided bounds, box-form joins with their buffers as numbers or
 intervals; and the sentence in a real LocalSite's status and in ``peer status``'s tables."""
 

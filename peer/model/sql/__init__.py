@@ -7,7 +7,7 @@ how each construct becomes boxes. Pure: no Spark, no I/O.
 """
 
 from peer.model.sql.script import Script, StreamDecl, compile_script, read_streams
-from peer.model.sql.state import unbounded_state
+from peer.model.sql.unbounded import unbounded_state
 
 __all__ = ["Script", "StreamDecl", "compile_script", "is_sql", "read_streams", "unbounded_state"]
 

@@ -1,7 +1,7 @@
 """Submitting a compiled SQL script as the requests a peer already takes (create_schema,
 create_stream, create_query, set_query_status), made in script order: by the peer that
-compiled a ``create_sql`` request (peer.server.sql), or by a caller holding a compiled script
-(tests, benchmarks).
+compiled a ``create_sql`` request (peer.server.sql_scripts), or by a caller holding a
+compiled script (tests, benchmarks).
 
 A script's queries may be several fedstream queries each (stages, peer.model.sql.script),
 and a stage reads the stream the stage before it writes, so stages are created and started
