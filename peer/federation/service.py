@@ -5,7 +5,8 @@ whether the local site serves it or which peer does, and carries it there: pushe
 subscriptions through :mod:`peer.federation.forward`, queries through
 :mod:`peer.federation.coordinator`, catalog records through :mod:`peer.federation.records`.
 It is built from its parts by :mod:`peer.node` and knows nothing of the API server, moves or
-the brain.
+the brain; the replication room it is given through a small port
+(:class:`peer.federation.replicas.ReplicationRoom`), built by :mod:`peer.node.replication`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from overlay.membership import Event
 from overlay.node import Overlay
@@ -24,9 +25,9 @@ from peer.federation.hosting import LEASE_S, Hosting
 from peer.federation.mirror import Mirrors
 from peer.federation.quota import RelayQuota
 from peer.federation.records import CatalogRecords
+from peer.federation.replicas import ReplicationRoom
 from peer.federation.requests import SiteRequests
 from peer.federation.router import Router
-from peer.model.plan import CheckedQuery
 from peer.model.schema import check_name, parse_schema
 from peer.protocol.api import START_POSITIONS
 from peer.protocol.link import HostStream
@@ -39,13 +40,7 @@ from peer.protocol.replies import (
     SetQueryStatusReply,
     StatusReply,
 )
-from peer.replication.appenders import Appenders
-from peer.replication.fragment_failover import ReplicatedFragments
-from peer.replication.plane import ControlPlane, ReplicationSettings
 from peer.site import LocalSite, checked_status
-
-if TYPE_CHECKING:
-    from peer.engine.seams import EngineSeams
 
 StatusPart = Callable[[], dict[str, Any]]
 
@@ -59,61 +54,35 @@ class Federation:
         overlay: Overlay,
         api: tuple[str, int],
         *,
-        logs: Appenders,
-        seams: EngineSeams | None = None,
+        router: Router,
+        records: CatalogRecords,
+        room: ReplicationRoom,
         quota: RelayQuota | None = None,
         status_parts: Mapping[str, StatusPart] | None = None,
         lease_s: float = LEASE_S,
-        replication: ReplicationSettings | None = None,
     ) -> None:
-        """Its parts, built in the order they need each other. ``logs``: the registry of
-        replicated streams the site was given; ``seams``: the engine's (None: no engine);
+        """Its parts, built in the order they need each other. ``router`` and ``records``:
+        this peer's links and catalog, which the replication ``room`` was built on too;
         ``quota``: relayed subscriptions' shares; ``status_parts``: more of ``peer status``
         (the brain's, filled by the composition root once it is made)."""
         self.site = site
         self.overlay = overlay
         self.api = api
-        self.router = Router(overlay, overlay.identity.participant)
-        self.records = CatalogRecords(overlay)
+        self.router = router
+        self.records = records
+        self.room = room
         self.mirrors = Mirrors(site.spools, overlay.node_id, self.router.call)
-        self.replication = replication or ReplicationSettings()
-        self.plane = ControlPlane(
-            site,
-            self.router,
-            self.records,
-            self.replication,
-            self._on_role,
-            logs=logs,
-            is_live=self._is_live,
-            responsible=self._responsible,
-        )
-        self.fragments = ReplicatedFragments(
-            site,
-            self.plane,
-            self.records,
-            self.router,
-            min_insync=self.replication.min_insync,
-            logs=logs,
-            seams=seams,
-        )
-        replicas = PlaneReplicas(self.plane, self.fragments)
         self.hosting = Hosting(
-            overlay, self.records, site, self.mirrors, api, replicas=replicas, lease_s=lease_s
+            overlay, self.records, site, self.mirrors, api, replicas=room, lease_s=lease_s
         )
         self.forwarder = Forwarder(self.router, self.hosting, site, overlay.incarnation, quota)
-        self.coordinator = Coordinator(overlay, self.records, self.hosting, self.router, replicas)
+        self.coordinator = Coordinator(overlay, self.records, self.hosting, self.router, room)
         self.requests = SiteRequests(
-            site, self.records, self.hosting, self.mirrors, self.router, replicas
+            site, self.records, self.hosting, self.mirrors, self.router, room
         )
         self.requests.register()
         self.router.register_stream(self.forwarder.serve)
         self.status_parts: Mapping[str, StatusPart] = {} if status_parts is None else status_parts
-
-    def _is_live(self, node: str) -> bool:
-        return self.overlay.is_live(bytes.fromhex(node))
-
-    def _responsible(self, name: str, r: int) -> list[str]:
-        return [m.node_id.hex() for m in self.overlay.responsible(name, r)]
 
     def upstream_reachable(self, stream: str) -> bool:
         """Whether the peer a mirrored stream comes from is alive in gossip's view (a stream
@@ -131,15 +100,14 @@ class Federation:
     async def start(self) -> None:
         """Once the overlay has joined: find the control plane (and join it as a voter),
         then take our unreplicated streams back (see Hosting.resume)."""
-        await self.plane.start(lambda: [m.node_id for m in self.overlay.live_members()])
+        await self.room.start(lambda: [m.node_id for m in self.overlay.live_members()])
         await self.hosting.resume()
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self.hosting.run())
             tg.create_task(self.mirrors.run())
-            tg.create_task(self.plane.run())
-            tg.create_task(self.fragments.run())
+            tg.create_task(self.room.run())
 
     async def on_member(self, event: Event) -> None:
         """A member's state changed (gossip): re-resolve placements; a dead member's mirror
@@ -150,14 +118,15 @@ class Federation:
         elif event.kind in ("alive", "joined"):
             await asyncio.to_thread(self.mirrors.on_member, event.info.node_id, True)
 
-    def _on_role(self, stream: str, primary: bool) -> None:
-        """The control plane made this peer primary of ``stream``, or no longer."""
+    def on_role(self, stream: str, primary: bool) -> None:
+        """The control plane made this peer primary of ``stream``, or no longer (it calls
+        this through the door peer.node.replication.RoleDoor)."""
         if primary:
             self.hosting.hosted.add(stream)
             self.hosting.moved_streams.pop(stream, None)
         else:
             self.hosting.hosted.discard(stream)
-        self.fragments.on_role(stream, primary)
+        self.room.on_role(stream, primary)
 
     # the client API (peer.server.PeerService)
     async def create_schema(self, schema: str | dict[str, Any]) -> CreateSchemaReply:
@@ -190,15 +159,13 @@ class Federation:
             host = await self.hosting.host_of(name)
             return CreateStreamReply(name, found.name, host.hex())
         self.site.catalog.check_stream(name, found)
-        count = self.replication.replicas if replicas is None else replicas
+        count = self.room.default_replicas if replicas is None else replicas
         if count < 1:
             raise InvalidInput(f"stream {name}: replicas must be at least 1", stream=name)
         nodes = [m.node_id for m in self.overlay.responsible(name, count)]
-        if self.plane.client.active:
+        if self.room.active:
             await self.records.publish_stream(name, found, None)
-            placed = await self.plane.replicas.create(
-                name, nodes, count, self.replication.min_insync
-            )
+            placed = await self.room.create(name, nodes, count)
             await asyncio.gather(  # each replica makes its copy and learns its role
                 *(
                     self.router.ask(bytes.fromhex(n), HostStream(name, found))
@@ -282,9 +249,7 @@ class Federation:
         """A stream's copies for ``peer lookup``, in one shape whether it is replicated or
         not (docs/protocol.md, "lookup"): a stream without replication has one copy, on its
         host, at no epoch."""
-        state = None
-        if self.plane.client.active:
-            state = await self.plane.client.state_of(name, fresh=True)
+        state = await self.room.replica_set(name)
         if state is None:
             node = host or self.node_id.hex()
             copy = {"node": node, "api": self._api_of(node)}
@@ -298,7 +263,7 @@ class Federation:
                 "asked": 1,
                 "under_replicated": False,
                 "replicated": False,
-                "copies": self.plane.plain_copies(),
+                "copies": self.room.plain_copies(),
             }
         return {
             "stream": name,
@@ -312,7 +277,8 @@ class Federation:
             "min_insync": state.min_insync,
             "under_replicated": state.under_replicated,
             "replicated": True,
-            **self.plane.replicas.copies(name, state),
+            "asked": state.asked,
+            "copies": state.copies,
         }
 
     async def _lookup_catalog(self, name: str) -> LookupReply:
@@ -392,40 +358,7 @@ class Federation:
                 "mirrors": self.mirrors.describe(),
                 "forwarded": self.forwarder.forwarded,
                 "moved": catalog.moved(),
-                "replication": self.plane.status(),
+                "replication": self.room.status(),
                 **{key: part() for key, part in self.status_parts.items()},
             },
         )
-
-
-class PlaneReplicas:
-    """Implements peer.federation.replicas.ReplicaPlacement and ReplicaRequests with this
-    peer's control plane and replicated fragments."""
-
-    def __init__(self, plane: ControlPlane, fragments: ReplicatedFragments) -> None:
-        self.plane = plane
-        self.fragments = fragments
-
-    def is_replicated(self, stream: str) -> bool:
-        return self.plane.replicas.is_replicated(stream)
-
-    def epoch_of(self, stream: str) -> int | None:
-        return self.plane.replicas.epoch_of(stream)
-
-    async def primary_of(self, stream: str, fresh: bool) -> bytes | None:
-        if not self.plane.client.active:
-            return None
-        state = await self.plane.client.state_of(stream, fresh=fresh)
-        return None if state is None else bytes.fromhex(state.primary)
-
-    async def host_replica(self, stream: str) -> bool:
-        if not self.plane.client.active:
-            return False
-        state = await self.plane.replicas.refresh(stream)
-        return state is not None
-
-    async def install(self, checked: CheckedQuery) -> dict[str, Any] | None:
-        return await self.fragments.install(checked)
-
-    async def after_status(self, fragment: str, status: str) -> None:
-        await self.fragments.after_status(fragment, status)

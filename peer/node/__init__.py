@@ -5,7 +5,9 @@
   TaskGroup;
 - :mod:`peer.node.client_service`: :class:`ClientService`, what the client API server calls;
 - :mod:`peer.node.ports`: what the wired parts see of each other (the overlay's door to the
-  federation, the brain's view of the peer).
+  federation, the brain's view of the peer);
+- :mod:`peer.node.replication`: the replication room (control plane, replicated fragments)
+  the federation is given, and the door through which the plane tells it of role changes.
 """
 
 from peer.node.client_service import ClientService

@@ -3,7 +3,8 @@
 The composition root and nothing else. The rooms it wires, each using only the ones below
 it (docs/architecture.md): :class:`peer.site.LocalSite` (streams, queries and the Spark
 engine of this peer); :class:`peer.federation.Federation` (with an overlay: where things
-live in the federation, and how requests get there); :class:`peer.move.Mover` and
+live in the federation, and how requests get there), given the replication room that
+:mod:`peer.node.replication` builds; :class:`peer.move.Mover` and
 :class:`peer.brain.Brain` (with contracts: moving fragments to partners under the
 bounded-price mechanism); the client API server (:mod:`peer.server`), serving the site or
 the federation; with ``http``, the observer and its HTTP server (:mod:`peer.observe`), made
@@ -29,6 +30,7 @@ from peer.fetch.server import FetchServer, advertised_host, remote_input
 from peer.node.client_service import ClientService
 from peer.node.config import PeerConfig
 from peer.node.ports import BrainPort, FederationDoor
+from peer.node.replication import PlaneRoom, RoleDoor, build_room
 from peer.protocol import replies
 from peer.protocol.link import Raw
 from peer.replication.appenders import Appenders
@@ -65,6 +67,7 @@ class Peer:
         self.book: ContractBook | None = None
         self.overlay: Overlay | None = None
         self.fed: Federation | None = None
+        self.room: PlaneRoom | None = None  # the replication room (the control plane's peer)
         self.mover: Mover | None = None
         self.brain: Brain | None = None
         self.http: HttpServer | None = None
@@ -209,6 +212,8 @@ class Peer:
         from overlay.link import LinkSettings
         from overlay.node import Overlay, OverlayConfig
         from peer.federation.quota import RelayQuota
+        from peer.federation.records import CatalogRecords
+        from peer.federation.router import Router
         from peer.move import Mover
 
         config = self.config
@@ -255,17 +260,31 @@ class Peer:
             repair_after_s=config.repair_after_s,
             voter_grace_s=config.voter_grace_s,
         )
+        router = Router(overlay, overlay.identity.participant)
+        records = CatalogRecords(overlay)
+        roles = RoleDoor()
+        room = self.room = build_room(
+            site,
+            overlay,
+            router,
+            records,
+            replication,
+            roles,
+            logs=self._logs,
+            seams=None if site.engine is None else self._seams,
+        )
         fed = self.fed = Federation(
             site,
             overlay,
             self.api_addr,
-            logs=self._logs,
-            seams=None if site.engine is None else self._seams,
+            router=router,
+            records=records,
+            room=room,
             quota=RelayQuota(config.relay_streams_per_connection, config.relay_streams_per_address),
             status_parts=self._status_parts,
             lease_s=config.lease_s,
-            replication=replication,
         )
+        roles.open(fed.on_role)
         door.open(fed)
         mover = self.mover = Mover(site, fed, self.book, self._arrived)
         mover.register()

@@ -127,9 +127,9 @@ def run(peers: list[PeerThread]) -> None:
     asyncio.run(delete())
     internal = ("fo_out", "fo_kept", "~ckpt.fo")
     for p in survivors:
-        fed = p.peer.fed
-        assert fed is not None
-        assert not set(internal) & set(fed.plane.replicas.streams)
+        fed, room = p.peer.fed, p.peer.room
+        assert fed is not None and room is not None
+        assert not set(internal) & set(room.plane.replicas.streams)
         assert not set(internal) & set(fed.site.spools.streams())
-        states = p.call(fed.plane.client.read("fo_out"))
+        states = p.call(room.plane.client.read("fo_out"))
         assert states is None

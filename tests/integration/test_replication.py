@@ -139,9 +139,9 @@ def expected(seqs: range) -> list[tuple[int, int]]:
 
 
 def replication_of(p: PeerThread, stream: str) -> dict[str, Any]:
-    fed = p.peer.fed
-    assert fed is not None
-    found: dict[str, Any] = fed.plane.replicas.describe().get(stream, {})
+    room = p.peer.room
+    assert room is not None
+    found: dict[str, Any] = room.plane.replicas.describe().get(stream, {})
     return found
 
 

@@ -83,9 +83,9 @@ def node(p: PeerThread) -> str:
 
 
 def voters_of(p: PeerThread) -> set[str]:
-    fed = p.peer.fed
-    assert fed is not None
-    return set(fed.plane.client.voters)
+    room = p.peer.room
+    assert room is not None
+    return set(room.plane.client.voters)
 
 
 def lookup(port: int, name: str) -> LookupReply:
@@ -161,7 +161,7 @@ def test_a_voter_that_stops_for_good_is_replaced_by_a_volunteer(tmp_path: Path) 
             every_s=0.1,
         )
         spare = fed.start("v4")
-        plane = spare.peer.fed.plane if spare.peer.fed is not None else None
+        plane = spare.peer.room.plane if spare.peer.room is not None else None
         assert plane is not None
         wait_until_sync(
             lambda: voters_of(spare) == first3 and plane.client.seats == 3,

@@ -1,6 +1,7 @@
 """The registries the composition root hands to parts that need each other (issue 24): the
 replicated streams' appenders (site <-> replication room), the engine's seams (engine <->
-replicated fragments, tentative forks, metrics) and the overlay's door to the federation.
+replicated fragments, tentative forks, metrics), the overlay's door to the federation and the
+control plane's door for role changes.
 Each behaves as a lone peer until bound, and is bound once."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from overlay.node import OverlayError
 from peer.engine.seams import EngineSeams, SeamBound
 from peer.federation import Federation
 from peer.node.ports import FederationDoor
+from peer.node.replication import RoleDoor
 from peer.replication.appenders import Appenders
 from peer.site import LocalSite, SiteConfig
 from peer.storage.spool import SpoolSet
@@ -156,3 +158,19 @@ def test_the_overlay_door_refuses_until_the_federation_opens_it_once() -> None:
     assert fed.router.frames == [{"op": "x"}] and fed.events == ["joined"]
     with pytest.raises(RuntimeError, match="open already"):
         door.open(cast(Federation, _Fed()))
+
+
+def test_the_role_door_refuses_a_role_until_opened_then_tells_its_listener_in_order() -> None:
+    door = RoleDoor()
+    with pytest.raises(RuntimeError, match="stream s: a role change before the federation"):
+        door.on_role("s", True)  # a role lost here would leave hosting wrong: never dropped
+    told: list[tuple[str, bool]] = []
+    door.open(lambda stream, primary: told.append((stream, primary)))
+    door.on_role("s", True)
+    door.on_role("t", True)
+    door.on_role("s", False)
+    assert told == [("s", True), ("t", True), ("s", False)]
+    with pytest.raises(RuntimeError, match="open already"):
+        door.open(lambda stream, primary: None)
+    door.on_role("u", True)  # the first listener still hears
+    assert told[-1] == ("u", True)
