@@ -178,7 +178,11 @@ class SiteRequests:
             unused = {s: host for s, host in catalog.replicas().items() if s not in still_read}
             for stream, host in unused.items():
                 await self.stop_mirror_here(stream, bytes.fromhex(host))
-            await self.drop_streams(list(unused), tombstone=False)
+            # a stream this peer also replicates keeps its copy: the replication owns it
+            kept = [s for s in unused if self.hosting.replicated(s)]
+            for stream in kept:
+                await asyncio.to_thread(catalog.remove_replica, stream)
+            await self.drop_streams([s for s in unused if s not in kept], tombstone=False)
         return reply
 
     async def drop_streams(self, streams: list[str], *, tombstone: bool) -> None:

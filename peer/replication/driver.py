@@ -395,7 +395,10 @@ class StreamReplica:
         visible = min(primary.acknowledged, self.written)
         if visible > self.visible:
             self.visible = visible
-            self.spool.hold(visible)
+            # never lowered: a follower's readers may have been shown more already (a local
+            # fragment's mirror tells it what its old primary acknowledged; see LocalSite)
+            if visible > self.spool.latest:
+                self.spool.hold(visible)
         if not self.waiters:
             return
         kept = []

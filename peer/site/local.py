@@ -361,6 +361,8 @@ class LocalSite:
 
         if stream in self._frozen:
             raise Unavailable(f"stream {stream} is moving to another peer", stream=stream)
+        if self.logs.appender(stream) is not None:
+            return await asyncio.to_thread(self._mirrored_replica, stream, spool, batches[-1][0])
         await self.room(stream, spool)
         self._landing[stream] = self._landing.get(stream, 0) + 1
         try:
@@ -370,6 +372,27 @@ class LocalSite:
             async with self._landed:
                 self._landed.notify_all()
         return MirrorAppendReply(stream, batches[-1][0], kept)
+
+    def _mirrored_replica(self, stream: str, spool: Spool, through: int) -> MirrorAppendReply:
+        """A mirrored stream that this peer also replicates (a fragment here reads a stream
+        whose replica set includes this peer). Its replicas write the primary's bytes at the
+        primary's offsets into this very spool, so the mirror's batches are there already;
+        writing them again would put every batch twice into the log and shift the offsets
+        under the replication. What the mirror adds is news: it carries acknowledged batches
+        only, and its seq is the host's offset, so everything through ``through`` may be read
+        here (a follower's own readers otherwise see nothing, its spool held at -1 until it
+        leads). A batch not yet replicated here is refused retriably: the mirror resends it."""
+        held = min(through, spool.log_end)
+        bound = spool.visible_bound
+        if bound is not None and held > bound:
+            spool.hold(held)  # (only raised: what was visible stays visible)
+        if held < through:
+            raise Unavailable(
+                f"stream {stream}: this replica holds offsets through {spool.log_end} only, "
+                f"the mirror sent up to {through}; the rest comes by replication, retry",
+                stream=stream,
+            )
+        return MirrorAppendReply(stream, through, 0)
 
     async def room(self, stream: str, spool: Spool) -> None:
         """Wait while the stream's slowest reader is too far behind (backpressure): the

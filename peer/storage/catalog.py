@@ -196,6 +196,10 @@ class LocalCatalog:
     def replicas(self) -> dict[str, str]:
         return dict(self._rows("SELECT stream, source FROM replicas"))
 
+    def remove_replica(self, stream: str) -> None:
+        """No local fragment reads ``stream`` from its host any more (the stream stays)."""
+        self._write("DELETE FROM replicas WHERE stream = ?", (stream,))
+
     # fragments moved away to another peer (issue 5): requests for them are forwarded there
     def add_moved(self, fragment: str, site: str, at: float) -> None:
         self._write("INSERT OR REPLACE INTO moved VALUES (?, ?, ?)", (fragment, site, at))

@@ -36,3 +36,16 @@ def test_streams_survive_a_reopen_with_their_schema(tmp_path: Path) -> None:
     entry = reopened.stream("people")
     assert entry.schema == PERSON
     assert reopened.stream("people") is entry  # served from the cache the second time
+
+
+def test_a_replica_mark_is_removed_and_its_stream_stays(tmp_path: Path) -> None:
+    catalog = LocalCatalog(tmp_path / "catalog.sqlite")
+    catalog.add_schema(PERSON)
+    catalog.add_stream("people", PERSON)
+    catalog.add_replica("people", "ab" * 20)
+    assert catalog.replicas() == {"people": "ab" * 20}
+    catalog.remove_replica("people")
+    catalog.close()
+    reopened = LocalCatalog(tmp_path / "catalog.sqlite")
+    assert reopened.replicas() == {}
+    assert reopened.stream("people").schema == PERSON
