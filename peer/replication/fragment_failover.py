@@ -398,6 +398,12 @@ class ReplicatedFragments:
     def on_role(self, _stream: str, _primary: bool) -> None:
         self._wake.set()
 
+    async def start(self) -> None:
+        """Take back, before the peer says it is ready, the fragments whose streams this peer
+        leads again after a restart (as the site resumes its unreplicated queries)."""
+        self._loop = asyncio.get_running_loop()
+        await self.reconcile()
+
     async def run(self) -> None:
         """Take over or release fragments whenever this peer's roles change."""
         self._loop = asyncio.get_running_loop()
