@@ -68,7 +68,7 @@ SEAT_CHECK_S = 1.0  # how often a peer without a seat looks for voters and open 
 WATCH_S = 10.0  # how often a --no-voter peer that knows no voters asks again
 DISCOVER_SAMPLE = 3  # live members asked per round (a federation without a plane stays quiet)
 LEAD_S = 10.0  # how long a founder waits for its plane to elect it
-LEARN_S = 10.0  # how long a restarted peer waits at start for its role in one replicated stream
+LEARN_S = 10.0  # how long a restarted peer waits at start for its roles in replicated streams
 
 
 @dataclass(frozen=True)
@@ -186,15 +186,20 @@ class ControlPlane:
         """After a restart, learn this peer's role in the replicated streams it holds before
         it says it is ready, as it takes its unreplicated streams back before then: a peer
         that leads a stream takes its pushes once it is ready. A stream the control plane
-        does not answer for within LEARN_S stays refused (retriably) until a heartbeat tells."""
+        does not answer for within LEARN_S (all told) stays refused, retriably, until a
+        heartbeat tells."""
         if not self.client.active:
             return
-        for name in self.replicas.awaiting_role():
-            try:
-                async with asyncio.timeout(LEARN_S):
-                    await self.replicas.refresh(name)
-            except (TimeoutError, FedstreamError) as exc:
-                log.warning("replicated stream %s: role not learnt at start: %s", name, exc)
+        waiting = self.replicas.awaiting_role()
+        try:
+            async with asyncio.timeout(LEARN_S):
+                for name in waiting:
+                    try:
+                        await self.replicas.refresh(name)
+                    except FedstreamError as exc:
+                        log.warning("replicated stream %s: role not learnt at start: %s", name, exc)
+        except TimeoutError:
+            log.warning("roles in replicated streams not all learnt in %.0f s at start", LEARN_S)
 
     async def _lead_alone(self) -> None:
         """Wait (up to LEAD_S) until a plane whose only voter is this peer (founded here, or
