@@ -103,7 +103,8 @@ class ReplicationRoom(ReplicaPlacement, ReplicaRequests, Protocol):
         ...
 
     async def start(self, members: Members) -> None:
-        """Once the overlay has joined: find the control plane (and join it as a voter)."""
+        """Once the overlay has joined: find the control plane (and join it as a voter), then
+        take back the replicated fragments this peer leads again."""
         ...
 
     async def run(self) -> None:

@@ -99,7 +99,8 @@ class Federation:
 
     async def start(self) -> None:
         """Once the overlay has joined: find the control plane (and join it as a voter),
-        then take our unreplicated streams back (see Hosting.resume)."""
+        take back the replicated fragments this peer leads again, then our unreplicated
+        streams (see Hosting.resume)."""
         await self.room.start(lambda: [m.node_id for m in self.overlay.live_members()])
         await self.hosting.resume()
 

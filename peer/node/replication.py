@@ -134,7 +134,10 @@ class PlaneRoom:
         self.fragments.on_role(stream, primary)
 
     async def start(self, members: Members) -> None:
+        """Find the control plane (or found it, or take a seat), then take back the
+        replicated fragments this peer leads again."""
         await self.plane.start(members)
+        await self.fragments.start()
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tg:

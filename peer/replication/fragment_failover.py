@@ -49,7 +49,7 @@ from peer.model.query import parse_query, query_to_dict
 from peer.model.schema import Field, Schema, make_schema
 from peer.protocol.link import FragmentStatus, HostStream
 from peer.replication.appenders import Appenders
-from peer.replication.control import DropStream, StreamState
+from peer.replication.control import DropStream, StreamState, has_standby
 from peer.replication.names import CKPT_PREFIX, checkpoint_stream
 from peer.replication.plane import ControlPlane
 from peer.replication.ports import Links, Records
@@ -203,8 +203,9 @@ class ReplicatedFragments:
     # ----------------------------------------------------------------------- placing
     async def anchor_of(self, checked: CheckedQuery) -> StreamState | None:
         """The state of the stream a fragment's streams anchor to, if the fragment can be
-        replicated here: a control plane runs, this peer has an engine, and every input is
-        a replicated stream this peer leads. None otherwise (it runs unreplicated)."""
+        replicated here: a control plane runs, this peer has an engine, every input is a
+        replicated stream this peer leads, and the anchor has a replica besides this peer.
+        None otherwise (it runs unreplicated, and may share the engine's lane)."""
         client = self.plane.client
         if not client.active or self.site.engine is None or not checked.inputs:
             return None
@@ -214,9 +215,10 @@ class ReplicatedFragments:
         first = states[0]
         assert first is not None
         root = first.anchor or first.name
-        if root == first.name:
-            return first
-        return await client.state_of(root, fresh=True)
+        anchor = first if root == first.name else await client.state_of(root, fresh=True)
+        if anchor is None or not has_standby(anchor):
+            return None  # nowhere to fail over to (a lone peer): it runs as before
+        return anchor
 
     async def install(self, checked: CheckedQuery) -> dict[str, Any] | None:
         """Install a fragment as replicated (its streams anchored to its input), or return
@@ -397,6 +399,12 @@ class ReplicatedFragments:
 
     def on_role(self, _stream: str, _primary: bool) -> None:
         self._wake.set()
+
+    async def start(self) -> None:
+        """Take back, before the peer says it is ready, the fragments whose streams this peer
+        leads again after a restart (as the site resumes its unreplicated queries)."""
+        self._loop = asyncio.get_running_loop()
+        await self.reconcile()
 
     async def run(self) -> None:
         """Take over or release fragments whenever this peer's roles change."""

@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from peer.errors import Unavailable
+from peer.errors import FedstreamError, Unavailable
 from peer.protocol.link import Frame
 from peer.replication.appenders import Appenders
 from peer.replication.control import NO_CONTROL_PLANE, VoterSeats, may_found, may_volunteer
@@ -68,6 +68,7 @@ SEAT_CHECK_S = 1.0  # how often a peer without a seat looks for voters and open 
 WATCH_S = 10.0  # how often a --no-voter peer that knows no voters asks again
 DISCOVER_SAMPLE = 3  # live members asked per round (a federation without a plane stays quiet)
 LEAD_S = 10.0  # how long a founder waits for its plane to elect it
+LEARN_S = 10.0  # how long a restarted peer waits at start for its roles in replicated streams
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,8 @@ class ControlPlane:
             saved = ()
         if saved:
             self._take_seat(saved)
+            if saved == (self.me,):  # its only voter: the plane is back once it leads again
+                await self._lead_alone()
         elif may_found(  # (a peer rejoining through the neighbours it saved founds nothing)
             volunteer=self.settings.seeks_seat,
             founder=self.settings.founder and not others,
@@ -177,16 +180,37 @@ class ControlPlane:
                 self._seat_from(reply)
         elif not found:
             log.info("no control plane found yet; replicated streams are off until one is")
+        await self._learn_roles()
+
+    async def _learn_roles(self) -> None:
+        """After a restart, learn this peer's role in the replicated streams it holds before
+        it says it is ready, as it takes its unreplicated streams back before then: a peer
+        that leads a stream takes its pushes once it is ready. A stream the control plane
+        does not answer for within LEARN_S (all told) stays refused, retriably, until a
+        heartbeat tells."""
+        if not self.client.active:
+            return
+        waiting = self.replicas.awaiting_role()
+        try:
+            async with asyncio.timeout(LEARN_S):
+                for name in waiting:
+                    try:
+                        await self.replicas.refresh(name)
+                    except FedstreamError as exc:
+                        log.warning("replicated stream %s: role not learnt at start: %s", name, exc)
+        except TimeoutError:
+            log.warning("roles in replicated streams not all learnt in %.0f s at start", LEARN_S)
 
     async def _lead_alone(self) -> None:
-        """Wait (up to LEAD_S) until a plane founded here has elected its leader, so that
-        the peer takes streams as soon as it says it is ready."""
+        """Wait (up to LEAD_S) until a plane whose only voter is this peer (founded here, or
+        restarted from its journal) has elected its leader, so that the peer takes streams
+        as soon as it says it is ready."""
         voter = self.voter
         assert voter is not None
         try:
             await wait_until(lambda: voter.machine.is_leader(), "a leader", LEAD_S, every_s=0.05)
         except TimeoutError:
-            log.warning("the control plane founded here has no leader after %.0f s", LEAD_S)
+            log.warning("the control plane of this peer has no leader after %.0f s", LEAD_S)
 
     def _others(self) -> list[bytes]:
         return [m for m in self._members() if m != self.router.node_id]

@@ -120,6 +120,10 @@ class ReplicatedStreams:
             if ReplicaState.exists(directory):
                 self.logs.register(name, self._not_ready(name), self._limit(name))
 
+    def awaiting_role(self) -> list[str]:
+        """The streams replicated here before a restart whose role this peer has not learnt."""
+        return sorted(n for n in self.logs if n not in self.streams)
+
     def _not_ready(self, name: str) -> Appender:
         async def refuse(
             _body: bytes, _rows: int, _producer: str | None, _seq: int | None

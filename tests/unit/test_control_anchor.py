@@ -24,6 +24,7 @@ from peer.replication.control import (
     StreamState,
     anchor_roots,
     failover_decisions,
+    has_standby,
 )
 from peer.replication.link_messages import state_from_wire, state_to_wire
 from peer.replication.raft import (
@@ -59,6 +60,14 @@ def decide(
 ) -> list[Elect]:
     heard = {node: (10.0 if node in live else 0.0) for node in (A, B, C, D)}
     return failover_decisions(streams, heard, 10.5, 1.5, ends or {})
+
+
+def test_a_fragment_is_replicated_only_beside_a_standby_of_its_anchor() -> None:
+    # A lone peer's stream (1 of 3 copies) has nowhere to fail over to: a fragment anchored
+    # to it runs unreplicated (and may share the lane), as it did without a control plane.
+    assert not has_standby(StreamState("s", 1, A, (A,), (A,), 1, 1, wanted=3))
+    assert has_standby(stream("s", A, replicas=(A, B), in_sync=(A,)))
+    assert has_standby(stream("s", B))
 
 
 # --------------------------------------------------------------------------- commands

@@ -20,6 +20,7 @@ from peer.replication.control.failover import (
     anchor_roots,
     choose_primary,
     failover_decisions,
+    has_standby,
     live_nodes,
 )
 from peer.replication.control.repair import NO_CONTROL_PLANE, copies_text, repaired_replicas
@@ -48,6 +49,7 @@ __all__ = [
     "choose_primary",
     "copies_text",
     "failover_decisions",
+    "has_standby",
     "live_nodes",
     "may_found",
     "may_volunteer",

@@ -53,6 +53,13 @@ def choose_primary(
     return best
 
 
+def has_standby(state: StreamState) -> bool:
+    """Whether ``state`` has a replica besides its primary, on which what leads it could run
+    if its primary died. A fragment anchored to a stream without one is not replicated: its
+    checkpoints would have nowhere to go, and it could not run in its peer's shared lane."""
+    return any(node != state.primary for node in state.replicas)
+
+
 def live_nodes(last_heard: Mapping[str, float], now: float, failover_after_s: float) -> set[str]:
     """The nodes heard from within ``failover_after_s`` of ``now``."""
     return {node for node, heard in last_heard.items() if now - heard < failover_after_s}
