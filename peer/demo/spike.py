@@ -122,6 +122,9 @@ class Spike:
                 "2",
                 "--spark-master",
                 "local[1]",
+                # no control plane: with peer join's default seats on, no move was shown in
+                # the CI run of 6c68348 (moves of replicated fragments: not investigated yet)
+                "--no-voter",
                 *FAST,
             ]
             for name in NAMES
