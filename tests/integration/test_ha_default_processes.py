@@ -14,8 +14,6 @@ its one documented shape before and after.
 from __future__ import annotations
 
 import asyncio
-import random
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +22,6 @@ from typing import Any
 import pytest
 
 from peer.client import Client
-from peer.errors import FedstreamError
 from peer.protocol.replies import CreateStreamReply, LookupReply
 from peer.testing import (
     LocalFederation,
@@ -38,6 +35,7 @@ from peer.testing import (
     participant_args,
     wait_until,
 )
+from peer.testing.push import push_anywhere
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.timeout(900)]
 
@@ -69,21 +67,7 @@ def federation(tmp_path: Path) -> Iterator[LocalFederation]:
 
 
 async def push(ports: list[int], batches: list[dict[str, list[int]]], seqs: range) -> None:
-    """Each batch through a random peer, retried with the same (producer, seq) elsewhere."""
-    rng = random.Random(seqs.start)
-    for seq in seqs:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                async with Client("127.0.0.1", rng.choice(ports), timeout_s=20) as c:
-                    await c.push(STREAM, {"columns": batches[seq]}, producer="hd", seq=seq)
-                break
-            except (FedstreamError, TimeoutError, OSError) as exc:
-                if isinstance(exc, FedstreamError) and not exc.retriable:
-                    raise
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"batch {seq} not acknowledged: {exc}") from exc
-                await asyncio.sleep(0.1)
+    await push_anywhere(ports, STREAM, batches, seqs, producer="hd")
 
 
 def check_stream_shape(found: LookupReply, nodes: set[str]) -> None:
