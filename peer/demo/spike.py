@@ -122,8 +122,8 @@ class Spike:
                 "2",
                 "--spark-master",
                 "local[1]",
-                # no control plane: with peer join's default seats on, no move was shown in
-                # the CI run of 6c68348 (moves of replicated fragments: not investigated yet)
+                # no control plane: with peer join's default seats on, the spike showed no
+                # move (moves of replicated fragments are not investigated yet)
                 "--no-voter",
                 *FAST,
             ]

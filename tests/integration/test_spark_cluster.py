@@ -602,7 +602,7 @@ def test_the_traffic_query_in_a_federation_with_a_cluster_peer_is_exact(
         ],
     }  # fmt: skip
     # --no-voter: this test is about a cluster peer in a federation; with peer join's default
-    # seats on, the billing fragment saw no input in the CI run of 6c68348 (not investigated)
+    # seats on, the billing fragment saw no input (not investigated yet)
     for name in args:
         args[name].append("--no-voter")
     host = spark_cluster.driver_host  # both on the cluster's network: the Workers reach acme
