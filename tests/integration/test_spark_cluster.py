@@ -540,41 +540,6 @@ def test_forged_and_expired_read_capabilities_are_refused_on_the_executors(
     assert served == 3 and refused == 3, (served, refused)
 
 
-@pytest.fixture(scope="module")
-def nexmark_peer(spark_cluster: SparkCluster, hidden: Path) -> Iterator[Callable[[], Client]]:
-    """One cluster peer for the NEXMark tests (each creates its streams under a prefix)."""
-    peer, client = _cluster_peer(spark_cluster, hidden, "peer-nexmark")
-    peer.start(timeout_s=300)
-    try:
-        yield client
-    except BaseException:
-        print(peer.log_path.read_text(errors="replace")[-6000:], spark_cluster.logs())
-        raise
-    finally:
-        peer.stop()
-
-
-@pytest.mark.parametrize(
-    "q",
-    [
-        "q1",  # per tuple: a map of every bid (currency conversion)
-        "q3",  # a windowed join: people and their auctions, the join bounded in event time
-        "q8",  # a window join: new people and new sellers of the same tumbling window
-    ],
-)
-def test_nexmark_on_the_cluster_equals_duckdb(nexmark_peer: Callable[[], Client], q: str) -> None:
-    """NEXMark queries on a peer whose engine is the cluster (input fetched by the executors,
-    state in the shared directory) equal DuckDB running each query's SQL on the same events,
-    tuple for tuple (tests/integration/test_nexmark.py's generator, reference and driver)."""
-    from peer.examples import compare
-    from tests.integration.test_nexmark import duckdb_rows, run_query
-
-    want = duckdb_rows([q])[q]
-    assert want, f"{q}: the generated events give no result; the test would prove nothing"
-    got = asyncio.run(run_query(nexmark_peer, q, len(want), timeout_s=300))
-    assert compare(got, want) == []
-
-
 def test_the_traffic_query_in_a_federation_with_a_cluster_peer_is_exact(
     spark_cluster: SparkCluster, hidden: Path
 ) -> None:
@@ -601,10 +566,6 @@ def test_the_traffic_query_in_a_federation_with_a_cluster_peer_is_exact(
             "--spark-master", "local[1]", "--no-warm-up",
         ],
     }  # fmt: skip
-    # --no-voter: this test is about a cluster peer in a federation; with peer join's default
-    # seats on, the billing fragment saw no input (not investigated yet)
-    for name in args:
-        args[name].append("--no-voter")
     host = spark_cluster.driver_host  # both on the cluster's network: the Workers reach acme
     nodes = {
         "per_minute": "globex", "toll": "globex", "stopped": "globex", "dispatch": "globex",
@@ -658,3 +619,41 @@ def test_the_traffic_query_in_a_federation_with_a_cluster_peer_is_exact(
     on_acme = [f for f in fragments if f.get("site") == acme]
     assert on_acme and len(on_acme) < len(fragments), fragments
     assert {s: traffic.compare(got[s], want[s]) for s in want} == {s: [] for s in want}
+
+
+# The NEXMark tests come last: their peer is module-wide, and a standalone application takes
+# every free core of the cluster, so while it lives no other peer on the cluster gets an
+# executor (the federation test above would wait for one until its timeout).
+@pytest.fixture(scope="module")
+def nexmark_peer(spark_cluster: SparkCluster, hidden: Path) -> Iterator[Callable[[], Client]]:
+    """One cluster peer for the NEXMark tests (each creates its streams under a prefix)."""
+    peer, client = _cluster_peer(spark_cluster, hidden, "peer-nexmark")
+    peer.start(timeout_s=300)
+    try:
+        yield client
+    except BaseException:
+        print(peer.log_path.read_text(errors="replace")[-6000:], spark_cluster.logs())
+        raise
+    finally:
+        peer.stop()
+
+
+@pytest.mark.parametrize(
+    "q",
+    [
+        "q1",  # per tuple: a map of every bid (currency conversion)
+        "q3",  # a windowed join: people and their auctions, the join bounded in event time
+        "q8",  # a window join: new people and new sellers of the same tumbling window
+    ],
+)
+def test_nexmark_on_the_cluster_equals_duckdb(nexmark_peer: Callable[[], Client], q: str) -> None:
+    """NEXMark queries on a peer whose engine is the cluster (input fetched by the executors,
+    state in the shared directory) equal DuckDB running each query's SQL on the same events,
+    tuple for tuple (tests/integration/test_nexmark.py's generator, reference and driver)."""
+    from peer.examples import compare
+    from tests.integration.test_nexmark import duckdb_rows, run_query
+
+    want = duckdb_rows([q])[q]
+    assert want, f"{q}: the generated events give no result; the test would prove nothing"
+    got = asyncio.run(run_query(nexmark_peer, q, len(want), timeout_s=300))
+    assert compare(got, want) == []
