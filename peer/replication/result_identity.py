@@ -48,15 +48,24 @@ two runs could make different results under one name.
 
 Promotion
 ---------
-What the replicated result streams hold is given as :class:`Published`: a :class:`Frontier`
-(a low-water mark) plus explicit identities above it (the trimmed suffix). The frontier is
-that of the primary's last batch whose results were all acknowledged: per input stream the
-offset its next batch starts at (every input tuple below it has been through a published
-batch), per VALUES aggregate the watermark its windows were closed by (every window that ends
-at or before it is published). A result is *covered* if its identity is among the explicit
-ones, or if the frontier covers all of its roots and its route passes no bsort and no TUPLES
-window (those hold results back past the batch their input came in, so no frontier covers
-them: their identities must stay explicit until no standby can still make them).
+What the replicated result streams hold is given as :class:`Published`: per result stream a
+:class:`Frontier` (a low-water mark), plus explicit identities above it (a trimmed suffix). A
+stream's frontier is that of the primary's last batch appended to it: per input stream the
+offset its next batch starts at (every input tuple below it has been through a batch whose
+results the stream holds), per VALUES aggregate the watermark that closed its windows (every
+window ending at or before it is in the stream). A result is *covered* if its identity is
+among the explicit ones, or if its stream's frontier covers all of its roots and its route
+passes no bsort and no TUPLES window (those hold results back past the batch their input came
+in, so no frontier covers them: their identities must stay explicit until no standby can
+still make them).
+
+Where the wiring finds a frontier without changing a format: a result stream's newest entry is
+tagged (origin, batch id); the fragment's checkpoint record written before that batch
+(:class:`~peer.replication.fragment_failover.FragmentRecord`) holds Spark's offset log of the
+batch, with its end offsets and its watermark. Frontiers are per stream because a batch's
+results are appended stream by stream, and a crash may fall between two appends. An
+aggregate's rows carry their own identities, so its streams can also be read for explicit
+ones; a per-tuple row's hidden lineage columns are not published.
 
 * :func:`trim`: the standby drops the held results that are covered; a covered result is in
   the replicated result stream, which keeps it.
@@ -274,7 +283,8 @@ class IdentityRule:
         path = self._path_of(identity)
         if identity in published.identities:
             return True
-        return path.marked and all(published.frontier.covers(root) for root in identity.roots)
+        frontier = published.frontier(identity.stream)
+        return path.marked and all(frontier.covers(root) for root in identity.roots)
 
     def _paths_of(self, stream: str) -> dict[str, Path]:
         paths = self._routes.get(stream)
@@ -409,13 +419,33 @@ class Frontier:
             ) from None
 
 
+EMPTY = Frontier()
+
+
 @dataclass(frozen=True)
 class Published:
-    """What the replicated result streams hold, as a standby reads them: a frontier, and the
-    identities of the results above it (or on routes no frontier covers)."""
+    """What the replicated result streams hold, as a standby reads them: per result stream a
+    frontier (streams not named have none), and the identities of results above them (or on
+    routes no frontier covers)."""
 
-    frontier: Frontier = Frontier()
+    frontiers: tuple[tuple[str, Frontier], ...] = ()
     identities: frozenset[ResultId] = frozenset()
+
+    def __post_init__(self) -> None:
+        streams = [stream for stream, _ in self.frontiers]
+        if len(set(streams)) != len(streams):
+            raise IdentityError(
+                f"published: a result stream's frontier is given twice in {streams}"
+            )
+
+    @staticmethod
+    def of(
+        frontiers: Mapping[str, Frontier] | None = None, identities: Iterable[ResultId] = ()
+    ) -> Published:
+        return Published(tuple(sorted((frontiers or {}).items())), frozenset(identities))
+
+    def frontier(self, stream: str) -> Frontier:
+        return dict(self.frontiers).get(stream, EMPTY)
 
 
 @dataclass(frozen=True)

@@ -267,17 +267,29 @@ def test_two_runs_name_the_same_results_alike(
 
 
 def published(
-    rule: IdentityRule, run: Sequence[Batch], done: int, mark: int, part: set[str]
+    rule: IdentityRule,
+    run: Sequence[Batch],
+    done: int,
+    mark: int,
+    part: Mapping[str, bool] | None = None,
 ) -> Published:
     """The result streams after the primary published ``done`` batches and, of the next one,
-    the streams in ``part``; its frontier is that after ``mark`` <= ``done`` batches, the
-    results since then held as explicit identities (the trimmed suffix)."""
+    the streams in ``part``. Each stream's frontier is that after ``mark`` <= ``done``
+    batches, the results since then held as explicit identities (the trimmed suffix); a
+    stream of the partly published batch is known by its rows' identities (``part[stream]``
+    true) or by its own frontier, that after the batch."""
+
+    def frontier(batches: int) -> Frontier:
+        return run[batches - 1].frontier if batches else Frontier()
+
+    frontiers = {s: frontier(mark) for s in run[0].results}
     suffix = [h for b in run[mark:done] for h in named(rule, b.results)]
-    if done < len(run):
-        partial = {s: rows for s, rows in run[done].results.items() if s in part}
-        suffix += named(rule, partial)
-    frontier = run[mark - 1].frontier if mark else Frontier()
-    return Published(frontier, frozenset(h.identity for h in suffix))
+    for stream, explicit in (part or {}).items():
+        if explicit:
+            suffix += rule.held(stream, run[done].results[stream])
+        else:
+            frontiers[stream] = frontier(done + 1)
+    return Published.of(frontiers, (h.identity for h in suffix))
 
 
 @pytest.mark.parametrize("kind", sorted(FRAGMENTS))
@@ -292,19 +304,23 @@ def test_promotion_publishes_every_result_once(
     streams = sorted(primary[0].results)
 
     done = data.draw(st.integers(0, len(primary)), label="primary's published batches")
-    part = set(data.draw(st.lists(st.sampled_from(streams), unique=True), label="partial"))
+    partly = done < len(primary)
+    part = data.draw(
+        st.dictionaries(st.sampled_from(streams), st.booleans()) if partly else st.just({}),
+        label="streams of the next batch published, by identities (true) or their frontier",
+    )
     mark = data.draw(st.integers(0, done), label="batches under the frontier")
     seen = data.draw(st.integers(0, done), label="primary's batches when the standby trimmed")
     seen_mark = data.draw(st.integers(0, seen), label="frontier then")
     held_batches = data.draw(st.integers(0, len(standby)), label="standby's held batches")
 
     by_primary = [h for b in primary[:done] for h in named(rule, b.results)]
-    if done < len(primary):
+    if partly:
         by_primary += named(rule, {s: primary[done].results[s] for s in part})
     held = [h for b in standby[:held_batches] for h in named(rule, b.results)]
     if held_batches and data.draw(st.booleans(), label="standby restarted, re-ran a batch"):
         held += named(rule, standby[held_batches - 1].results)  # its replay, held again
-    held = trim(rule, published(rule, primary, seen, seen_mark, set()), held)
+    held = trim(rule, published(rule, primary, seen, seen_mark), held)
     later = [h for b in standby[held_batches:] for h in named(rule, b.results)]
     by_standby = hand_over(rule, published(rule, primary, done, mark, part), [*held, *later])
 
@@ -338,10 +354,11 @@ def test_a_per_tuple_result_names_its_input_tuple_and_a_frontier_covers_it_below
     assert rule.columns("big") == rule.columns("small") == {OFFSET, ROW}
     name = rule.name("small", {"k": "a", "doubled": 4, OFFSET: 7, ROW: 2})
     assert name == ResultId("small", "", (InputTuple("events", 7, 2),))
-    assert rule.covered(name, Published(Frontier.of({"events": 8})))
-    assert not rule.covered(name, Published(Frontier.of({"events": 7})))
-    assert not rule.covered(name, Published(Frontier.of({"others": 100})))
-    assert rule.covered(name, Published(identities=frozenset({name})))
+    assert rule.covered(name, Published.of({"small": Frontier.of({"events": 8})}))
+    assert not rule.covered(name, Published.of({"small": Frontier.of({"events": 7})}))
+    assert not rule.covered(name, Published.of({"small": Frontier.of({"others": 100})}))
+    assert not rule.covered(name, Published.of({"big": Frontier.of({"events": 8})}))
+    assert rule.covered(name, Published.of(identities=[name]))
 
 
 def test_a_join_result_names_both_input_tuples_not_its_key_and_times() -> None:
@@ -373,8 +390,8 @@ def test_a_join_result_names_both_input_tuples_not_its_key_and_times() -> None:
     )
     assert one.roots == (InputTuple("events", 0, 0), InputTuple("others", 4, 0))
     assert one != two  # equal key and times, two results
-    assert rule.covered(one, Published(Frontier.of({"events": 1, "others": 5})))
-    assert not rule.covered(one, Published(Frontier.of({"events": 1, "others": 4})))
+    assert rule.covered(one, Published.of({"pairs": Frontier.of({"events": 1, "others": 5})}))
+    assert not rule.covered(one, Published.of({"pairs": Frontier.of({"events": 1, "others": 4})}))
 
 
 DIAMOND = checked(
@@ -422,15 +439,15 @@ def test_bsort_and_count_windows_are_named_but_no_frontier_covers_them() -> None
                  "params": {"order-on": "t", "slack": "2"}})
     )  # fmt: skip
     name = bsort.name("sorted", {"k": "a", "t": 1, "v": 1, OFFSET: 0, ROW: 0})
-    assert not bsort.covered(name, Published(Frontier.of({"events": 99})))
-    assert bsort.covered(name, Published(identities=frozenset({name})))
+    assert not bsort.covered(name, Published.of({"sorted": Frontier.of({"events": 99})}))
+    assert bsort.covered(name, Published.of(identities=[name]))
     counts = rule_of(
         checked({"name": "c", "type": "aggregate", "inputs": ["events"], "outputs": ["runs"],
                  "params": {"window-size": "3", "window-size-by": "TUPLES", "group-by": "k",
                             "aggregate-function.0": "sum(v)"}})
     )  # fmt: skip
     run = counts.name("runs", {"window_start": 0, "window_end": 3, "k": "a", "agg_0": 5})
-    assert not counts.covered(run, Published(Frontier.of({"events": 99}, {"c": 99})))
+    assert not counts.covered(run, Published.of({"runs": Frontier.of({"events": 99}, {"c": 99})}))
 
 
 @pytest.mark.parametrize(
@@ -517,7 +534,7 @@ def test_an_identity_or_a_frontier_that_does_not_fit_is_refused() -> None:
     refused("given twice", Frontier, (("events", 1), ("events", 2)))
     window = rule_of(AGGREGATE).name("totals", {"window_start": 0, "window_end": 10, "k": "a"})
     refused("cannot be compared", rule_of(AGGREGATE).covered, window,
-            Published(Frontier.of(windows={"win": "late"})))  # fmt: skip
+            Published.of({"totals": Frontier.of(windows={"win": "late"})}))  # fmt: skip
 
 
 @settings(max_examples=200, deadline=None)
@@ -536,4 +553,4 @@ def test_any_row_is_named_or_refused_with_an_identity_error(row: Row, stream: st
         except IdentityError:
             continue
         assert name.stream == stream
-        assert rule.covered(name, Published(identities=frozenset({name})))
+        assert rule.covered(name, Published.of(identities=[name]))
