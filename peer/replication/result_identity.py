@@ -380,6 +380,8 @@ class Frontier:
 
     offsets: tuple[tuple[str, int], ...] = ()
     windows: tuple[tuple[str, Hashable], ...] = ()
+    _ends: dict[str, int] = field(init=False, repr=False, compare=False)
+    _marks: dict[str, Hashable] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for what, pairs in (("input stream", self.offsets), ("aggregate box", self.windows)):
@@ -393,6 +395,8 @@ class Frontier:
                     f"got {offset!r}",
                     stream=stream,
                 )
+        object.__setattr__(self, "_ends", dict(self.offsets))
+        object.__setattr__(self, "_marks", dict(self.windows))
 
     @staticmethod
     def of(
@@ -404,9 +408,9 @@ class Frontier:
 
     def covers(self, root: Root) -> bool:
         if isinstance(root, InputTuple):
-            end = dict(self.offsets).get(root.stream)
+            end = self._ends.get(root.stream)
             return end is not None and root.offset < end
-        mark = dict(self.windows).get(root.box)
+        mark = self._marks.get(root.box)
         if mark is None:
             return False
         try:
@@ -430,6 +434,7 @@ class Published:
 
     frontiers: tuple[tuple[str, Frontier], ...] = ()
     identities: frozenset[ResultId] = frozenset()
+    _by_stream: dict[str, Frontier] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         streams = [stream for stream, _ in self.frontiers]
@@ -437,6 +442,7 @@ class Published:
             raise IdentityError(
                 f"published: a result stream's frontier is given twice in {streams}"
             )
+        object.__setattr__(self, "_by_stream", dict(self.frontiers))
 
     @staticmethod
     def of(
@@ -445,7 +451,7 @@ class Published:
         return Published(tuple(sorted((frontiers or {}).items())), frozenset(identities))
 
     def frontier(self, stream: str) -> Frontier:
-        return dict(self.frontiers).get(stream, EMPTY)
+        return self._by_stream.get(stream, EMPTY)
 
 
 @dataclass(frozen=True)

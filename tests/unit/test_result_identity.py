@@ -1,7 +1,8 @@
 """The result-identity rule and the hand-over of a promoted standby (issue 26).
 
 Two plain-Python micro-batch runs of a fragment (a keyed tumbling-window aggregate under a
-watermark; a filter with a pass-on-false output and a map) over the same spool files, cut into
+watermark; a filter with a pass-on-false output and a map; two maps into a union, so that one
+input tuple makes two results) over the same spool files, cut into
 different micro-batches, name the same results alike and equal an independent batch
 computation. A primary that published any prefix of its batches (the last one maybe only in
 part), a standby that held any prefix of its own and trimmed them against any earlier state of
@@ -195,6 +196,46 @@ def batch_per_tuple(files: Sequence[SpoolFile]) -> dict[str, list[Row]]:
     return results
 
 
+DIAMOND = checked(
+    {"name": "m1", "type": "map", "inputs": ["events"], "outputs": ["x"],
+     "params": {"expression.0": "k", "expression.1": "t", "expression.2": "v"}},
+    {"name": "m2", "type": "map", "inputs": ["events"], "outputs": ["y"],
+     "params": {"expression.0": "k", "expression.1": "t", "expression.2": "v + 1",
+                "output-field-name.2": "v"}},
+    {"name": "u", "type": "union", "inputs": ["x", "y", "others"], "outputs": ["out"]},
+)  # fmt: skip
+
+
+def union_rows(offset: int, index: int, k: str, t: int, v: int) -> list[Row]:
+    """The diamond fragment on one input tuple: a result by each of the union's first ports."""
+    lineage = {OFFSET: offset, ROW: index}
+    return [
+        {"k": k, "t": t, "v": v, ROUTE_COLUMN: "u[0]", **lineage},
+        {"k": k, "t": t, "v": v + 1, ROUTE_COLUMN: "u[1]", **lineage},
+    ]
+
+
+def run_union(files: Sequence[SpoolFile], batches: Sequence[Sequence[SpoolFile]]) -> list[Batch]:
+    out = []
+    for batch, end in zip(batches, next_offsets(files, batches), strict=True):
+        rows = [
+            row
+            for offset, tuples in batch
+            for index, (k, t, v) in enumerate(tuples)
+            for row in union_rows(offset, index, k, t, v)
+        ]
+        out.append(Batch({"out": rows}, Frontier.of({"events": end})))
+    return out
+
+
+def batch_union(files: Sequence[SpoolFile]) -> dict[str, list[Row]]:
+    rows = []
+    for offset, tuples in files:
+        for index, (k, t, v) in enumerate(tuples):
+            rows += union_rows(offset, index, k, t, v)
+    return {"out": rows}
+
+
 def batch_totals(files: Sequence[SpoolFile]) -> dict[str, list[Row]]:
     return {"totals": batch_aggregate(files)}
 
@@ -202,6 +243,7 @@ def batch_totals(files: Sequence[SpoolFile]) -> dict[str, list[Row]]:
 FRAGMENTS = {
     "aggregate": (AGGREGATE, run_aggregate, batch_totals),
     "per_tuple": (PER_TUPLE, run_per_tuple, batch_per_tuple),
+    "union": (DIAMOND, run_union, batch_union),
 }
 
 
@@ -392,16 +434,6 @@ def test_a_join_result_names_both_input_tuples_not_its_key_and_times() -> None:
     assert one != two  # equal key and times, two results
     assert rule.covered(one, Published.of({"pairs": Frontier.of({"events": 1, "others": 5})}))
     assert not rule.covered(one, Published.of({"pairs": Frontier.of({"events": 1, "others": 4})}))
-
-
-DIAMOND = checked(
-    {"name": "m1", "type": "map", "inputs": ["events"], "outputs": ["x"],
-     "params": {"expression.0": "k", "expression.1": "t", "expression.2": "v"}},
-    {"name": "m2", "type": "map", "inputs": ["events"], "outputs": ["y"],
-     "params": {"expression.0": "k", "expression.1": "t", "expression.2": "v + 1",
-                "output-field-name.2": "v"}},
-    {"name": "u", "type": "union", "inputs": ["x", "y", "others"], "outputs": ["out"]},
-)  # fmt: skip
 
 
 def test_a_union_names_the_port_a_tuple_came_by() -> None:
