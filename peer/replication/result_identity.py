@@ -157,9 +157,11 @@ Root = InputTuple | WindowGroup
 
 @dataclass(frozen=True)
 class ResultId:
+    """The name of one result, the same in every run of the fragment over the same input."""
+
     stream: str  # the result stream
-    route: str  # "" when the stream has one route
-    roots: tuple[Root, ...]
+    route: str  # the way it came: box[port] at a union, box(left|right) at a join; or ""
+    roots: tuple[Root, ...]  # the input tuples (or the window) it is made of, left side first
 
 
 # -- the rule ------------------------------------------------------------------------------------
