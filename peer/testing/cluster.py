@@ -56,12 +56,14 @@ class PeerProcess:
         log_path: Path | None = None,
         host: str = "127.0.0.1",
         prefix: Sequence[str] = (),
+        verbose: bool = False,
     ) -> None:
         self.data_dir = data_dir
         self.extra = extra
         self.log_path = log_path or data_dir.with_suffix(".log")
         self.host = host  # the address it listens on (API and overlay, ephemeral ports)
         self.prefix = tuple(prefix)  # runs the command (e.g. ip netns exec NAME)
+        self.verbose = verbose  # peer -v join: its log has the INFO lines
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
         self.overlay_port = 0
@@ -84,6 +86,7 @@ class PeerProcess:
                 sys.executable,
                 "-m",
                 "peer.cli",
+                *(["-v"] if self.verbose else []),
                 "join",
                 "--data-dir",
                 str(self.data_dir),

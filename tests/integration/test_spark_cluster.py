@@ -12,15 +12,14 @@ that does not see the tests' files, but for one shared directory (the checkpoint
 The ``spark_cluster`` fixture is module-wide (starting it costs about a minute); tests that
 read spools through the peer (issue 25, item 2) add a ``peer join --spark-master
 cluster.master_url --listen cluster.driver_host:0 --checkpoint-dir cluster.shared`` beside it,
-with the peer's data directory under ``hidden`` as here.
+with the peer's data directory under ``hidden`` as here. The last tests share one such peer
+(``cluster_peer``), since a standalone application holds every free core while it lives.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from peer.testing import (
     keyed_window_sums,
     make_participants,
     participant_args,
+    wait_until_sync,
 )
 from peer.testing.sparkcluster import SparkCluster, missing
 
@@ -86,27 +86,6 @@ def _expected(windows: set[int]) -> list[tuple[int, int, int, int]]:
             cell[0] += 1
             cell[1] += value
     return sorted((s, g, n, total) for (s, g), (n, total) in cells.items())
-
-
-def test_a_windowed_aggregate_runs_on_the_executors_and_equals_python(
-    spark_cluster: SparkCluster,
-) -> None:
-    checkpoint = spark_cluster.shared / "job-aggregate"
-    done = _python(
-        "-m", "tests.integration.cluster_job", spark_cluster.master_url,
-        spark_cluster.driver_host, str(checkpoint), "8",
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:] + spark_cluster.logs()
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["error"] is None
-    assert set(result["executors"]) == {h.address for h in spark_cluster.hosts}
-    got = sorted((r["start"], r["grp"], r["n"], r["total"]) for r in result["rows"])
-    starts = {start for start, *_ in got}
-    assert len(starts) >= 8
-    assert starts == set(range(0, 5 * len(starts), 5))  # the first windows, none skipped
-    assert got == _expected(starts)  # tuple for tuple, each once
-    # the state was written by the executors into the shared directory
-    assert any((checkpoint / "state").rglob("*.zip")) or any((checkpoint / "state").rglob("*"))
 
 
 def _doctor(
@@ -190,10 +169,10 @@ def test_doctor_sees_executors_that_cannot_reach_a_loopback_driver(
     code, lines, out = _doctor(
         spark_cluster, hidden, "--spark-master", spark_cluster.master_url,
         "--listen", f"{spark_cluster.driver_host}:0",
-        "--spark-conf", "spark.driver.host=127.0.0.1", timeout_s=25,
+        "--spark-conf", "spark.driver.host=127.0.0.1", timeout_s=12,
     )  # fmt: skip
     assert code == 1, out
-    assert lines["executors"].startswith("FAIL no executor registered within 25 s"), out
+    assert lines["executors"].startswith("FAIL no executor registered within 12 s"), out
     assert "connect back to the driver at 127.0.0.1:" in lines["executors"]
 
 
@@ -210,59 +189,14 @@ def test_doctor_catches_a_peer_address_executors_cannot_reach(
     assert "ConnectionRefusedError" in lines["reach"]
 
 
-def test_a_peer_joins_with_the_cluster_as_its_engine(
-    spark_cluster: SparkCluster, hidden: Path
-) -> None:
-    """``peer join --spark-master spark://...``: the executor check passes at start, and the
-    warm-up query (the spool source, a windowed aggregate on RocksDB, foreachBatch) runs on the
-    executors, reading its spool from the peer's directory in the shared checkpoint dir."""
-    data = hidden / "peer-on-cluster"
-    data.mkdir()
-    log_path = hidden / "peer-on-cluster.log"
-    with log_path.open("ab") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "peer.cli", "-v", "join", "--data-dir", str(data),
-                "--listen", f"{spark_cluster.driver_host}:0", "--http", "off",
-                "--spark-master", spark_cluster.master_url,
-                "--checkpoint-dir", f"file://{spark_cluster.shared}",
-                "--spark-conf", "spark.executor.memory=512m",
-            ],
-            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
-        )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 300
-        text = ""
-        while time.monotonic() < deadline and proc.poll() is None:
-            text = log_path.read_text(errors="replace")
-            if "spark warmed up in" in text or "warm-up did not finish" in text:
-                break
-            time.sleep(1)
-        assert proc.poll() is None, text[-4000:]
-        assert (data / "peer.json").exists(), text[-4000:]
-        assert "shipped" in text and "spark warmed up in" in text, text[-4000:] + (
-            spark_cluster.logs()
-        )
-        record = json.loads((data / "checkpoint-home.json").read_text())
-        home = spark_cluster.shared / record["name"]
-        assert (home / "checkpoints").is_dir()
-        assert (home / "executor-code" / "fedstream-executor.zip").is_file()
-        assert not (data / "checkpoints").exists()
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
-
-
-def test_a_worker_killed_mid_stream_and_started_again_keeps_the_result_exact(
+def test_a_windowed_aggregate_on_the_executors_stays_exact_through_a_worker_killed(
     spark_cluster: SparkCluster,
 ) -> None:
-    """SIGKILL of a Worker host mid-stream (peer.testing.sparkcluster's helper): Spark runs the
-    lost tasks on the other executor; the Worker started again registers anew; every window
-    still equals plain Python."""
+    """A windowed aggregate (tests/integration/cluster_job.py: the peer's session, the code
+    shipped, state in the shared directory) runs on the executors, which import only the code
+    the driver ships them; a Worker host is killed -9 mid-stream (peer.testing.sparkcluster's
+    helper): Spark runs the lost tasks on the other executor, the Worker started again
+    registers anew, and every window equals plain Python, each once, none skipped."""
     checkpoint = spark_cluster.shared / "job-killed"
     commits = checkpoint / "commits"
     job = subprocess.Popen(
@@ -300,7 +234,12 @@ def test_a_worker_killed_mid_stream_and_started_again_keeps_the_result_exact(
     got = sorted((r["start"], r["grp"], r["n"], r["total"]) for r in result["rows"])
     starts = {start for start, *_ in got}
     assert len(starts) >= 40 and starts == set(range(0, 5 * len(starts), 5))
-    assert got == _expected(starts)
+    assert got == _expected(starts)  # tuple for tuple, each once
+    # the executors, not the driver, ran it, and wrote its state into the shared directory
+    assert result["executors"] and set(result["executors"]) <= {
+        h.address for h in spark_cluster.hosts
+    }, result["executors"]
+    assert any((checkpoint / "state").rglob("*")), "no state in the shared directory"
 
 
 def _cluster_peer(cluster: SparkCluster, hidden: Path, name: str) -> tuple[PeerProcess, Any]:
@@ -318,6 +257,7 @@ def _cluster_peer(cluster: SparkCluster, hidden: Path, name: str) -> tuple[PeerP
         "--spark-conf", "spark.executor.memory=512m",
         log_path=hidden / f"{name}.log",
         host=cluster.driver_host,
+        verbose=True,
     )  # fmt: skip
 
     def client() -> Client:
@@ -327,156 +267,8 @@ def _cluster_peer(cluster: SparkCluster, hidden: Path, name: str) -> tuple[PeerP
     return peer, client
 
 
-def test_a_peer_on_the_cluster_computes_pushed_data_exactly(
-    spark_cluster: SparkCluster, hidden: Path
-) -> None:
-    """The whole path of issue 25 on the cluster: tuples pushed to a ``peer join
-    --spark-master spark://...`` whose data directory the Worker hosts cannot see; a filter and
-    a keyed tumbling window run on the executors, which fetch the spool files from the peer
-    (signed read capabilities over TLS, peer.fetch); the windows equal plain Python, once
-    each."""
-    peer, client = _cluster_peer(spark_cluster, hidden, "peer-pushed")
-    batches = keyed_window_batches(25, 30, 400, keys=4, values=(-5, 40))
-    want = keyed_window_sums(batches, at_least=0)
-    peer.start(timeout_s=300)
-    try:
-
-        async def scenario() -> tuple[list[dict[str, Any]], dict[str, Any]]:
-            async with client() as c:
-                await c.create_schema(keyed_window_schema())
-                await c.create_stream("ticks", "tick")
-                await c.create_query(keyed_window_query("onc", "ticks", "onc_out"))
-                await c.start_query("onc")
-                for i, batch in enumerate(batches):
-                    await c.push("ticks", {"columns": batch}, producer="t", seq=i)
-                rows = await collect(c, "onc_out", sum(want.values()), timeout_s=240, settle_s=5)
-                return rows, dict(await c.status())
-
-        rows, status = asyncio.run(scenario())
-    except BaseException:
-        print(peer.log_path.read_text(errors="replace")[-6000:], spark_cluster.logs())
-        raise
-    finally:
-        peer.stop()
-    got = Counter((r["window_start"], r["window_end"], r["k"], r["s"], r["n"]) for r in rows)
-    assert got == want, peer.log_path.read_text(errors="replace")[-4000:]
-    # Spark runs no task in the driver: the executors, which cannot see the data directory,
-    # read every input file through the peer's fetch server; the state lives in the shared dir.
-    assert not (hidden / "peer-pushed" / "checkpoints").exists()
-    assert any(q.get("name") == "onc" for q in status["queries"]), status
-
-
 def _windows(rows: list[dict[str, Any]]) -> Counter[tuple[int, ...]]:
     return Counter((r["window_start"], r["window_end"], r["k"], r["s"], r["n"]) for r in rows)
-
-
-def test_a_lane_member_on_the_cluster_pre_aggregates_in_the_executors_exactly(
-    spark_cluster: SparkCluster, hidden: Path
-) -> None:
-    """The lane on the cluster (issue 25, item 6): a second keyed window over the same stream
-    joins the lane (the first runs alone); the lane's source fetches its input from the peer
-    in the executors, the member's (window, key) partials are computed there, and the driver
-    collects partials, not rows. Both queries' windows equal plain Python, once each."""
-    peer, client = _cluster_peer(spark_cluster, hidden, "peer-lane")
-    per_push = 400
-    batches = keyed_window_batches(31, 30, per_push, keys=4, values=(-5, 40))
-    want_own = keyed_window_sums(batches, at_least=0)
-    want_lane = keyed_window_sums(batches, at_least=10)
-    peer.start(timeout_s=300)
-    try:
-
-        async def scenario() -> tuple[list[Any], list[Any], dict[str, Any]]:
-            async with client() as c:
-                await c.create_schema(keyed_window_schema())
-                await c.create_stream("ticks", "tick")
-                for name, at_least in (("alone", 0), ("laned", 10)):
-                    query = keyed_window_query(name, "ticks", f"{name}_out", at_least=at_least)
-                    await c.create_query(query)
-                    await c.start_query(name)
-                for i, batch in enumerate(batches):
-                    await c.push("ticks", {"columns": batch}, producer="t", seq=i)
-                own = await collect(c, "alone_out", sum(want_own.values()), timeout_s=240)
-                laned = await collect(
-                    c, "laned_out", sum(want_lane.values()), timeout_s=240, settle_s=5
-                )
-                return own, laned, dict(await c.status())
-
-        own, laned, status = asyncio.run(scenario())
-    except BaseException:
-        print(peer.log_path.read_text(errors="replace")[-6000:], spark_cluster.logs())
-        raise
-    finally:
-        peer.stop()
-    log_text = peer.log_path.read_text(errors="replace")
-    assert _windows(laned) == want_lane, log_text[-4000:]
-    assert _windows(own) == want_own, log_text[-4000:]
-    queries = {q["name"]: q for q in status["queries"]}
-    assert queries["laned"].get("lane") is True, queries
-    assert queries["alone"].get("lane") is None, queries
-    # the driver's last lane batch: (window, key) partials per partition, never a push's rows
-    assert 0 < queries["laned"]["collected_rows"] < per_push, queries["laned"]
-    assert not (hidden / "peer-lane" / "checkpoints").exists()
-
-
-def test_every_worker_gone_the_peer_waits_for_executors_and_resumes_exactly(
-    spark_cluster: SparkCluster, hidden: Path
-) -> None:
-    """Both Worker hosts killed -9 mid-stream (issue 25, item 8): pushes are still taken, the
-    peer's status says the engine waits for executors (none live, since when); one Worker
-    started again, the query resumes and every window equals plain Python, once each."""
-    peer, client = _cluster_peer(spark_cluster, hidden, "peer-orphan")
-    batches = keyed_window_batches(37, 30, 400, keys=4, values=(-5, 40))
-    want = keyed_window_sums(batches, at_least=0)
-    first, second = batches[:12], batches[12:]
-    peer.start(timeout_s=300)
-
-    async def executors(c: Client, ok: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
-        """The status' executors once ``ok`` holds (bounded: 180 s)."""
-        async with asyncio.timeout(180):
-            while True:
-                found = dict((await c.status()).get("executors") or {})
-                if found and ok(found):
-                    return found
-                await asyncio.sleep(1)
-
-    async def scenario() -> tuple[list[Any], dict[str, Any], dict[str, Any]]:
-        async with client() as c:
-            await c.create_schema(keyed_window_schema())
-            await c.create_stream("ticks", "tick")
-            await c.create_query(keyed_window_query("orphan", "ticks", "orphan_out"))
-            await c.start_query("orphan")
-            before = await executors(c, lambda e: e["live"] == 2)
-            assert before["waiting"] is False and before["waiting_since"] is None, before
-            for i, batch in enumerate(first):
-                await c.push("ticks", {"columns": batch}, producer="t", seq=i)
-            early = await collect(c, "orphan_out", 1, timeout_s=240)  # it has run on them
-            assert early, "no window came out before the Workers were killed"
-            killed_at = time.time()
-            await asyncio.to_thread(spark_cluster.kill_worker, 0)
-            await asyncio.to_thread(spark_cluster.kill_worker, 1)
-            waiting = await executors(c, lambda e: e["waiting"])
-            for i, batch in enumerate(second, start=len(first)):  # still taken
-                await c.push("ticks", {"columns": batch}, producer="t", seq=i)
-            assert (await executors(c, lambda e: True))["waiting"] is True
-            await asyncio.to_thread(spark_cluster.start_worker, 0)
-            back = await executors(c, lambda e: e["live"] >= 1)
-            assert killed_at <= waiting["waiting_since"] <= time.time(), waiting
-            rows = await collect(c, "orphan_out", sum(want.values()), timeout_s=300, settle_s=5)
-            return rows, waiting, back
-
-    try:
-        rows, waiting, back = asyncio.run(scenario())
-    except BaseException:
-        print(peer.log_path.read_text(errors="replace")[-6000:], spark_cluster.logs())
-        raise
-    finally:
-        peer.stop()
-        for host in spark_cluster.hosts:  # the next test gets both Workers back
-            if host.proc is None:
-                spark_cluster.start_worker(host.index)
-    assert waiting["live"] == 0 and waiting["waiting"] is True, waiting
-    assert back["waiting"] is False and back["waiting_since"] is None, back
-    assert _windows(rows) == want, peer.log_path.read_text(errors="replace")[-4000:]
 
 
 def test_forged_and_expired_read_capabilities_are_refused_on_the_executors(
@@ -621,21 +413,92 @@ def test_the_traffic_query_in_a_federation_with_a_cluster_peer_is_exact(
     assert {s: traffic.compare(got[s], want[s]) for s in want} == {s: [] for s in want}
 
 
-# The NEXMark tests come last: their peer is module-wide, and a standalone application takes
-# every free core of the cluster, so while it lives no other peer on the cluster gets an
-# executor (the federation test above would wait for one until its timeout).
+# The tests below share one cluster peer and come last: a standalone application takes every
+# free core of the cluster, so while the shared peer lives no other application (the jobs, the
+# doctor and the federation above) would get an executor.
 @pytest.fixture(scope="module")
-def nexmark_peer(spark_cluster: SparkCluster, hidden: Path) -> Iterator[Callable[[], Client]]:
-    """One cluster peer for the NEXMark tests (each creates its streams under a prefix)."""
-    peer, client = _cluster_peer(spark_cluster, hidden, "peer-nexmark")
+def cluster_peer(spark_cluster: SparkCluster, hidden: Path) -> Iterator[tuple[PeerProcess, Any]]:
+    """One ``peer join --spark-master spark://...`` for the tests below (each uses streams and
+    queries of its own names): starting one costs about half a minute."""
+    peer, client = _cluster_peer(spark_cluster, hidden, "peer-on-cluster")
     peer.start(timeout_s=300)
     try:
-        yield client
+        yield peer, client
+    finally:
+        peer.stop()
+
+
+def test_a_peer_joins_with_the_cluster_as_its_engine(
+    cluster_peer: tuple[PeerProcess, Any], spark_cluster: SparkCluster, hidden: Path
+) -> None:
+    """``peer join --spark-master spark://...``: the executor check passes at start, and the
+    warm-up query (the spool source, a windowed aggregate on RocksDB, foreachBatch) runs on the
+    executors, reading its spool from the peer's directory in the shared checkpoint dir."""
+    peer, _ = cluster_peer
+
+    def warmed() -> str | None:  # the warm-up runs once the peer is ready
+        text = peer.log_path.read_text(errors="replace")
+        done = "spark warmed up in" in text or "warm-up did not finish" in text
+        return text if done or (peer.proc is not None and peer.proc.poll() is not None) else None
+
+    text = wait_until_sync(warmed, "the peer's warm-up", 300, every_s=1)
+    assert peer.proc is not None and peer.proc.poll() is None, text[-4000:]
+    assert "shipped" in text and "spark warmed up in" in text, text[-4000:] + (spark_cluster.logs())
+    record = json.loads((peer.data_dir / "checkpoint-home.json").read_text())
+    home = spark_cluster.shared / record["name"]
+    assert (home / "checkpoints").is_dir()
+    assert (home / "executor-code" / "fedstream-executor.zip").is_file()
+    assert not (peer.data_dir / "checkpoints").exists()
+
+
+def test_pushed_data_on_the_cluster_alone_and_in_the_lane_is_exact(
+    cluster_peer: tuple[PeerProcess, Any], spark_cluster: SparkCluster
+) -> None:
+    """The whole path of issue 25 on the cluster: tuples pushed to the peer, whose data
+    directory the Worker hosts cannot see; a filter and a keyed tumbling window run on the
+    executors, which fetch the spool files from the peer (signed read capabilities over TLS,
+    peer.fetch). A second keyed window over the same stream joins the lane (issue 25, item 6;
+    the first runs alone): the lane's source fetches its input in the executors, the member's
+    (window, key) partials are computed there, and the driver collects partials, not rows.
+    Both queries' windows equal plain Python, once each."""
+    peer, client = cluster_peer
+    per_push = 400
+    batches = keyed_window_batches(31, 30, per_push, keys=4, values=(-5, 40))
+    want_own = keyed_window_sums(batches, at_least=0)
+    want_lane = keyed_window_sums(batches, at_least=10)
+
+    async def scenario() -> tuple[list[Any], list[Any], dict[str, Any]]:
+        async with client() as c:
+            await c.create_schema(keyed_window_schema())
+            await c.create_stream("lane_ticks", "tick")
+            for name, at_least in (("alone", 0), ("laned", 10)):
+                query = keyed_window_query(name, "lane_ticks", f"{name}_out", at_least=at_least)
+                await c.create_query(query)
+                await c.start_query(name)
+            for i, batch in enumerate(batches):
+                await c.push("lane_ticks", {"columns": batch}, producer="t", seq=i)
+            own = await collect(c, "alone_out", sum(want_own.values()), timeout_s=240)
+            laned = await collect(
+                c, "laned_out", sum(want_lane.values()), timeout_s=240, settle_s=5
+            )
+            return own, laned, dict(await c.status())
+
+    try:
+        own, laned, status = asyncio.run(scenario())
     except BaseException:
         print(peer.log_path.read_text(errors="replace")[-6000:], spark_cluster.logs())
         raise
-    finally:
-        peer.stop()
+    log_text = peer.log_path.read_text(errors="replace")
+    assert _windows(laned) == want_lane, log_text[-4000:]
+    assert _windows(own) == want_own, log_text[-4000:]
+    queries = {q["name"]: q for q in status["queries"]}
+    assert queries["laned"].get("lane") is True, queries
+    assert queries["alone"].get("lane") is None, queries
+    # the driver's last lane batch: (window, key) partials per partition, never a push's rows
+    assert 0 < queries["laned"]["collected_rows"] < per_push, queries["laned"]
+    # Spark runs no task in the driver: the executors, which cannot see the data directory,
+    # read every input file through the peer's fetch server; the state lives in the shared dir.
+    assert not (peer.data_dir / "checkpoints").exists()
 
 
 @pytest.mark.parametrize(
@@ -646,7 +509,9 @@ def nexmark_peer(spark_cluster: SparkCluster, hidden: Path) -> Iterator[Callable
         "q8",  # a window join: new people and new sellers of the same tumbling window
     ],
 )
-def test_nexmark_on_the_cluster_equals_duckdb(nexmark_peer: Callable[[], Client], q: str) -> None:
+def test_nexmark_on_the_cluster_equals_duckdb(
+    cluster_peer: tuple[PeerProcess, Any], q: str
+) -> None:
     """NEXMark queries on a peer whose engine is the cluster (input fetched by the executors,
     state in the shared directory) equal DuckDB running each query's SQL on the same events,
     tuple for tuple (tests/integration/test_nexmark.py's generator, reference and driver)."""
@@ -655,5 +520,65 @@ def test_nexmark_on_the_cluster_equals_duckdb(nexmark_peer: Callable[[], Client]
 
     want = duckdb_rows([q])[q]
     assert want, f"{q}: the generated events give no result; the test would prove nothing"
-    got = asyncio.run(run_query(nexmark_peer, q, len(want), timeout_s=300))
+    got = asyncio.run(run_query(cluster_peer[1], q, len(want), timeout_s=300))
     assert compare(got, want) == []
+
+
+def test_every_worker_gone_the_peer_waits_for_executors_and_resumes_exactly(
+    cluster_peer: tuple[PeerProcess, Any], spark_cluster: SparkCluster
+) -> None:
+    """Both Worker hosts killed -9 mid-stream (issue 25, item 8): pushes are still taken, the
+    peer's status says the engine waits for executors (none live, since when); one Worker
+    started again, the query resumes and every window equals plain Python, once each. It runs
+    last of the shared peer's tests: they need not wait for the Workers to come back."""
+    peer, client = cluster_peer
+    batches = keyed_window_batches(37, 30, 400, keys=4, values=(-5, 40))
+    want = keyed_window_sums(batches, at_least=0)
+    first, second = batches[:12], batches[12:]
+
+    async def executors(c: Client, ok: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+        """The status' executors once ``ok`` holds (bounded: 180 s)."""
+        async with asyncio.timeout(180):
+            while True:
+                found = dict((await c.status()).get("executors") or {})
+                if found and ok(found):
+                    return found
+                await asyncio.sleep(1)
+
+    async def scenario() -> tuple[list[Any], dict[str, Any], dict[str, Any]]:
+        async with client() as c:
+            await c.create_schema(keyed_window_schema())
+            await c.create_stream("orphan_ticks", "tick")
+            await c.create_query(keyed_window_query("orphan", "orphan_ticks", "orphan_out"))
+            await c.start_query("orphan")
+            before = await executors(c, lambda e: e["live"] == 2)
+            assert before["waiting"] is False and before["waiting_since"] is None, before
+            for i, batch in enumerate(first):
+                await c.push("orphan_ticks", {"columns": batch}, producer="t", seq=i)
+            early = await collect(c, "orphan_out", 1, timeout_s=240)  # it has run on them
+            assert early, "no window came out before the Workers were killed"
+            killed_at = time.time()
+            await asyncio.to_thread(spark_cluster.kill_worker, 0)
+            await asyncio.to_thread(spark_cluster.kill_worker, 1)
+            waiting = await executors(c, lambda e: e["waiting"])
+            for i, batch in enumerate(second, start=len(first)):  # still taken
+                await c.push("orphan_ticks", {"columns": batch}, producer="t", seq=i)
+            assert (await executors(c, lambda e: True))["waiting"] is True
+            await asyncio.to_thread(spark_cluster.start_worker, 0)
+            back = await executors(c, lambda e: e["live"] >= 1)
+            assert killed_at <= waiting["waiting_since"] <= time.time(), waiting
+            rows = await collect(c, "orphan_out", sum(want.values()), timeout_s=300, settle_s=5)
+            return rows, waiting, back
+
+    try:
+        rows, waiting, back = asyncio.run(scenario())
+    except BaseException:
+        print(peer.log_path.read_text(errors="replace")[-6000:], spark_cluster.logs())
+        raise
+    finally:
+        for host in spark_cluster.hosts:  # what comes after gets both Workers back
+            if host.proc is None:
+                spark_cluster.start_worker(host.index)
+    assert waiting["live"] == 0 and waiting["waiting"] is True, waiting
+    assert back["waiting"] is False and back["waiting_since"] is None, back
+    assert _windows(rows) == want, peer.log_path.read_text(errors="replace")[-4000:]
