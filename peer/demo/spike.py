@@ -122,8 +122,9 @@ class Spike:
                 "2",
                 "--spark-master",
                 "local[1]",
-                # no control plane: with peer join's default seats on, the spike showed no
-                # move (moves of replicated fragments are not investigated yet)
+                # no control plane: with peer join's default seats, alpha's stream and its
+                # fragments' results would be replicated, and a fragment that writes replicated
+                # streams runs where their primary is and is never offered (peer.move.plan)
                 "--no-voter",
                 *FAST,
             ]
