@@ -296,7 +296,10 @@ def md_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def jsonable(obj: Any) -> Any:
-    """``obj`` with NaN as None and infinity as "inf", so that json.dumps writes valid JSON."""
+    """``obj`` with NaN as None, infinity as "inf" and paths as text, so that json.dumps writes
+    valid JSON."""
+    if isinstance(obj, Path):
+        return str(obj)
     if isinstance(obj, float):
         return None if obj != obj else ("inf" if obj == float("inf") else obj)
     if isinstance(obj, dict):
