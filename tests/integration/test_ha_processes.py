@@ -30,7 +30,6 @@ from typing import Any
 import pytest
 
 from peer.client import Client
-from peer.errors import FedstreamError
 from peer.protocol.replies import CreateStreamReply, LookupReply, StatusReply
 from peer.storage import spool_format as fmt
 from peer.testing import (
@@ -41,6 +40,7 @@ from peer.testing import (
     participant_args,
     wait_until,
 )
+from peer.testing.push import push_one
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -96,21 +96,11 @@ class Pusher:
 
     async def push(self, seq: int) -> None:
         self.tried.add(seq)
-        deadline = time.monotonic() + BATCH_DEADLINE_S
-        while True:
-            port = self.rng.choice(self.ports)
-            try:
-                async with Client("127.0.0.1", port, timeout_s=REQUEST_S) as c:
-                    await c.push(STREAM, batch(seq), producer=PRODUCER, seq=seq)
-                self.acked.add(seq)
-                return
-            except (FedstreamError, TimeoutError, OSError) as exc:
-                if isinstance(exc, FedstreamError) and not exc.retriable:
-                    raise
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"batch {seq} not acknowledged: {exc}") from exc
-                self.retries += 1
-                await asyncio.sleep(0.1)
+        self.retries += await push_one(
+            self.ports, self.rng, STREAM, batch(seq), producer=PRODUCER, seq=seq,
+            deadline_s=BATCH_DEADLINE_S, timeout_s=REQUEST_S,
+        )  # fmt: skip
+        self.acked.add(seq)
 
     async def push_range(self, seqs: range, gap_s: float = 0.0) -> None:
         for seq in seqs:
