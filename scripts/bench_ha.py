@@ -12,7 +12,9 @@ What runs
 ---------
 Five ``peer join --no-engine`` processes on loopback (``peer.testing.cluster.LocalFederation``:
 participants with keys and one trust directory; no Spark: a stream needs none), the first
-three voters of the control plane (Raft on pysyncobj), gossip every 0.3 s. Defaults of the
+three voters of the control plane (Raft on pysyncobj; ``--voter``) and the other two
+``--no-voter``, gossip every 0.3 s. ``--voters 5`` makes all five voters, which is what
+``peer join``'s default (volunteering for a seat) gives five live peers. Defaults of the
 peer otherwise: heartbeats to the voters every 0.25 s, failover after 1.5 s of silence,
 ``--min-insync 2``.
 
@@ -34,7 +36,7 @@ that instant. Failover time = from the kill to the first acknowledgement of a pu
 after the kill (a reply already on its way from the dead primary does not count). The killed
 peer is then restarted on its data directory (bootstrapping through a live peer) and the next
 kill waits until it is back in the stream's in-sync set and knows the Raft leader, so each
-kill finds three replicas in sync and three voters. ``--kills`` times.
+kill finds three replicas in sync and every voter. ``--kills`` times.
 
 Everything started here is stopped on the way out (also on Ctrl-C).
 """
@@ -71,7 +73,6 @@ from peer.testing import (
 )
 
 NAMES = ("ha1", "ha2", "ha3", "ha4", "ha5")
-VOTERS = NAMES[:3]
 FAST = ("--gossip-interval", "0.3", "--suspect-after", "2", "--dead-after", "5")
 SCHEMA = {
     "name": "hab",
@@ -90,7 +91,7 @@ def election_time(peers: Peers, stream: str, since: float) -> float | None:
     """The wall time at which a voter logged its decision to replace the primary of
     ``stream``, the first at or after ``since`` (the logs' own timestamps, local time)."""
     found = []
-    for name in VOTERS:
+    for name in peers.voters:
         path = peers.procs[name].log_path
         with contextlib.suppress(OSError):
             for line in path.read_text(errors="replace").splitlines():
@@ -110,16 +111,18 @@ def election_time(peers: Peers, stream: str, since: float) -> float | None:
 class Peers:
     """The five peers; a killed one is restarted on its data directory through a live one."""
 
-    def __init__(self, work: Path, engines: tuple[str, ...] = ()) -> None:
-        """``engines``: the peers that run Spark (the others start with ``--no-engine``)."""
+    def __init__(self, work: Path, voters: int = 3, engines: tuple[str, ...] = ()) -> None:
+        """``voters``: the first that many take a seat (``--voter``), the others stay out
+        (``--no-voter``); ``engines``: the peers that run Spark (the others ``--no-engine``)."""
         self.work = work
+        self.voters = NAMES[:voters]
         keys = make_participants(work, NAMES)
         self.args = {
             name: [
                 *participant_args(name, keys[name], work / "trust"),
                 *([] if name in engines else ["--no-engine"]),
                 *FAST,
-                *(["--voter"] if name in VOTERS else []),
+                "--voter" if name in self.voters else "--no-voter",
             ]
             for name in NAMES
         }
@@ -164,11 +167,11 @@ async def federation_ready(peers: Peers) -> None:
         for p in peers.procs.values():
             status = await ask(p.port, "status")
             alive = [m for m in status["overlay"]["members"] if m["state"] == "alive"]
-            if len(alive) < len(NAMES) or len(status["replication"]["voters"]) < len(VOTERS):
+            if len(alive) < len(NAMES) or len(status["replication"]["voters"]) < len(peers.voters):
                 return False
         return True
 
-    await wait_until(ready, "five live members that know three voters", 90)
+    await wait_until(ready, f"five live members that know {len(peers.voters)} voters", 90)
 
 
 # --------------------------------------------------------------------------- (b) throughput
@@ -360,7 +363,7 @@ async def run_failover(peers: Peers, args: argparse.Namespace) -> list[dict[str,
             record = {
                 "kill": i + 1,
                 "victim": victim,
-                "voter": victim in VOTERS,
+                "voter": victim in peers.voters,
                 "failover_s": took,
                 "epoch_before": found["epoch"],
                 "epoch_after": after["epoch"],
@@ -510,7 +513,7 @@ async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "throughput": [],
         "failover": [],
     }
-    peers = Peers(work)
+    peers = Peers(work, voters=args.voters)
 
     async def body() -> None:
         await ask(peers.procs[NAMES[0]].port, "create_schema", SCHEMA)
@@ -534,6 +537,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured s per window")
     parser.add_argument("--pushers", type=int, nargs="+", default=[4, 16], help="N (b)")
     parser.add_argument("--rows", type=int, default=1000, help="rows per batch (b)")
+    parser.add_argument(
+        "--voters", type=int, choices=(3, 5), default=3, help="control-plane seats taken"
+    )
     parser.add_argument("--work-dir", type=Path, help="keep the peers' data and logs here")
     parser.add_argument("--json", type=Path, help="write the figures here too")
     args = parser.parse_args(argv)

@@ -85,7 +85,7 @@ class EnginePeers(ha.Peers):
     """bench_ha's five peers, the three voters with Spark."""
 
     def __init__(self, work: Path) -> None:
-        super().__init__(work, engines=ha.VOTERS)
+        super().__init__(work, voters=3, engines=ha.NAMES[:3])
 
     def start(self) -> None:
         self.fed.start(timeout_s=300)
