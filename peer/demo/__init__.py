@@ -21,7 +21,7 @@ The parts, each a module:
 
 - :mod:`peer.demo.run`: the options and the driver (start the peers, submit, wait, stop);
 - :mod:`peer.demo.examples`: the examples the demo runs and how boxes are dealt to peers;
-- :mod:`peer.demo.feed`: the input cut into batches and pushed on a schedule;
+- :mod:`peer.demo.inputs`: the input cut into batches and pushed on a schedule;
 - :mod:`peer.demo.board` and :mod:`peer.demo.view`: what the demo knows, and shows, live;
 - :mod:`peer.demo.check`: the verdict against the plain-Python reference;
 - :mod:`peer.demo.spike`: ``peer demo --spike``, a load spike and boxes moving under contract;

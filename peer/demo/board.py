@@ -1,7 +1,7 @@
 """What the demo knows while it runs: the board its parts write and its view reads.
 
 The driver (:mod:`peer.demo.run`) writes the phase and each peer's latest status, the
-pushers (:mod:`peer.demo.feed`) their progress, the stream followers (:mod:`peer.demo.view`)
+pushers (:mod:`peer.demo.inputs`) their progress, the stream followers (:mod:`peer.demo.view`)
 the outputs seen so far; the live view and the final check (:mod:`peer.demo.check`) read it.
 Everything runs on one event loop, so nothing here is locked.
 """

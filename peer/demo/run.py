@@ -6,7 +6,7 @@ each with its own data directory and a one-core local Spark session), joins them
 overlay and waits until every peer sees every other one alive. It then creates the
 example's schemas and streams, submits the query with its box groups placed on the
 participants round-robin, and starts it: the query runs as fragments on several peers,
-chained by mirrors. Then the pushers (:mod:`peer.demo.feed`), the status poller and the
+chained by mirrors. Then the pushers (:mod:`peer.demo.inputs`), the status poller and the
 output followers (:mod:`peer.demo.view`) run until everything is pushed and the outputs are
 complete or have stalled, the check (:mod:`peer.demo.check`) gives the verdict, and the
 peers are stopped whatever happened. ``--spike`` runs :mod:`peer.demo.spike` instead.
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from peer.demo.board import Board, DemoFailed, OutputState, PushState, hold
 from peer.demo.check import check_outputs
 from peer.demo.examples import EXAMPLES, MAX_PEERS, Example, participant_names, placement
-from peer.demo.feed import batches, push_stream, schedule
+from peer.demo.inputs import batches, push_stream, schedule
 from peer.demo.view import View, follow, poll, watch
 from peer.examples import Rows
 from peer.testing.cluster import LocalFederation, PeerProcess, make_participants, participant_args

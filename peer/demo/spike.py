@@ -124,7 +124,7 @@ class Spike:
                 "local[1]",
                 # no control plane: with peer join's default seats, alpha's stream and its
                 # fragments' results would be replicated, and a fragment that writes replicated
-                # streams runs where their primary is and is never offered (peer.move.plan)
+                # streams runs where their primary is and is never offered (peer.move.candidates)
                 "--no-voter",
                 *FAST,
             ]

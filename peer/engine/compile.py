@@ -20,7 +20,7 @@ An aggregate over a union puts its watermark on each of the union's inputs, so t
 global watermark is the lowest of them (its default multiple-watermark policy): a window
 closes only once every input has passed it, and an input that falls silent holds results
 back instead of seeing its late tuples dropped. A query with an availability bound reads its
-sources with a hidden ``__hb`` column: a tentative fork (``peer.engine.tentative``) feeds a
+sources with a hidden ``__hb`` column: a tentative fork (``peer.engine.forks``) feeds a
 missing input one heartbeat row far ahead in event time, which advances that input's
 watermark and is dropped right after it (heartbeats pass every filter and leave before a
 stateful box or the sink).

@@ -293,7 +293,7 @@ class Engine:
     ) -> RunningQuery:
         """Start ``checked`` as its own streaming query (on the Spark thread): its sources,
         and the sink that appends each micro-batch's results to its result spools tagged
-        (``origin``, batch id), with ``status`` (tentative for a fork, peer.engine.tentative,
+        (``origin``, batch id), with ``status`` (tentative for a fork, peer.engine.forks,
         which reads its missing inputs from ``elsewhere``)."""
         name = checked.query.name
         readers: list[tuple[str, str]] = []
@@ -351,7 +351,7 @@ class Engine:
 
     async def stop_query(self, name: str, *, forks: bool = True) -> None:
         """Stop the query (and, unless ``forks`` is false, a tentative fork running in its
-        stead, whose results are taken back: peer.engine.tentative)."""
+        stead, whose results are taken back: peer.engine.forks)."""
         if forks:
             await self.seams.stop_fork(name)
         if name in self.lane.members:

@@ -6,7 +6,7 @@ A stable query's micro-batch runs in the engine's ``foreachBatch`` sink, on Spar
 thread. Three other parts of the peer take part in it, each made after the engine (they need
 it, or the overlay the engine does not): the replicated fragments of the replication room
 (a checkpoint record before a batch's results leave, and its result parts appended through
-the streams' replicas), the tentative forks (:mod:`peer.engine.tentative`: a fork's batch
+the streams' replicas), the tentative forks (:mod:`peer.engine.forks`: a fork's batch
 written, a query's fork stopped with it) and the observer's metrics (push-to-result time).
 
 So the composition root makes one :class:`EngineSeams`, gives it to the engine when it makes
@@ -45,7 +45,7 @@ class ResultSink(Protocol):
 
 
 class Forks(Protocol):
-    """The tentative forks of queries with an availability bound (peer.engine.tentative)."""
+    """The tentative forks of queries with an availability bound (peer.engine.forks)."""
 
     def wrote(self, query: str, stream: str, offset: int, rows: int) -> None:
         """A fork of ``query`` wrote ``rows`` result rows at ``stream``:``offset``."""

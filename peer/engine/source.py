@@ -34,7 +34,7 @@ id whose commit file this query writes; without it nothing is committed), ``maxR
 ``numPartitions`` (default 2), ``startingOffset`` (``earliest``, the default, or ``latest``:
 for a query without checkpoint), ``noFsync`` (``true`` skips fsync of commit files: tests),
 ``heartbeat`` (``true`` adds a trailing ``__hb BOOLEAN``, true on the rows of heartbeat files:
-see ``peer.engine.tentative``), ``fetch`` (``local``, the default, or ``remote``) with
+see ``peer.engine.forks``), ``fetch`` (``local``, the default, or ``remote``) with
 ``fetchAddress``, ``fetchPin``, ``fetchKey`` and ``fetchTtlS`` (``peer.fetch.protocol.
 FetchEndpoint``).
 

@@ -46,7 +46,7 @@ Movable: a RUNNING fragment with its own streaming query (not in the stateless l
 result streams no other local query reads and whose replica inputs no other local query
 reads. Q refuses a fragment whose streams or name it already holds.
 
-The stages live in their own modules: :mod:`~peer.move.plan` (what may move, and how each
+The stages live in their own modules: :mod:`~peer.move.candidates` (what may move, and how each
 input travels), :mod:`~peer.move.package` (manifest, tar and their checks),
 :mod:`~peer.move.journal` (the durable intents and outcomes),
 :mod:`~peer.move.sender` (steps 1-6 and 8) and :mod:`~peer.move.receiver` (step 7).
@@ -60,8 +60,8 @@ from typing import Any
 
 from contracts.book import ContractBook
 from peer.federation import Federation
+from peer.move.candidates import movable
 from peer.move.journal import Journal
-from peer.move.plan import movable
 from peer.move.receiver import ArrivalHook, MoveReceiver
 from peer.move.sender import MoveSender
 from peer.protocol.link import Raw

@@ -14,9 +14,9 @@ from typing import Any
 from peer.errors import Conflict, FedstreamError, InvalidInput, Unavailable
 from peer.federation import Federation
 from peer.model.query import query_to_dict
+from peer.move.candidates import input_modes, why_not, why_not_there
 from peer.move.journal import Intent, Journal
 from peer.move.package import CHUNK_BYTES, export_fragment
-from peer.move.plan import input_modes, why_not, why_not_there
 from peer.protocol.link import Raw, StartMirror, StopMirror
 from peer.site import LocalSite
 from peer.timing import MONOTONIC, WALL, Clock

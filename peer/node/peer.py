@@ -45,8 +45,8 @@ if TYPE_CHECKING:
     from overlay.identity import NodeIdentity, TrustStore
     from overlay.node import Overlay
     from peer.brain import Brain
+    from peer.engine.forks import Availability
     from peer.engine.runner import Engine
-    from peer.engine.tentative import Availability
     from peer.move import Mover
     from peer.observe import HttpServer, Observer
 
@@ -106,7 +106,7 @@ class Peer:
         availability: Availability | None = None
         if config.engine:
             engine = await self._start_engine(store.spools, spark)
-            from peer.engine.tentative import Availability  # pyspark: peers with an engine
+            from peer.engine.forks import Availability  # pyspark: peers with an engine
 
             availability = Availability(engine, store.spools)
             self._seams.fork_with(availability)
@@ -123,6 +123,7 @@ class Peer:
             availability=availability,
             logs=self._logs,
             address=self._api_address,
+            clock=self.clock,
         )
         self._service.serve(site)
         if config.engine:
@@ -272,6 +273,7 @@ class Peer:
             roles,
             logs=self._logs,
             seams=None if site.engine is None else self._seams,
+            clock=self.clock,
         )
         fed = self.fed = Federation(
             site,

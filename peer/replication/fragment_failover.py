@@ -33,7 +33,6 @@ import base64
 import contextlib
 import logging
 import shutil
-import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,7 +55,7 @@ from peer.replication.ports import Links, Records
 from peer.site import LocalSite
 from peer.storage.bundle import bundle, listing, unbundle
 from peer.storage.spool_format import offset_path, read_file
-from peer.timing import every
+from peer.timing import MONOTONIC, Clock, every
 
 if TYPE_CHECKING:
     from peer.replication.driver import StreamReplica
@@ -182,10 +181,13 @@ class ReplicatedFragments:
         min_insync: int,
         logs: Appenders,
         seams: EngineSeams | None = None,
+        clock: Clock = MONOTONIC,
     ) -> None:
         """``logs``: the replicated streams' appenders; ``seams``: the engine's (None: this
-        peer has no engine), whose results this takes from now on."""
+        peer has no engine), whose results this takes from now on; ``clock``: for retry
+        deadlines, restart spacing and take-over times."""
         self.site = site
+        self.clock = clock
         self.logs = logs
         self.plane = plane
         self.records = records
@@ -361,7 +363,7 @@ class ReplicatedFragments:
     ) -> None:
         """Append through the stream's replica, retrying retriable refusals while this peer
         leads it (a follower catching up, an ISR change under way)."""
-        deadline = time.monotonic() + EMIT_PATIENCE_S
+        deadline = self.clock() + EMIT_PATIENCE_S
         while True:
             appender = self.logs.appender(stream)
             if appender is None:
@@ -370,9 +372,9 @@ class ReplicatedFragments:
                 await appender(body, rows, origin, seq)
                 return
             except FedstreamError as exc:
-                if not (exc.retriable and self._leads(stream)) or time.monotonic() > deadline:
+                if not (exc.retriable and self._leads(stream)) or self.clock() > deadline:
                     raise
-            await asyncio.sleep(EMIT_RETRY_S)
+            await self.clock.sleep(EMIT_RETRY_S)
 
     # ----------------------------------------------------------------------- taking over
     def _replica(self, stream: str) -> StreamReplica | None:
@@ -409,7 +411,13 @@ class ReplicatedFragments:
     async def run(self) -> None:
         """Take over or release fragments whenever this peer's roles change."""
         self._loop = asyncio.get_running_loop()
-        await every(RECONCILE_S, self.reconcile, wake=self._wake, what="replicated fragments")
+        await every(
+            RECONCILE_S,
+            self.reconcile,
+            clock=self.clock,
+            wake=self._wake,
+            what="replicated fragments",
+        )
 
     async def reconcile(self) -> None:
         await self._restart_failed()
@@ -439,7 +447,7 @@ class ReplicatedFragments:
         fault: the site's maintenance notes it) is released; the next round takes it over
         again from its newest record if this peer still leads its streams (at most every
         RESTART_AFTER_S)."""
-        now = time.monotonic()
+        now = self.clock()
         for name, reason in list(self.site.query_errors.items()):
             if name in self.standing and now - self._restarted.get(name, 0.0) > RESTART_AFTER_S:
                 self._restarted[name] = now
@@ -456,7 +464,7 @@ class ReplicatedFragments:
             log.error("fragment %s cannot run here: this peer has no engine", record.fragment)
             return False
         name = record.fragment
-        began = time.monotonic()
+        began = self.clock()
         try:
             query = parse_query(record.definition)
             if query.name != name:
@@ -485,7 +493,7 @@ class ReplicatedFragments:
             name,
             record.batch,
             record.status,
-            time.monotonic() - began,
+            self.clock() - began,
         )
         return True
 

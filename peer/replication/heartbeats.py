@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -43,7 +42,7 @@ from peer.replication.link_messages import (
 )
 from peer.replication.ports import Links
 from peer.replication.raft import command_to_wire
-from peer.timing import every
+from peer.timing import MONOTONIC, Clock, every
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +63,10 @@ class ControlClient:
         log_ends: Callable[[], Mapping[str, int]],
         *,
         heartbeat_s: float = HEARTBEAT_S,
+        clock: Clock = MONOTONIC,
     ) -> None:
         self.router = router
+        self.clock = clock
         self.node = router.node_id.hex()
         self.log_ends = log_ends
         self.heartbeat_s = heartbeat_s
@@ -74,7 +75,7 @@ class ControlClient:
         self.seats: int | None = None  # how many voters the voters want (control.seats)
         self.states: dict[str, StreamState] = {}
         self._listeners: list[Listener] = []
-        # streams a voter said are not replicated, until (monotonic): host lookups of plain
+        # streams a voter said are not replicated, until (on the clock): host lookups of plain
         # streams (query results) then cost no round trip each
         self._plain: dict[str, float] = {}
 
@@ -120,7 +121,9 @@ class ControlClient:
     # ----------------------------------------------------------------------- heartbeats
     async def run(self) -> None:
         """Beat now, then every ``heartbeat_s``, until cancelled."""
-        await every(self.heartbeat_s, self._beat_all, first_s=0, what="control heartbeat")
+        await every(
+            self.heartbeat_s, self._beat_all, clock=self.clock, first_s=0, what="control heartbeat"
+        )
 
     async def _beat_all(self) -> None:
         if self.voters:
@@ -197,7 +200,7 @@ class ControlClient:
                 )
         raw = reply.get("stream")
         if raw is None:
-            self._plain[stream] = time.monotonic() + PLAIN_S
+            self._plain[stream] = self.clock() + PLAIN_S
             return None
         self.learn(state_from_wire(raw))
         return self.states.get(stream)
@@ -206,7 +209,7 @@ class ControlClient:
         if not fresh:
             if stream in self.states:
                 return self.states[stream]
-            if self._plain.get(stream, 0.0) > time.monotonic():
+            if self._plain.get(stream, 0.0) > self.clock():
                 return None
         if not self.voters:
             return None

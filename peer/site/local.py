@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Collection
 from typing import TYPE_CHECKING, Any
@@ -40,10 +39,11 @@ from peer.storage.catalog import QueryEntry
 from peer.storage.feed import open_tentative
 from peer.storage.spool import Spool
 from peer.storage.spool_format import REPLICA_STATE_FILE, Quarantine
+from peer.timing import MONOTONIC, Clock
 
 if TYPE_CHECKING:
+    from peer.engine.forks import Availability
     from peer.engine.runner import Engine
-    from peer.engine.tentative import Availability
 
 log = logging.getLogger(__name__)
 
@@ -75,15 +75,17 @@ class LocalSite:
         availability: Availability | None = None,
         logs: ReplicaLogs | None = None,
         address: Callable[[], str] = lambda: "",
+        clock: Clock = MONOTONIC,
     ) -> None:
         """``store``: opened here if not given (the engine's spools must be its spools);
         ``availability``: the engine's tentative forks (None: queries are never forked);
         ``logs``: the replicated streams' appenders; ``address``: HOST:PORT of the client API
-        (empty until it listens)."""
+        (empty until it listens); ``clock``: for the uptime and the backlog wait."""
         self.config = config
         self.data_dir = config.data_dir
         self.engine = engine
-        self.started_at = time.time()
+        self.clock = clock
+        self.started_at = clock()
         self._address = address
         self.query_errors: dict[str, str] = {}
         store = store or SiteStore.open(config.data_dir)
@@ -124,7 +126,7 @@ class LocalSite:
             log.error("query %s could not resume: %s", name, exc.message)
 
     async def check_availability(self, reachable: Reachable = always_reachable) -> None:
-        """Fork or correct the queries with an availability bound (peer.engine.tentative);
+        """Fork or correct the queries with an availability bound (peer.engine.forks);
         ``reachable`` says whether a stream's upstream is (the federation knows; alone: yes)."""
         if self.engine is None or self.availability is None:
             return
@@ -401,16 +403,15 @@ class LocalSite:
         limit = self.config.max_backlog_batches
         if limit <= 0 or spool.backlog() <= limit:
             return
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.backlog_wait_s
+        deadline = self.clock() + self.config.backlog_wait_s
         while spool.backlog() > limit:
-            if loop.time() >= deadline:
+            if self.clock() >= deadline:
                 raise Unavailable(
                     f"stream {stream} is backlogged: its slowest reader is more than {limit} "
                     "batches behind; retry later",
                     stream=stream,
                 )
-            await asyncio.sleep(0.05)
+            await self.clock.sleep(0.05)
 
     def freeze(self, stream: str) -> None:
         """Refuse mirrored appends to ``stream`` (a replica whose reader is moving away)."""
@@ -514,7 +515,7 @@ class LocalSite:
         return replies.StatusReply(
             self.address,
             os.getpid(),
-            round(time.time() - self.started_at, 1),
+            round(self.clock() - self.started_at, 1),
             "spark" if self.engine is not None else "none",
             str(self.data_dir),
             streams,

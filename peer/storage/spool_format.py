@@ -56,7 +56,7 @@ META_APPEND_NS = b"fedstream.append_ns"
 # stable, so every spool written before tentative results existed reads as it did.
 META_STATUS = b"fedstream.status"
 META_UNDO = b"fedstream.undo"
-# A heartbeat file (only in a tentative fork's copy of a missing input: peer.engine.tentative).
+# A heartbeat file (only in a tentative fork's copy of a missing input: peer.engine.forks).
 META_HEARTBEAT = b"fedstream.heartbeat"
 
 _OFFSET_NAME = re.compile(r"(\d{20})\.arrow")  # matched whole (fullmatch), as _READER_ID

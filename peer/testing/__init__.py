@@ -2,7 +2,7 @@
 
 - :class:`PeerThread` (:mod:`peer.testing.peer_thread`): a real peer on its own loop in a
   background thread, driven from a synchronous test;
-- :class:`ManualClock` (:mod:`peer.testing.clock`): a clock the test moves by hand (and that
+- :class:`ManualClock` (:mod:`peer.testing.manual_clock`): a clock the test moves by hand (and that
   a loop sleeps on, see :class:`peer.timing.Clock`);
 - :func:`wait_until` / :func:`wait_until_sync` (:mod:`peer.timing.poll`): the one poll helper,
   asking a condition again up to a deadline, for integration tests that wait on another
@@ -14,7 +14,7 @@
   members of the federation;
 - :class:`FetchServerThread` (:mod:`peer.testing.fetch`): a peer's spool fetch server on its
   own loop in a background thread, for Spark tests of fetched input;
-- :func:`run_async` (:mod:`peer.testing.runner`): an async test body on a fresh asyncio or
+- :func:`run_async` (:mod:`peer.testing.loops`): an async test body on a fresh asyncio or
   uvloop loop, bounded in time;
 - the local federation of :mod:`peer.testing.cluster` (``PeerProcess``, ``LocalFederation``,
   keys, trust and signed contracts, ``stream_name_on``, ``collect``), a process harness that
@@ -35,7 +35,6 @@ from peer.examples.keyed_window import (
     keyed_window_schema,
     keyed_window_sums,
 )
-from peer.testing.clock import ManualClock
 from peer.testing.cluster import (
     LocalFederation,
     PeerProcess,
@@ -49,9 +48,10 @@ from peer.testing.cluster import (
 )
 from peer.testing.fetch import FetchServerThread
 from peer.testing.idle import all_tasks_blocked
+from peer.testing.loops import LOOPS, run_async
+from peer.testing.manual_clock import ManualClock
 from peer.testing.members import member_states, members_alive
 from peer.testing.peer_thread import PeerThread
-from peer.testing.runner import LOOPS, run_async
 from peer.timing import wait_until_sync
 
 __all__ = [

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from peer.demo.examples import participant_names, placement
-from peer.demo.feed import batches, schedule
+from peer.demo.inputs import batches, schedule
 from peer.examples import traffic
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from peer.client import Client
-from peer.move.plan import why_not
+from peer.move.candidates import why_not
 from peer.protocol.replies import CreateStreamReply
 from peer.testing import (
     PeerThread,

@@ -4,14 +4,19 @@ tests/integration/test_backpressure.py."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from pyspark.sql.types import LongType, StructField, StructType
 
 from peer.engine.source import SpoolStreamReader
+from peer.errors import Unavailable
+from peer.site import LocalSite, SiteConfig
 from peer.storage.spool import Spool
 from peer.storage.spool_format import backlog, write_reader_offset, write_taken
+from peer.testing import ManualClock
 
 SCHEMA = pa.schema([("x", pa.int64())])
 
@@ -58,3 +63,51 @@ def test_a_query_reads_no_input_while_its_output_is_backlogged(tmp_path: Path) -
     assert reader.latestOffset(start, reader.getDefaultReadLimit()) == start
     write_reader_offset(output.directory, "downstream", 3, fsync=False)  # 2 behind now
     assert reader.latestOffset(start, reader.getDefaultReadLimit()) == {"offset": 4}
+
+
+def test_a_backlogged_push_waits_on_the_sites_clock_then_fails_retriably(tmp_path: Path) -> None:
+    """The site's backlog wait runs on the clock it was given: with a ManualClock the push
+    waits while time stands still, goes through once the reader catches up, and fails after
+    ``backlog_wait_s`` of the clock, not of the wall (nothing here sleeps)."""
+    clock = ManualClock(100.0)
+    config = SiteConfig(data_dir=tmp_path, max_backlog_batches=2, backlog_wait_s=5.0)
+
+    async def main() -> None:
+        site = LocalSite(config, clock=clock)
+        try:
+            await site.create_schema({"name": "n", "fields": [{"name": "x", "type": "long"}]})
+            await site.create_stream("s", "n")
+            spool = site.spools.get("s")
+            spool.register_reader("lagging")
+            for i in range(3):
+                await site.push("s", {"columns": {"x": [i]}}, None, None)
+            assert spool.backlog() == 3
+
+            waiting = asyncio.create_task(site.push("s", {"columns": {"x": [3]}}, None, None))
+            await wait_for_sleepers(clock)
+            clock.advance(4.9)  # still inside backlog_wait_s
+            await wait_for_sleepers(clock)
+            assert not waiting.done() and spool.latest == 2
+            write_reader_offset(spool.directory, "lagging", 0, fsync=False)  # the reader moves
+            clock.advance(0.05)
+            reply = await asyncio.wait_for(waiting, 5)
+            assert (reply.count, reply.offset, spool.latest) == (1, 3, 3)
+
+            failing = asyncio.create_task(site.push("s", {"columns": {"x": [4]}}, None, None))
+            await wait_for_sleepers(clock)
+            clock.advance(5.1)  # past backlog_wait_s on the site's clock
+            with pytest.raises(Unavailable, match="backlogged") as refused:
+                await asyncio.wait_for(failing, 5)
+            assert refused.value.retriable
+            assert spool.latest == 3  # the refused batch was not kept
+        finally:
+            await site.close()
+
+    asyncio.run(main())
+
+
+async def wait_for_sleepers(clock: ManualClock) -> None:
+    """Let the event loop run until a task sleeps on ``clock`` (bounded)."""
+    async with asyncio.timeout(5):
+        while clock.sleepers == 0:
+            await asyncio.sleep(0)

@@ -1,4 +1,5 @@
-"""A peer's read of a stream's state goes to the leader when a follower may lag it (pure)."""
+"""A peer's read of a stream's state goes to the leader when a follower may lag it, and the
+answer "not replicated" is kept for a while on the client's clock (pure)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import asyncio
 from typing import Any
 
 from peer.replication.control import StreamState
-from peer.replication.heartbeats import ControlClient
+from peer.replication.heartbeats import PLAIN_S, ControlClient
 from peer.replication.link_messages import ControlRead, state_to_wire
+from peer.testing import ManualClock
 
 ME, LEADER, FOLLOWER = "a" * 40, "b" * 40, "c" * 40
 STATE = StreamState("ticks", 1, ME, (ME, LEADER), (ME, LEADER), 1, 1)
@@ -50,3 +52,36 @@ def test_a_read_answered_by_the_leader_is_not_asked_again() -> None:
     state, asked = read(first=LEADER)
     assert asked == [LEADER]
     assert state == STATE
+
+
+class NoStream(Voters):
+    """Voters that know no stream by the name asked: a plain (unreplicated) stream."""
+
+    async def ask(self, node: bytes, message: ControlRead) -> dict[str, Any]:
+        self.asked.append(node.hex())
+        return {"stream": None, "voters": [LEADER], "leader": LEADER}
+
+
+def test_a_plain_stream_is_not_asked_about_again_until_the_clocks_window_ends() -> None:
+    """The answer "not replicated" is kept for PLAIN_S on the client's clock: lookups of a
+    plain stream cost no round trip each meanwhile, and one again once it has passed."""
+    clock = ManualClock(50.0)
+    voters = NoStream()
+    client = ControlClient(voters, lambda: {}, clock=clock)  # type: ignore[arg-type]
+    client.set_voters([LEADER], LEADER)
+
+    async def main() -> list[int]:
+        asked = []
+        assert await client.state_of("plain") is None
+        asked.append(len(voters.asked))
+        clock.advance(PLAIN_S - 0.5)
+        assert await client.state_of("plain") is None
+        asked.append(len(voters.asked))
+        assert await client.state_of("plain", fresh=True) is None  # fresh always asks
+        asked.append(len(voters.asked))
+        clock.advance(PLAIN_S + 0.5)
+        assert await client.state_of("plain") is None
+        asked.append(len(voters.asked))
+        return asked
+
+    assert asyncio.run(main()) == [1, 1, 2, 3]

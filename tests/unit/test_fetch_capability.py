@@ -21,7 +21,7 @@ from peer.fetch.capability import (
     FetchKey,
     fetch_key_path,
 )
-from peer.testing.clock import ManualClock
+from peer.testing.manual_clock import ManualClock
 
 KEY = FetchKey.generate()
 OTHER = FetchKey.generate()

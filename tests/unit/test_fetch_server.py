@@ -35,7 +35,7 @@ from peer.fetch.server import (
 )
 from peer.storage import spool_format as fmt
 from peer.storage.spool import Spool
-from peer.testing.clock import ManualClock
+from peer.testing.manual_clock import ManualClock
 from peer.timing import wait_until
 
 KEY = FetchKey.generate()
