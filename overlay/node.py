@@ -39,6 +39,7 @@ from overlay.neighbours import load_neighbours, save_neighbours
 from overlay.record_policy import record_refusal
 from overlay.records import DhtError, Record
 from overlay.tls import TlsContexts
+from overlay.transport import TCP
 
 __all__ = ["NotAdmitted", "Overlay", "OverlayConfig", "OverlayError", "PeerHandler"]
 
@@ -328,6 +329,17 @@ class Overlay:
             return True
         state = None if self.membership is None else self.membership.state_of(node_id)
         return state in (MemberState.ALIVE, MemberState.SUSPECT)
+
+    async def refuses_connections(self, node_id: bytes, *, timeout_s: float = 0.25) -> bool:
+        """Whether the host of member ``node_id`` refuses a connection to its link port: the
+        process that listened there is gone (killed, crashed) while its host lives. False
+        for an unknown member, a connection made (a process stopped or slow still has its
+        port open) and a host that does not answer in ``timeout_s`` (silence decides then)."""
+        member = self.member(node_id)
+        if member is None or node_id == self.node_id:
+            return False
+        host, port = member.overlay
+        return await TCP.refuses(host, port, timeout_s=timeout_s)
 
     def state_of(self, node_id: bytes) -> str | None:
         state = None if self.membership is None else self.membership.state_of(node_id)

@@ -15,8 +15,9 @@ participants with keys and one trust directory; no Spark: a stream needs none), 
 three voters of the control plane (Raft on pysyncobj; ``--voter``) and the other two
 ``--no-voter``, gossip every 0.3 s. ``--voters 5`` makes all five voters, which is what
 ``peer join``'s default (volunteering for a seat) gives five live peers. Defaults of the
-peer otherwise: heartbeats to the voters every 0.25 s, failover after 1.5 s of silence,
-``--min-insync 2``.
+peer otherwise: heartbeats to the voters every 0.25 s, failover after 3 s of silence, or
+after 0.5 s if the primary's host refuses connections to its port (a killed process: the
+leader's probe, docs/replication.md), ``--min-insync 2``.
 
 (b) Throughput, first, while every peer is fresh: two streams of four int columns, one
 created with ``replicas=1`` and one with ``replicas=3``. N pushers (for each N of

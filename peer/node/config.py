@@ -77,7 +77,7 @@ class PeerConfig:
     volunteer: bool = False  # take an open seat (peer join's default; --no-voter: off)
     replicas: int = 3
     min_insync: int = 2
-    failover_after_s: float = 1.5
+    failover_after_s: float = 3.0  # a primary this silent is replaced (sooner if it is gone)
     repair_after_s: float = 30.0  # a replica silent this long is replaced by a live peer
     voter_grace_s: float = 30.0  # a voter silent this long is replaced by a volunteer
     # Observability (issue 13): /metrics, /status and the dashboard on this address; None: off

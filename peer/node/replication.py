@@ -27,6 +27,7 @@ from peer.replication.appenders import Appenders
 from peer.replication.fragment_failover import ReplicatedFragments
 from peer.replication.plane import ControlPlane, ReplicationSettings
 from peer.site import LocalSite
+from peer.timing import MONOTONIC, Clock
 
 if TYPE_CHECKING:
     from peer.engine.seams import EngineSeams
@@ -155,15 +156,20 @@ def build_room(
     *,
     logs: Appenders,
     seams: EngineSeams | None,
+    clock: Clock = MONOTONIC,
 ) -> PlaneRoom:
     """The control plane and the replicated fragments of this peer. ``logs``: the registry of
-    replicated streams the site was given; ``seams``: the engine's (None: no engine)."""
+    replicated streams the site was given; ``seams``: the engine's (None: no engine);
+    ``clock``: the room's heartbeats, voter rounds, deadlines and retries."""
 
     def is_live(node: str) -> bool:
         return overlay.is_live(bytes.fromhex(node))
 
     def responsible(name: str, r: int) -> list[str]:
         return [m.node_id.hex() for m in overlay.responsible(name, r)]
+
+    async def gone(node: str) -> bool:
+        return await overlay.refuses_connections(bytes.fromhex(node))
 
     plane = ControlPlane(
         site,
@@ -174,6 +180,8 @@ def build_room(
         logs=logs,
         is_live=is_live,
         responsible=responsible,
+        gone=gone,
+        clock=clock,
     )
     fragments = ReplicatedFragments(
         site,
@@ -183,5 +191,6 @@ def build_room(
         min_insync=settings.min_insync,
         logs=logs,
         seams=seams,
+        clock=clock,
     )
     return PlaneRoom(plane, fragments, settings)

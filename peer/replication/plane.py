@@ -31,7 +31,6 @@ import json
 import logging
 import random
 import shutil
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -51,10 +50,10 @@ from peer.replication.link_messages import (
 )
 from peer.replication.ports import Links, Records
 from peer.replication.streams import IsLive, OnRole, ReplicatedStreams, Responsible
-from peer.replication.voter import Voter
+from peer.replication.voter import Gone, Voter
 from peer.site import LocalSite
 from peer.storage.spool_format import atomic_write
-from peer.timing import wait_until
+from peer.timing import MONOTONIC, Clock, wait_until
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +84,7 @@ class ReplicationSettings:
     replicas: int = 3
     min_insync: int = 2
     heartbeat_s: float = 0.25
-    failover_after_s: float = 1.5
+    failover_after_s: float = 3.0
     repair_after_s: float = (
         30.0  # a replica silent this long is replaced (peer.replication.control.repair)
     )
@@ -115,12 +114,20 @@ class ControlPlane:
         logs: Appenders,
         is_live: IsLive | None = None,
         responsible: Responsible | None = None,
+        gone: Gone | None = None,
+        clock: Clock = MONOTONIC,
     ) -> None:
+        """``gone``: whether a peer's process is gone (its voter asks it about a silent
+        primary; None: silence alone decides)."""
         self.site = site
+        self.clock = clock
+        self.gone = gone
         self.router = router
         self.settings = settings
         self.me = router.node_id.hex()
-        self.client = ControlClient(router, self._log_ends, heartbeat_s=settings.heartbeat_s)
+        self.client = ControlClient(
+            router, self._log_ends, heartbeat_s=settings.heartbeat_s, clock=clock
+        )
         self.replicas = ReplicatedStreams(
             site,
             router,
@@ -131,6 +138,7 @@ class ControlPlane:
             is_live=is_live,
             responsible=responsible,
             repair_after_s=settings.repair_after_s,
+            clock=clock,
         )
         self.voter: Voter | None = None
         self._members: Members = list
@@ -208,7 +216,13 @@ class ControlPlane:
         voter = self.voter
         assert voter is not None
         try:
-            await wait_until(lambda: voter.machine.is_leader(), "a leader", LEAD_S, every_s=0.05)
+            await wait_until(
+                lambda: voter.machine.is_leader(),
+                "a leader",
+                LEAD_S,
+                every_s=0.05,
+                clock=self.clock,
+            )
         except TimeoutError:
             log.warning("the control plane of this peer has no leader after %.0f s", LEAD_S)
 
@@ -227,38 +241,42 @@ class ControlPlane:
             self._call_voter,
             journal_dir=self.directory,
             seats=VoterSeats(
-                time.monotonic,
+                self.clock,
                 live_window_s=min(LIVE_WINDOW_S, self.settings.voter_grace_s),
                 grace_s=self.settings.voter_grace_s,
             ),
             on_voters=self._save_voters,
             failover_after_s=self.settings.failover_after_s,
+            gone=self.gone,
+            # two heartbeats missed: cheap to ask about (one connection attempt)
+            suspect_after_s=min(2 * self.settings.heartbeat_s, self.settings.failover_after_s),
+            clock=self.clock,
         )
         self.client.set_voters(voters)
 
     async def _join_voters(self) -> Frame:
         """Ask the voters to admit this peer; a group still electing its leader is asked
         again, for up to JOIN_S."""
-        deadline = time.monotonic() + JOIN_S
+        deadline = self.clock() + JOIN_S
         message = ControlJoin(self.me, volunteer=not self.settings.voter)
         while True:
             try:
                 return await self.client.submit(message)
             except Unavailable:
-                if time.monotonic() > deadline:
+                if self.clock() > deadline:
                     raise
-                await asyncio.sleep(0.2)
+                await self.clock.sleep(0.2)
 
     async def _find_seat(self) -> None:
         """Until this peer sits (or, with ``--no-voter``, knows the voters): look for the
         voters, and ask for an open seat while there is one (docs/replication.md, Seats)."""
-        since = time.monotonic()
+        since = self.clock()
         forced = self.settings.voter
         while self.voter is None:
             others = self._others()
             sample = random.sample(others, min(len(others), DISCOVER_SAMPLE))
             if not self.client.active and not await self.client.discover(sample):
-                if forced and time.monotonic() - since >= self.settings.found_after_s:
+                if forced and self.clock() - since >= self.settings.found_after_s:
                     log.warning(
                         "no voters found in %.0f s: this forced voter founds the plane",
                         self.settings.found_after_s,
@@ -283,7 +301,7 @@ class ControlPlane:
                         self._seat_from(reply)
                         return
                     log.debug("no seat: %s", reply.get("reason"))
-            await asyncio.sleep(SEAT_CHECK_S if self.settings.seeks_seat else WATCH_S)
+            await self.clock.sleep(SEAT_CHECK_S if self.settings.seeks_seat else WATCH_S)
 
     async def _call_voter(self, node: str, frame: RaftFrame) -> Frame:
         return await self.router.call(bytes.fromhex(node), frame)

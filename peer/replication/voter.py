@@ -17,8 +17,11 @@ one sender task per destination so that each voter sees another's frames in orde
 
 The voter that leads runs the failover rounds (:func:`peer.replication.control.choose_primary`): a
 primary not heard for ``failover_after_s`` is replaced by the live in-sync replica with the longest
-log. A new leader seeds every peer's last-heard time with the moment it took office, so nobody is
-declared dead for silence that happened before it could hear them. No wall clock is read.
+log. One silent for ``suspect_after_s`` is probed first (``gone``): if its host refuses
+connections to its port, its process is gone, and it is replaced in the next round
+(:func:`peer.replication.control.to_probe`). A new leader seeds every peer's last-heard time
+with the moment it took office, so nobody is declared dead for silence that happened before it
+could hear them. No wall clock is read.
 
 The leader also keeps the seats (:mod:`peer.replication.control.seats`): a voter not heard for
 the seats' grace (30 s) is removed through Raft's membership change, one at a time, and the
@@ -31,15 +34,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 from peer.errors import InvalidInput, Unavailable
 from peer.protocol.link import Frame
-from peer.replication.control import Applied, Command, Elect, VoterSeats, failover_decisions
+from peer.replication.control import (
+    Applied,
+    Command,
+    Elect,
+    VoterSeats,
+    failover_decisions,
+    to_probe,
+)
 from peer.replication.link_messages import (
     ControlHeartbeat,
     ControlJoin,
@@ -49,16 +58,20 @@ from peer.replication.link_messages import (
     state_to_wire,
 )
 from peer.replication.raft import ControlMachine, command_from_wire
-from peer.timing import OwnedTasks, every, wait_until
+from peer.timing import MONOTONIC, Clock, OwnedTasks, every, wait_until
 
 log = logging.getLogger(__name__)
 
-FAILOVER_AFTER_S = 1.5
+FAILOVER_AFTER_S = 3.0  # outlasts a stall (a 2 s SIGSTOP); a gone process goes sooner
+SUSPECT_AFTER_S = 0.5  # a primary this silent is probed: is its process gone?
 ROUND_S = 0.1
 RAFT_QUEUE = 2048
 SUBMIT_TIMEOUT_S = 5.0
 
 Call = Callable[[str, RaftFrame], Coroutine[Any, Any, Frame]]
+Gone = Callable[[str], Awaitable[bool]]
+"""Whether the process of a peer (hex node id) is gone: its host refuses connections to its
+port (:meth:`overlay.node.Overlay.refuses_connections`). False when unsure."""
 
 
 class Voter:
@@ -74,10 +87,19 @@ class Voter:
         seats: VoterSeats,
         on_voters: Callable[[tuple[str, ...]], None],
         failover_after_s: float = FAILOVER_AFTER_S,
+        gone: Gone | None = None,
+        suspect_after_s: float = SUSPECT_AFTER_S,
+        clock: Clock = MONOTONIC,
     ) -> None:
+        """``gone``: asked about a primary silent for ``suspect_after_s``; one whose process
+        is gone fails over at once instead of after ``failover_after_s`` (None: never asked)."""
         self.node = node
+        self.clock = clock
         self.call = call
         self.failover_after_s = failover_after_s
+        self.gone = gone
+        self.suspect_after_s = suspect_after_s
+        self._probed: dict[str, float] = {}  # node -> its last-heard time when last probed
         self.loop = asyncio.get_running_loop()
         self.last_heard: dict[str, float] = {}
         self.log_ends: dict[str, dict[str, int]] = {}  # stream -> node -> log end
@@ -126,7 +148,7 @@ class Voter:
 
     # ----------------------------------------------------------------------- requests
     async def on_heartbeat(self, message: ControlHeartbeat, _sender: str) -> Frame:
-        now = time.monotonic()
+        now = self.clock()
         self.last_heard[message.node] = now
         self.seats.heard(message.node)
         for stream, end in message.log_ends.items():
@@ -162,6 +184,7 @@ class Voter:
                 "the voter's admission",
                 SUBMIT_TIMEOUT_S,
                 every_s=0.02,
+                clock=self.clock,
             )
         except TimeoutError:
             raise Unavailable("control plane: adding a voter timed out (no leader?)") from None
@@ -196,7 +219,7 @@ class Voter:
     # ----------------------------------------------------------------------- failover
     async def run(self) -> None:
         try:
-            await every(ROUND_S, self._round, what="control voter round")
+            await every(ROUND_S, self._round, clock=self.clock, what="control voter round")
         finally:
             await self._tasks.aclose()
             await asyncio.to_thread(self.machine.close)
@@ -209,7 +232,7 @@ class Voter:
         if not self.machine.is_leader():
             self._leading_since = None
             return
-        now = time.monotonic()
+        now = self.clock()
         if self._leading_since is None:
             self._leading_since = now  # count silence only from taking office
             self.last_heard = dict.fromkeys(self.last_heard, now)
@@ -233,6 +256,25 @@ class Voter:
             log.warning("electing %s primary of %s", command.primary[:12], command.name)
             self._electing[command.name] = command.epoch
             self._tasks.spawn(self._elect(command), name=f"elect {command.name}")
+        if self.gone is not None:
+            for node in to_probe(streams, self.last_heard, now, self.suspect_after_s, self._probed):
+                self._probed[node] = heard = self.last_heard[node]
+                self._tasks.spawn(self._probe(node, heard), name=f"probe {node[:12]}")
+
+    async def _probe(self, node: str, heard: float) -> None:
+        """Ask whether ``node``'s process is gone; if it is, and it was not heard meanwhile,
+        drop its last-heard time and fail its streams over at once."""
+        assert self.gone is not None
+        if not await self.gone(node) or self.last_heard.get(node) != heard:
+            return
+        log.warning(
+            "%s refuses connections, silent for %.2f s: its process is gone; failing over now",
+            node[:12],
+            self.clock() - heard,
+        )
+        self.last_heard[node] = self._probed[node] = float("-inf")  # (probed: not again)
+        if self.machine.is_leader():
+            self._failover_round(self.clock())  # now, not at the next round
 
     async def _elect(self, command: Elect) -> None:
         applied = None

@@ -4,8 +4,10 @@ Five `peer join --no-engine` processes (the first three voters of the control pl
 with three replicas, and one pusher sending numbered batches through random peers under one
 producer id, each batch retried with the same (producer, seq) on another peer after a
 retriable refusal or a timeout, until it is acknowledged or its deadline passes. Mid-stream
-the stream's primary (found with ``lookup``) is killed with SIGKILL; pushes go on through
-the survivors. Checked against plain Python:
+the stream's primary (found with ``lookup``) is first stopped for 2 s (SIGSTOP: probed by
+the control plane's leader, it stays primary), then killed with SIGKILL (its refused port
+fails it over without waiting out the silence); pushes go on through the survivors. Checked
+against plain Python:
 
 * every row of every acknowledged batch is read back exactly once (a subscription from the
   earliest offset through a surviving peer); a batch never acknowledged is there at most once;
@@ -20,7 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
+import signal
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -193,11 +197,27 @@ def test_kill_9_of_the_primary_loses_no_acknowledged_row_and_it_returns_a_follow
     survivors = [p for p in procs.values() if p is not victim]
     pusher = Pusher([p.port for p in procs.values()], seed=11)
 
-    async def through_the_kill() -> tuple[LookupReply, float]:
+    async def through_a_stop() -> LookupReply:
         await pusher.push_range(range(15))
+        # stopped for 2 s, longer than suspect_after_s (0.5 s), shorter than failover_after_s
+        # (3 s): the leader asks about the silent primary, finds its port open (the kernel
+        # accepts for a stopped process) and leaves it primary
+        os.killpg(victim.proc.pid, signal.SIGSTOP)  # type: ignore[union-attr]
+        try:
+            await asyncio.sleep(2.0)
+        finally:
+            os.killpg(victim.proc.pid, signal.SIGCONT)  # type: ignore[union-attr]
+        await pusher.push_range(range(15, 20))
+        async with Client("127.0.0.1", first.port, timeout_s=30) as c:
+            return await c.lookup_object(STREAM)
+
+    after_stop = asyncio.run(through_a_stop())
+    assert (after_stop["epoch"], after_stop["primary"]["node"]) == (1, victim.node_id)
+
+    async def through_the_kill() -> tuple[LookupReply, float]:
         # go on pushing through every peer (the victim too, until it is gone) and kill the
         # primary while batches are in flight
-        task = asyncio.create_task(pusher.push_range(range(15, 45), gap_s=0.02))
+        task = asyncio.create_task(pusher.push_range(range(20, 45), gap_s=0.02))
         await asyncio.sleep(random.Random(3).uniform(0.3, 0.8))
         assert not task.done(), "the pushes ended before the kill"
         await asyncio.to_thread(victim.kill)
@@ -209,11 +229,14 @@ def test_kill_9_of_the_primary_loses_no_acknowledged_row_and_it_returns_a_follow
             return await c.lookup_object(STREAM), took
 
     after_kill, took = asyncio.run(through_the_kill())
-    print(f"45 batches acknowledged, {pusher.retries} retries; 30 after the kill in {took:.1f} s")
+    print(f"45 batches acknowledged, {pusher.retries} retries; 25 after the kill in {took:.1f} s")
     assert pusher.acked == set(range(45))
     assert after_kill["epoch"] >= 2
     new_primary = by_node[after_kill["primary"]["node"]]
     assert new_primary is not victim and new_primary in replicas
+    # the leader did not wait out the silence: the killed primary's host refused connections
+    said = f"{victim.node_id[:12]} refuses connections"
+    assert any(said in p.log_path.read_text(errors="replace") for p in survivors)
 
     got = asyncio.run(read_back(survivors[-1].port, 45 * ROWS))
     check_exactly_once(got, pusher.acked, pusher.tried)

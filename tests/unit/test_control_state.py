@@ -19,6 +19,7 @@ from peer.replication.control import (
     StreamState,
     choose_primary,
     failover_decisions,
+    to_probe,
 )
 
 ABC = ("a", "b", "c")
@@ -194,3 +195,30 @@ def test_failover_elects_only_for_silent_primaries_with_a_live_isr_member() -> N
     assert failover_decisions(state.streams(), heard, 10.0, 1.5, ends) == []
     heard = {"a": 0.0, "b": 0.0, "c": 0.0}
     assert failover_decisions(state.streams(), heard, 10.0, 1.5, ends) == []  # nobody to elect
+
+
+def test_a_primary_silent_for_a_few_heartbeats_is_probed_once_per_silence() -> None:
+    state = created()  # s: primary a
+    assert state.apply(CreateStream("t", ("b", "c"), 2)).ok  # t: primary b
+    assert state.apply(CreateStream("u", ("a", "c"), 2)).ok  # u: primary a again
+    streams = tuple(state.streams())
+    heard = {"a": 9.4, "b": 9.8, "c": 9.9}
+    assert to_probe(streams, heard, 10.0, 0.5, {}) == ["a"]  # once, though it leads two
+    assert to_probe(streams, heard, 10.0, 0.7, {}) == []  # not silent long enough
+    assert to_probe(streams, heard, 10.0, 0.5, {"a": 9.4}) == []  # probed in this silence
+    heard = {"a": 10.5, "b": 11.0, "c": 11.0}  # a heard again, then silent again: probed
+    assert to_probe(streams, heard, 11.2, 0.5, {"a": 9.4}) == ["a"]
+    assert to_probe(streams, heard, 11.6, 0.5, {"a": 10.5}) == ["b"]  # a asked, b silent now
+    assert to_probe(streams, {"b": 9.0}, 10.0, 0.5, {}) == ["b"]  # a never heard: not probed
+
+
+def test_a_gone_primary_fails_over_in_the_next_round_a_silent_one_only_after_the_timeout() -> None:
+    """What the voter does with a probe's answer: a gone process's last-heard time is dropped
+    (minus infinity), so the failover round elects at once; without it, 0.6 s of silence is
+    not yet a failover at 1.5 s."""
+    state = created()
+    heard = {"a": 9.4, "b": 9.9, "c": 9.9}
+    ends = {"s": {"b": 3, "c": 5}}
+    assert failover_decisions(state.streams(), heard, 10.0, 1.5, ends) == []
+    heard["a"] = float("-inf")
+    assert failover_decisions(state.streams(), heard, 10.0, 1.5, ends) == [Elect("s", 1, "c")]

@@ -22,6 +22,7 @@ from peer.replication.control.failover import (
     failover_decisions,
     has_standby,
     live_nodes,
+    to_probe,
 )
 from peer.replication.control.repair import NO_CONTROL_PLANE, copies_text, repaired_replicas
 from peer.replication.control.seats import (
@@ -55,4 +56,5 @@ __all__ = [
     "may_volunteer",
     "repaired_replicas",
     "seats_for",
+    "to_probe",
 ]

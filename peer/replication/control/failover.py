@@ -23,6 +23,15 @@ primary, so that the fragment, its input and its outputs fail over together:
   anchors (possible only after a stream is dropped and created again) is cut at its least
   name, which fails over on its own; the others follow it.
 
+Gone processes. Silence is the only evidence of a dead host, so ``failover_after_s`` must
+outlast a busy peer's stall. A process that died on a live host leaves better evidence: its
+host refuses connections to its port at once. :func:`to_probe` names the primaries silent
+for ``suspect_after_s`` (a few heartbeats, well under ``failover_after_s``) that the leader
+should ask the network about; one whose host refuses is treated as silent for good (its
+last-heard time is dropped), so its streams fail over in the next round. A stopped process
+(SIGSTOP) or a slow one still has its port open and waits for ``failover_after_s`` like a
+dead host.
+
 The decisions are proposed as :class:`~peer.replication.control.commands.Elect` commands for the
 epoch they were decided in, so one made on stale heartbeats is a no-op once anything has changed.
 They come in the order of ``streams`` and depend on nothing else (no clock, no unordered
@@ -38,7 +47,7 @@ from collections.abc import Collection, Iterable, Mapping
 from peer.replication.control.commands import Elect
 from peer.replication.control.state import StreamState
 
-__all__ = ["anchor_roots", "choose_primary", "failover_decisions", "live_nodes"]
+__all__ = ["anchor_roots", "choose_primary", "failover_decisions", "live_nodes", "to_probe"]
 
 
 def choose_primary(
@@ -63,6 +72,29 @@ def has_standby(state: StreamState) -> bool:
 def live_nodes(last_heard: Mapping[str, float], now: float, failover_after_s: float) -> set[str]:
     """The nodes heard from within ``failover_after_s`` of ``now``."""
     return {node for node, heard in last_heard.items() if now - heard < failover_after_s}
+
+
+def to_probe(
+    streams: Iterable[StreamState],
+    last_heard: Mapping[str, float],
+    now: float,
+    suspect_after_s: float,
+    probed: Mapping[str, float],
+) -> list[str]:
+    """The primaries of ``streams`` silent for ``suspect_after_s`` and not yet probed in this
+    silence (``probed[node]`` is the last-heard time at which ``node`` was probed), each once,
+    in the order of ``streams``. A node never heard is not probed (the failover round seeds
+    its time)."""
+    chosen: list[str] = []
+    for stream in streams:
+        node = stream.primary
+        heard = last_heard.get(node)
+        if node in chosen or heard is None or now - heard < suspect_after_s:
+            continue
+        if probed.get(node) == heard:
+            continue  # asked already since it was last heard
+        chosen.append(node)
+    return chosen
 
 
 def _anchors(by_name: Mapping[str, StreamState]) -> dict[str, str]:
