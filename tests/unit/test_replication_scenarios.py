@@ -122,6 +122,58 @@ def test_the_side_without_min_insync_refuses_pushes() -> None:
     assert isr(sim) == ("n0", "n1", "n2")
 
 
+def test_a_planned_hand_over_stops_pushes_and_elects_the_target_once_it_caught_up() -> None:
+    sim = started(Sim())
+    sim.producers["p0"].start()
+    sim.deliver_where(everything)
+    sim.producers["p1"].start()
+    sim.deliver_where(between("p1", "n0"))  # n0 writes p1/0 at offset 1 ...
+    sim.deliver_where(between("n0", "n2", ReplicaAppend))  # ... n2 gets it, n1 not yet
+    primary = sim.nodes["n0"].primary
+    assert primary is not None
+    with pytest.raises(ValueError, match="only to another ISR member"):
+        primary.hand_over("n0", sim.now)
+    progress = primary.hand_over("n1", sim.now)
+    assert progress.hand_to is None  # n1 lacks offset 1, which is not acknowledged either
+    refused = primary.append(b"x", origin="p9", seq=0, now=sim.now)
+    assert isinstance(refused, Refused) and refused.retriable
+    assert refused.reason is PushRefusal.HANDING_OVER
+    sim.nodes["n0"].after(progress)
+    assert sim.state.epoch == 1
+    sim.deliver_where(everything)  # n1 gets offset 1 and answers: the hand-over is ready
+    assert (sim.state.epoch, sim.state.primary, sim.handovers) == (2, "n1", 1)
+    assert ("p1", 0) in sim.client_acked
+    sim.tick(0.1)  # the replicas learn the new epoch: n0 steps down, n1 takes office
+    assert sim.nodes["n0"].primary is None and sim.nodes["n1"].primary is not None
+    sim.settle()
+    sim.final_check()
+    assert log_ids(sim, "n0") == log_ids(sim, "n1") == log_ids(sim, "n2")
+    assert len(log_ids(sim, "n1")) == 10  # every batch of both producers, once
+
+
+def test_a_hand_over_to_a_target_that_crashed_is_called_off() -> None:
+    sim = started(Sim())
+    sim.producers["p0"].start()
+    sim.deliver_where(everything)
+    sim.producers["p1"].start()
+    sim.deliver_where(between("p1", "n0"))
+    sim.deliver_where(between("n0", "n2", ReplicaAppend))  # n1 lacks p1/0
+    sim.nodes["n1"].crash()
+    primary = sim.nodes["n0"].primary
+    assert primary is not None
+    sim.nodes["n0"].after(primary.hand_over("n1", sim.now))
+    for _ in range(4):  # n1 lags, leaves the ISR: the hand-over cannot complete
+        sim.tick(0.6)
+        sim.deliver_where(everything)
+        sim.check()
+    assert isr(sim) == ("n0", "n2") and primary.handing_to is None
+    assert (sim.state.epoch, sim.state.primary, sim.handovers) == (1, "n0", 0)
+    sim.nodes["n1"].restart()
+    sim.settle()
+    sim.final_check()
+    assert len(log_ids(sim, "n0")) == 10
+
+
 def test_a_crashed_follower_rejoins_the_isr_after_catching_up() -> None:
     sim = started(Sim())
     sim.nodes["n2"].crash()

@@ -4,7 +4,8 @@ Hypothesis chooses fault schedules for the world of tests/unit/test_replication_
 nodes replicating one stream through the sans-IO cores of :mod:`peer.replication.core` and
 :mod:`peer.replication.control`): which message arrives next, which is lost or duplicated, how much
 time passes, which node crashes (at once, or between two effects of a later step), which links are
-cut (the control plane's included) or mended. Producers push whenever time passes. After every
+cut (the control plane's included) or mended, and when the primary plans to hand the stream
+over to another replica (Primary.hand_over). Producers push whenever time passes. After every
 step the world checks that
 
 (a) at most one node takes office per epoch, and only that one acknowledges in it;
@@ -76,6 +77,12 @@ def play(sim: Sim, step: Step) -> None:
         sim.cuts.add(link)
     elif step.kind == "mend":
         sim.cuts.discard(link)
+    elif step.kind == "handover":  # the primary's peer plans to hand the stream to ``name``
+        node = sim.nodes[sim.state.primary]
+        primary = node.primary
+        can = primary is not None and node.up and not primary.deposed and name != node.name
+        if can and primary is not None and primary.handing_to is None and name in primary.in_sync:
+            node.after(primary.hand_over(name, sim.now))
 
 
 def run(steps: list[Step], sim: Sim) -> tuple[int, int, int, int]:
@@ -107,15 +114,18 @@ steps = st.one_of(
     st.builds(Step, st.just("restart"), name=st.sampled_from(NODES)),
     st.builds(Step, st.sampled_from(("cut", "mend")), link=st.sampled_from(LINKS)),
     st.builds(Step, st.just("cut"), link=st.sampled_from(PRIMARY_LINKS)),
+    st.builds(Step, st.just("handover"), name=st.sampled_from(NODES)),
 )
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(steps, min_size=12, max_size=40), st.sampled_from((1, 2, 2, 3)))
 def test_replication_keeps_its_promises_under_faults(schedule: list[Step], min_insync: int) -> None:
-    epoch, acked, cut, refused = run(schedule, Sim(min_insync=min_insync))
+    sim = Sim(min_insync=min_insync)
+    epoch, acked, cut, refused = run(schedule, sim)
     # what the faults did before the heal (hypothesis --hypothesis-show-statistics)
     event(f"epochs reached under faults: {min(epoch, 3)}{'+' if epoch >= 3 else ''}")
     event(f"acknowledged under faults: {'none' if not acked else 'some'}")
     event(f"divergent tails cut: {'yes' if cut else 'no'}")
     event(f"pushes refused: {'yes' if refused else 'no'}")
+    event(f"planned hand-overs: {'yes' if sim.handovers else 'no'}")

@@ -39,6 +39,7 @@ import pytest
 from peer.replication.control import (
     ControlState,
     CreateStream,
+    Elect,
     ExpandIsr,
     ShrinkIsr,
     StreamState,
@@ -264,6 +265,10 @@ class Node:
                 self.sim.control.apply(
                     command(STREAM, proposal.epoch, proposal.version, proposal.node)
                 )
+        if progress.hand_to is not None and self.sim.connected(self.name, CP):
+            # a planned hand-over is ready: the control plane elects the target
+            elect = Elect(STREAM, primary.epoch, progress.hand_to)
+            self.sim.handovers += self.sim.control.apply(elect).ok
         self.acknowledge()
         if progress.deposed:
             self.step_down()
@@ -402,6 +407,7 @@ class Sim:
         self.client_acked: set[tuple[str, int]] = set()
         self.cut_entries = 0  # entries cut from divergent tails
         self.refusals = 0  # pushes a primary refused
+        self.handovers = 0  # elections a planned hand-over asked for
 
     @property
     def state(self) -> StreamState:

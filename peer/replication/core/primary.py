@@ -47,6 +47,16 @@ taken into the ISR before anything can be acknowledged).
 Deposed: a reply, question or control-plane update naming a higher epoch means a new primary
 exists; from then on this one refuses every push (retriable) and acknowledges nothing more.
 
+Handing over (:meth:`Primary.hand_over`, a planned move of the primary role, Stormy's master
+hand-over): the primary stops taking pushes (refused, retriable: the clients retry them with
+the same ids, at the new primary), so its log stops growing; once the target, an ISR member,
+holds the whole log and all of it is acknowledged, :attr:`Progress.hand_to` names the target
+and the driver asks the control plane to ``Elect`` it in this epoch. The election deposes this
+primary as any election does. Nothing acknowledged can be lost, whenever either side crashes:
+the target is elected only while in the ISR, and every ISR member holds every acknowledged
+entry. A hand-over that does not complete within ``handover_timeout_s`` (the target is gone,
+or left the ISR) is called off and pushes are taken again.
+
 Time is passed in (monotonic seconds); nothing here reads a clock.
 """
 
@@ -90,6 +100,7 @@ __all__ = [
 
 class PushRefusal(StrEnum):
     NOT_PRIMARY = "not_primary"
+    HANDING_OVER = "handing_over"
     TOO_FEW_IN_SYNC = "too_few_in_sync"
     TOO_FEW_REACHABLE = "too_few_reachable"
 
@@ -154,7 +165,7 @@ class Refused:
 class Progress:
     """What a step changed: the acknowledged end and the offsets it newly covers, ranges to
     send, proposals for the control plane, whether the primary learnt it is deposed, and
-    messages (probes) to send."""
+    messages (probes) to send; ``hand_to``: a hand-over is ready, elect this member now."""
 
     acknowledged: int
     newly_acknowledged: range = range(0)
@@ -162,6 +173,7 @@ class Progress:
     proposals: tuple[IsrProposal, ...] = ()
     deposed: bool = False
     messages: tuple[Outgoing, ...] = ()
+    hand_to: str | None = None
 
 
 def begin_epoch(history: History, epoch: int, log_end: int) -> tuple[History, tuple[Effect, ...]]:
@@ -212,6 +224,7 @@ class Primary:
         resend_s: float = 0.2,
         propose_retry_s: float = 0.5,
         max_ship: int = 64,
+        handover_timeout_s: float = 5.0,
     ) -> None:
         self.stream = stream
         self.node = node
@@ -244,6 +257,9 @@ class Primary:
         self.resend_s = resend_s
         self.propose_retry_s = propose_retry_s
         self.max_ship = max_ship
+        self.handover_timeout_s = handover_timeout_s
+        self.handing_to: str | None = None  # the member a hand-over goes to
+        self._handing_since = 0.0
         self._seqs = dict(seqs or {})
         self._peers = {n: _Peer() for n in self.replicas if n != node}
         self._appended_at: dict[int, float] = {}
@@ -259,6 +275,11 @@ class Primary:
             return Refused(PushRefusal.NOT_PRIMARY, f"{self.node} no longer leads {self.stream!r}")
         if origin is not None and seq is not None and seq <= self._seqs.get(origin, -1):
             return Duplicate(self.log_end)
+        if self.handing_to is not None:
+            return Refused(
+                PushRefusal.HANDING_OVER,
+                f"{self.node} is handing {self.stream!r} over to {self.handing_to}",
+            )
         counted = self.counted()
         if len(counted) < self.min_insync:
             return Refused(
@@ -295,6 +316,24 @@ class Primary:
             tuple(outgoing),
             self.acknowledged,
         )
+
+    def hand_over(self, to: str, now: float) -> Progress:
+        """Begin handing this stream over to ``to`` (see the theory of operation); the
+        progress names it in ``hand_to`` at once if it holds everything already. ValueError
+        if ``to`` is not another member of the ISR, or this primary is deposed."""
+        if self.deposed:
+            raise ValueError(f"{self.node} no longer leads {self.stream!r}")
+        if to == self.node or to not in self.in_sync:
+            raise ValueError(
+                f"stream {self.stream!r} can be handed over only to another ISR member"
+                f" ({', '.join(n for n in self.in_sync if n != self.node) or 'none'}), not {to}"
+            )
+        self.handing_to, self._handing_since = to, now
+        return self._progress()
+
+    def call_off_hand_over(self) -> None:
+        """Take pushes again (the driver gave up on the hand-over)."""
+        self.handing_to = None
 
     def entry_message(
         self, offset: int, body: bytes, origin: str | None = None, seq: int | None = None
@@ -377,6 +416,8 @@ class Primary:
                 del self._peers[name]
         if min_insync is not None:
             self.min_insync = min_insync
+        if self.handing_to is not None and self.handing_to not in new_in_sync:
+            self.handing_to = None  # the target left the ISR: it can no longer be elected
         # Our pending proposal was decided at an older version: it took effect or never will.
         self._pending = None
         return self._progress(self._advance())
@@ -385,6 +426,8 @@ class Primary:
         """Time passed: resend to followers still behind, and propose ISR changes."""
         if self.deposed:
             return self._progress()
+        if self.handing_to is not None and now - self._handing_since > self.handover_timeout_s:
+            self.handing_to = None  # called off: the target never caught up
         ships = []
         probes = []
         for name, peer in self._peers.items():
@@ -486,8 +529,21 @@ class Primary:
         proposals: tuple[IsrProposal, ...] = (),
         messages: Iterable[Outgoing] = (),
     ) -> Progress:
+        to = self.handing_to
+        ready = (
+            to is not None
+            and not self.deposed
+            and self.acknowledged == self.log_end
+            and self.end_of_member(to) == self.log_end
+        )
         return Progress(
-            self.acknowledged, newly, tuple(ships), proposals, self.deposed, tuple(messages)
+            self.acknowledged,
+            newly,
+            tuple(ships),
+            proposals,
+            self.deposed,
+            tuple(messages),
+            to if ready else None,
         )
 
     def _check_members(self, replicas: tuple[str, ...], in_sync: tuple[str, ...]) -> None:

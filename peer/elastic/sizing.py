@@ -1,0 +1,143 @@
+"""How many peers a participant needs for its load (pure): DS2's useful-time rule.
+
+Theory of operation
+-------------------
+DS2 (Kalavri et al., OSDI 2018) sizes a dataflow from *true* rates: what an operator
+processes per second of *useful* time (the time it actually spends processing, not waiting
+for input or blocked on output). A peer whose engine was busy 40 % of a window in which it
+processed 20,000 tuples/s has a true rate of 50,000 tuples per busy second: that, not 20,000,
+is what it could do flat out. Observed rates say nothing about a peer's capacity while it is
+idle or backlogged; true rates do, so one decision reaches the right size instead of adding
+one peer at a time.
+
+For a participant, each peer reports over the last window how many tuples its fragments
+processed per second (``processed``) and the busy share of the window (``useful``). Their true
+rate per peer is ``sum(processed) / sum(useful)`` (tuples per busy second, weighted by how busy
+each peer was). The offered load is what arrives at the participant's inputs per second, plus
+the backlog to be worked off within ``drain_s``. A peer should run at ``target`` utilisation
+(0.7: headroom for bursts and for moves), so the participant needs
+
+    needed(u) = ceil(offered / (true_rate * u))
+
+peers. The decision (:func:`decide_size`) has a dead band against flapping:
+
+- grow to ``needed(target)`` when that is above the current size;
+- shrink to ``needed(target)`` only when even ``needed(shrink_at)`` is below the current size,
+  ``shrink_at`` being lower than ``target`` (0.5): the peers left would then run at or under
+  ``target``, and at the new size neither rule fires again under the same load;
+- otherwise keep the size; always clamp to ``[minimum, maximum]``.
+
+So under a constant load a decision is final (deciding again at the size it chose changes
+nothing), the size never leaves ``[minimum, maximum]``, and it never falls as the load rises
+(tests/unit/test_elastic_sizing.py checks the three with Hypothesis). Without a true rate (no
+peer was busy in the window) nothing is decided.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+__all__ = ["PeerRates", "SizeDecision", "SizingPolicy", "decide_size", "true_rate"]
+
+
+@dataclass(frozen=True)
+class PeerRates:
+    """One peer's figures over the last window: ``processed`` tuples per second of wall time,
+    and ``useful``, the share of the window its engine spent processing (0 to 1)."""
+
+    node: str
+    processed: float
+    useful: float
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.processed) and self.processed >= 0):
+            raise ValueError(f"peer {self.node}: processed must be a number >= 0")
+        if not (math.isfinite(self.useful) and 0 <= self.useful <= 1):
+            raise ValueError(f"peer {self.node}: useful must be between 0 and 1")
+
+
+@dataclass(frozen=True)
+class SizingPolicy:
+    """``peer join --elastic MIN:MAX``, and the utilisations of the dead band."""
+
+    minimum: int
+    maximum: int
+    target: float = 0.7  # grow so that peers run at this utilisation
+    shrink_at: float = 0.5  # shrink only when peers would stay under this at the smaller size
+    drain_s: float = 60.0  # a backlog counts as load to be worked off within this time
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.minimum <= self.maximum:
+            raise ValueError(
+                f"elastic MIN:MAX must satisfy 1 <= MIN <= MAX, not {self.minimum}:{self.maximum}"
+            )
+        if not 0 < self.shrink_at < self.target <= 1:
+            raise ValueError("elastic utilisations must satisfy 0 < shrink_at < target <= 1")
+        if not (math.isfinite(self.drain_s) and self.drain_s > 0):
+            raise ValueError("elastic drain_s must be a number > 0")
+
+
+@dataclass(frozen=True)
+class SizeDecision:
+    """The size to be, and the figures behind it (for the ledger, status and metrics)."""
+
+    current: int
+    size: int
+    offered: float  # tuples/s to be processed, backlog included
+    true_rate: float  # tuples per busy second of one peer
+    needed: int  # needed(target), before clamping
+    reason: str
+
+    @property
+    def change(self) -> int:
+        return self.size - self.current
+
+
+def true_rate(peers: Iterable[PeerRates]) -> float | None:
+    """Tuples one peer processes per second of useful time, over ``peers``; None if none
+    was busy."""
+    processed = useful = 0.0
+    for peer in peers:
+        processed += peer.processed
+        useful += peer.useful
+    if useful <= 0 or processed <= 0:
+        return None
+    return processed / useful
+
+
+def _needed(offered: float, rate: float, utilisation: float) -> int:
+    return max(1, math.ceil(offered / (rate * utilisation) - 1e-9))
+
+
+def decide_size(
+    current: int,
+    peers: Iterable[PeerRates],
+    arriving: float,
+    backlog: float,
+    policy: SizingPolicy,
+) -> SizeDecision | None:
+    """The participant's size for the load: ``arriving`` tuples/s at its inputs and
+    ``backlog`` tuples waiting; ``peers``: the current peers' figures. None without a true
+    rate (nothing was processed in the window)."""
+    if current < 1:
+        raise ValueError(f"a participant has at least one peer, not {current}")
+    if not (math.isfinite(arriving) and arriving >= 0 and math.isfinite(backlog) and backlog >= 0):
+        raise ValueError("arriving and backlog must be numbers >= 0")
+    rate = true_rate(peers)
+    if rate is None:
+        return None
+    offered = arriving + backlog / policy.drain_s
+    grow_to = _needed(offered, rate, policy.target)
+    size, reason = current, "within the dead band"
+    if grow_to > current:
+        size, reason = grow_to, f"needs {grow_to} peers at {policy.target:.0%} utilisation"
+    elif _needed(offered, rate, policy.shrink_at) < current:
+        size = grow_to
+        reason = f"{grow_to} peers stay under {policy.shrink_at:.0%} utilisation"
+    clamped = min(policy.maximum, max(policy.minimum, size))
+    if clamped != size:
+        bound = "MAX" if clamped < size else "MIN"
+        reason = f"{reason}; held at {bound} ({clamped})"
+    return SizeDecision(current, clamped, offered, rate, grow_to, reason)
