@@ -235,8 +235,15 @@ class Voter:
         now = self.clock()
         if self._leading_since is None:
             self._leading_since = now  # count silence only from taking office
+            # ... but a primary this voter already missed (the old leader's peer, often) is
+            # asked about at once: a refused connection needs no silence to be believed
+            silent = {n for n, t in self.last_heard.items() if now - t >= self.suspect_after_s}
             self.last_heard = dict.fromkeys(self.last_heard, now)
             self.seats.took_office(voters)
+            if self.gone is not None:
+                for node in silent & {state.primary for state in self.machine.snapshot()}:
+                    self._probed[node] = now
+                    self._tasks.spawn(self._probe(node, now), name=f"probe {node[:12]}")
         self._failover_round(now)
         self._seats_round(voters)
 
