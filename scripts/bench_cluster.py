@@ -6,6 +6,8 @@ Usage (from the repository root)::
     .venv/bin/python scripts/bench_cluster.py            # full run, 10-15 min on 2 cores
     .venv/bin/python scripts/bench_cluster.py --quick    # smoke version, ~5 min
     .venv/bin/python scripts/bench_cluster.py --report-from run.json   # a run saved with --json
+    .venv/bin/python scripts/bench_cluster.py --peer-args=--no-voter   # no control plane: streams
+                                       # of one copy, as before peer join volunteered by default
 
 What runs
 ---------
@@ -191,10 +193,12 @@ def stop_peer(peer: PeerProcess) -> None:
 class Cluster:
     """``size`` peers of the first ``size`` participants, joined through the first one."""
 
-    def __init__(self, work: Path, size: int, master: str) -> None:
+    def __init__(self, work: Path, size: int, master: str, extra: tuple[str, ...] = ()) -> None:
+        """``extra``: more ``peer join`` options for every peer (``--peer-args``)."""
         self.work = work
         self.size = size
         self.master = master
+        self.extra = extra
         self.names = PARTICIPANTS[:size]
         self.label = "1 peer" if size == 1 else f"{size} peers"
         self.peers: dict[str, PeerProcess] = {}
@@ -222,6 +226,7 @@ class Cluster:
                 self.work / name,
                 *("--participant", name, "--key", str(key), "--trust", str(trust)),
                 *("--spark-master", self.master, *bootstrap),
+                *self.extra,
                 log_path=self.work / f"{name}.log",
             )
             STARTED.append(peer)
@@ -1174,6 +1179,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--time-scale", type=float, default=60.0, help="traffic event time speed-up")
     p.add_argument("--single-master", default="local[*]", help="Spark master of the lone peer")
     p.add_argument("--cluster-master", default="local[1]", help="Spark master of each of 3")
+    p.add_argument(
+        "--peer-args",
+        default="",
+        help="extra `peer join` options for every peer, e.g. --peer-args=--no-voter",
+    )
     p.add_argument("--json", help="write all measurements to this file")
     p.add_argument("--work-dir", help="peer data directories (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
@@ -1218,7 +1228,7 @@ async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     if args.skip_cluster:
         setups = setups[:1]
     for size, master in setups:
-        cluster = Cluster(work / f"peers{size}", size, master)
+        cluster = Cluster(work / f"peers{size}", size, master, tuple(args.peer_args.split()))
         print(f"{cluster.label} (load average {bc.load_average()})", flush=True)
         try:
             await cluster.start()
