@@ -39,7 +39,7 @@ from overlay.neighbours import load_neighbours, save_neighbours
 from overlay.record_policy import record_refusal
 from overlay.records import DhtError, Record
 from overlay.tls import TlsContexts
-from overlay.transport import TCP
+from overlay.transport import refused
 
 __all__ = ["NotAdmitted", "Overlay", "OverlayConfig", "OverlayError", "PeerHandler"]
 
@@ -339,7 +339,7 @@ class Overlay:
         if member is None or node_id == self.node_id:
             return False
         host, port = member.overlay
-        return await TCP.refuses(host, port, timeout_s=timeout_s)
+        return await refused(host, port, timeout_s=timeout_s)
 
     def state_of(self, node_id: bytes) -> str | None:
         state = None if self.membership is None else self.membership.state_of(node_id)

@@ -101,12 +101,6 @@ class Network(Protocol):
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     ) -> FrameStream: ...
 
-    async def refuses(self, host: str, port: int, *, timeout_s: float) -> bool:
-        """Whether ``host`` refuses a connection to ``port`` (nothing listens there). A
-        connection made, one not answered in ``timeout_s`` or failing otherwise is not a
-        refusal."""
-        ...
-
 
 class _Tcp:
     async def connect(
@@ -122,22 +116,24 @@ class _Tcp:
         tune(writer.get_extra_info("socket"))
         return FrameStream(reader, writer, max_frame_bytes=max_frame_bytes)
 
-    async def refuses(self, host: str, port: int, *, timeout_s: float) -> bool:
-        """A plain TCP connection attempt, closed at once if made (the listener sees a
-        client that left before its TLS handshake)."""
-        try:
-            async with asyncio.timeout(timeout_s):
-                _, writer = await asyncio.open_connection(host, port)
-        except ConnectionRefusedError:
-            return True
-        except (OSError, TimeoutError):
-            return False
-        writer.close()
-        return False
-
 
 TCP: Network = _Tcp()
 """The real network."""
+
+
+async def refused(host: str, port: int, *, timeout_s: float) -> bool:
+    """Whether ``host`` refuses a TCP connection to ``port`` (nothing listens there). A
+    connection made is closed at once (the listener sees a client that left before its TLS
+    handshake); made, not answered in ``timeout_s`` or failing otherwise is not a refusal."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            _, writer = await asyncio.open_connection(host, port)
+    except ConnectionRefusedError:
+        return True
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    return False
 
 
 class MemoryNetwork:
@@ -159,9 +155,6 @@ class MemoryNetwork:
 
     def unbind(self, host: str, port: int) -> None:
         self._listeners.pop((host, port), None)
-
-    async def refuses(self, host: str, port: int, *, timeout_s: float) -> bool:
-        return (host, port) not in self._listeners
 
     async def connect(
         self,

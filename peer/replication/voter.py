@@ -242,8 +242,7 @@ class Voter:
             self.seats.took_office(voters)
             if self.gone is not None:
                 for node in silent & {state.primary for state in self.machine.snapshot()}:
-                    self._probed[node] = now
-                    self._tasks.spawn(self._probe(node, now), name=f"probe {node[:12]}")
+                    self._ask(node, now)
         self._failover_round(now)
         self._seats_round(voters)
 
@@ -265,8 +264,12 @@ class Voter:
             self._tasks.spawn(self._elect(command), name=f"elect {command.name}")
         if self.gone is not None:
             for node in to_probe(streams, self.last_heard, now, self.suspect_after_s, self._probed):
-                self._probed[node] = heard = self.last_heard[node]
-                self._tasks.spawn(self._probe(node, heard), name=f"probe {node[:12]}")
+                self._ask(node, self.last_heard[node])
+
+    def _ask(self, node: str, heard: float) -> None:
+        """Probe ``node``, last heard at ``heard``, once in this silence."""
+        self._probed[node] = heard
+        self._tasks.spawn(self._probe(node, heard), name=f"probe {node[:12]}")
 
     async def _probe(self, node: str, heard: float) -> None:
         """Ask whether ``node``'s process is gone; if it is, and it was not heard meanwhile,

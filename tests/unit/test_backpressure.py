@@ -17,6 +17,7 @@ from peer.site import LocalSite, SiteConfig
 from peer.storage.spool import Spool
 from peer.storage.spool_format import backlog, write_reader_offset, write_taken
 from peer.testing import ManualClock
+from peer.timing import wait_until
 
 SCHEMA = pa.schema([("x", pa.int64())])
 
@@ -107,7 +108,6 @@ def test_a_backlogged_push_waits_on_the_sites_clock_then_fails_retriably(tmp_pat
 
 
 async def wait_for_sleepers(clock: ManualClock) -> None:
-    """Let the event loop run until a task sleeps on ``clock`` (bounded)."""
-    async with asyncio.timeout(5):
-        while clock.sleepers == 0:
-            await asyncio.sleep(0)
+    """Until a task sleeps on ``clock`` (the push's backlog wait; its decoding runs in a
+    thread, so the loop is polled rather than asked whether all tasks are blocked)."""
+    await wait_until(lambda: clock.sleepers, "the push to wait on the clock", 5, every_s=0)

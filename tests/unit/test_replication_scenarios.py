@@ -53,6 +53,17 @@ def started(sim: Sim) -> Sim:
     return sim
 
 
+def n1_lacks_offset_1() -> Sim:
+    """p0/0 acknowledged everywhere; then n0 writes p1/0 at offset 1 and only n2 gets it."""
+    sim = started(Sim())
+    sim.producers["p0"].start()
+    sim.deliver_where(everything)
+    sim.producers["p1"].start()
+    sim.deliver_where(between("p1", "n0"))
+    sim.deliver_where(between("n0", "n2", ReplicaAppend))
+    return sim
+
+
 def test_a_push_is_acknowledged_once_every_in_sync_replica_holds_it() -> None:
     sim = started(Sim())
     sim.producers["p0"].start()
@@ -76,12 +87,7 @@ def test_a_retried_push_is_kept_once() -> None:
 
 
 def test_failover_keeps_acknowledged_entries_and_cuts_the_unacknowledged_tail() -> None:
-    sim = started(Sim())
-    sim.producers["p0"].start()
-    sim.deliver_where(everything)
-    sim.producers["p1"].start()
-    sim.deliver_where(between("p1", "n0"))  # n0 writes p1/0 at offset 1 ...
-    sim.deliver_where(between("n0", "n2", ReplicaAppend))  # ... n2 gets it, n1 does not
+    sim = n1_lacks_offset_1()
     sim.net.clear()
     sim.nodes["n0"].crash()
     sim.cuts.add(frozenset(("n2", CP)))
@@ -123,12 +129,7 @@ def test_the_side_without_min_insync_refuses_pushes() -> None:
 
 
 def test_a_planned_hand_over_stops_pushes_and_elects_the_target_once_it_caught_up() -> None:
-    sim = started(Sim())
-    sim.producers["p0"].start()
-    sim.deliver_where(everything)
-    sim.producers["p1"].start()
-    sim.deliver_where(between("p1", "n0"))  # n0 writes p1/0 at offset 1 ...
-    sim.deliver_where(between("n0", "n2", ReplicaAppend))  # ... n2 gets it, n1 not yet
+    sim = n1_lacks_offset_1()
     primary = sim.nodes["n0"].primary
     assert primary is not None
     with pytest.raises(ValueError, match="only to another ISR member"):
@@ -152,12 +153,7 @@ def test_a_planned_hand_over_stops_pushes_and_elects_the_target_once_it_caught_u
 
 
 def test_a_hand_over_to_a_target_that_crashed_is_called_off() -> None:
-    sim = started(Sim())
-    sim.producers["p0"].start()
-    sim.deliver_where(everything)
-    sim.producers["p1"].start()
-    sim.deliver_where(between("p1", "n0"))
-    sim.deliver_where(between("n0", "n2", ReplicaAppend))  # n1 lacks p1/0
+    sim = n1_lacks_offset_1()  # n1 lacks p1/0
     sim.nodes["n1"].crash()
     primary = sim.nodes["n0"].primary
     assert primary is not None

@@ -331,10 +331,6 @@ class Primary:
         self.handing_to, self._handing_since = to, now
         return self._progress()
 
-    def call_off_hand_over(self) -> None:
-        """Take pushes again (the driver gave up on the hand-over)."""
-        self.handing_to = None
-
     def entry_message(
         self, offset: int, body: bytes, origin: str | None = None, seq: int | None = None
     ) -> ReplicaAppend:
@@ -529,13 +525,10 @@ class Primary:
         proposals: tuple[IsrProposal, ...] = (),
         messages: Iterable[Outgoing] = (),
     ) -> Progress:
+        # the target is counted (an ISR member while it is the target), so it holds all
+        # that is acknowledged: a hand-over is ready once everything is
         to = self.handing_to
-        ready = (
-            to is not None
-            and not self.deposed
-            and self.acknowledged == self.log_end
-            and self.end_of_member(to) == self.log_end
-        )
+        ready = to is not None and not self.deposed and self.acknowledged == self.log_end
         return Progress(
             self.acknowledged,
             newly,
