@@ -115,6 +115,8 @@ class Engine:
         self.max_rows_per_batch = max_rows_per_batch
         self.spark: SparkSession | None = None
         self.running: dict[str, RunningQuery] = {}
+        # Set once a query of the peer's own has started (the warm-up yields to it).
+        self.serving = asyncio.Event()
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="spark"
         )
@@ -261,6 +263,7 @@ class Engine:
                     f"query {name}: Spark refused to start it: {error_line(exc)}", query=name
                 ) from exc
             log.info("query %s runs in the stateless lane", name)
+            self.serving.set()
             return "lane"
         key = query_key(name, incarnation)
         checkpoint = self.checkpoint_dir(name, incarnation)
@@ -278,6 +281,7 @@ class Engine:
                 f"query {name}: Spark refused to start it: {error_line(exc)}", query=name
             ) from exc
         log.info("query %s started (checkpoint %s)", name, checkpoint)
+        self.serving.set()
         return "own"
 
     def start_streaming(

@@ -48,7 +48,7 @@ from peer.model.query import parse_query, query_to_dict
 from peer.model.schema import Field, Schema, make_schema
 from peer.protocol.link import FragmentStatus, HostStream
 from peer.replication.appenders import Appenders
-from peer.replication.control import DropStream, StreamState, has_standby
+from peer.replication.control import DropStream, StreamState, can_fail_over
 from peer.replication.names import CKPT_PREFIX, checkpoint_stream
 from peer.replication.plane import ControlPlane
 from peer.replication.ports import Links, Records
@@ -218,7 +218,7 @@ class ReplicatedFragments:
         assert first is not None
         root = first.anchor or first.name
         anchor = first if root == first.name else await client.state_of(root, fresh=True)
-        if anchor is None or not has_standby(anchor):
+        if anchor is None or not can_fail_over(anchor):
             return None  # nowhere to fail over to (a lone peer): it runs as before
         return anchor
 

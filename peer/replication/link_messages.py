@@ -219,7 +219,7 @@ def messages_to_wire(messages: Sequence[ReplicationMessage]) -> Frame:
 
 def state_to_wire(state: StreamState) -> Frame:
     """One stream's state; ``anchor`` only if it has one, ``wanted`` (the replicas asked for)
-    only if it has fewer (older peers ignore the keys)."""
+    only if it has fewer, ``standby`` only if it has one (older peers ignore the keys)."""
     frame: Frame = {
         "name": state.name,
         "epoch": state.epoch,
@@ -233,6 +233,8 @@ def state_to_wire(state: StreamState) -> Frame:
         frame["anchor"] = state.anchor
     if state.wanted is not None:
         frame["wanted"] = state.wanted
+    if state.standby is not None:
+        frame["standby"] = state.standby
     return frame
 
 
@@ -252,7 +254,12 @@ def state_from_wire(frame: object) -> StreamState:
         _field(frame, "version", int, what),
         _opt(frame, "anchor", str, what),  # absent (older voters) or nil: not anchored
         _opt(frame, "wanted", int, what),  # absent or nil: as many as it has
+        _opt(frame, "standby", str, what),  # absent or nil: none
     )
+    if state.standby is not None and (
+        state.standby == state.primary or state.standby not in state.in_sync
+    ):
+        raise InvalidInput(f"{what} of {state.name}: the standby must be an ISR member")
     if state.wanted is not None and state.wanted < 1:
         raise InvalidInput(f"{what} of {state.name}: wanted must be at least 1")
     if state.anchor is not None and state.anchor in ("", state.name):

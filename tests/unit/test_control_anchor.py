@@ -23,8 +23,8 @@ from peer.replication.control import (
     ShrinkIsr,
     StreamState,
     anchor_roots,
+    can_fail_over,
     failover_decisions,
-    has_standby,
 )
 from peer.replication.link_messages import state_from_wire, state_to_wire
 from peer.replication.raft import (
@@ -65,9 +65,9 @@ def decide(
 def test_a_fragment_is_replicated_only_beside_a_standby_of_its_anchor() -> None:
     # A lone peer's stream (1 of 3 copies) has nowhere to fail over to: a fragment anchored
     # to it runs unreplicated (and may share the lane), as it did without a control plane.
-    assert not has_standby(StreamState("s", 1, A, (A,), (A,), 1, 1, wanted=3))
-    assert has_standby(stream("s", A, replicas=(A, B), in_sync=(A,)))
-    assert has_standby(stream("s", B))
+    assert not can_fail_over(StreamState("s", 1, A, (A,), (A,), 1, 1, wanted=3))
+    assert can_fail_over(stream("s", A, replicas=(A, B), in_sync=(A,)))
+    assert can_fail_over(stream("s", B))
 
 
 # --------------------------------------------------------------------------- commands
@@ -218,8 +218,8 @@ def test_a_stream_state_carries_its_anchor_and_the_old_7_element_form_is_read() 
 def test_a_hostile_anchor_in_a_stream_state_is_refused(anchor: Any, named: str) -> None:
     with pytest.raises(InvalidInput, match=named):
         stream_from_wire(["t", 2, B, [A, B, C], [B, C], 2, 5, anchor])
-    with pytest.raises(InvalidInput, match="list of 7 to 9"):
-        stream_from_wire(["t", 2, B, [A, B, C], [B, C], 2, 5, "s", 3, "extra"])
+    with pytest.raises(InvalidInput, match="list of 7 to 10"):
+        stream_from_wire(["t", 2, B, [A, B, C], [B, C], 2, 5, "s", 3, C, "extra"])
 
 
 def test_a_heartbeat_state_carries_its_anchor_and_old_frames_are_read() -> None:

@@ -15,6 +15,7 @@ from peer.replication.control import (
     Elect,
     ExpandIsr,
     SetReplicas,
+    SetStandby,
     ShrinkIsr,
     StreamState,
     choose_primary,
@@ -147,6 +148,7 @@ commands = st.one_of(
         st.integers(1, 6),
         st.lists(nodes, min_size=1, max_size=4, unique=True).map(tuple),
     ),
+    st.builds(SetStandby, st.sampled_from(("s", "t")), st.integers(1, 4), st.none() | nodes),
 )
 
 
@@ -174,6 +176,8 @@ def test_any_log_keeps_the_invariants_and_every_voter_agrees(log: list[Command])
             assert stream.primary in stream.in_sync
             assert set(stream.in_sync) <= set(stream.replicas)
             assert list(stream.in_sync) == [n for n in stream.replicas if n in stream.in_sync]
+            if stream.standby is not None:
+                assert stream.standby in stream.in_sync and stream.standby != stream.primary
     assert voters[0].snapshot() == voters[1].snapshot()
 
 

@@ -21,6 +21,7 @@ __all__ = [
     "Elect",
     "ExpandIsr",
     "SetReplicas",
+    "SetStandby",
     "ShrinkIsr",
 ]
 
@@ -143,4 +144,21 @@ class SetReplicas:
         _check_replicas("SetReplicas", self.name, self.replicas)
 
 
-Command = CreateStream | DropStream | Elect | ShrinkIsr | ExpandIsr | SetReplicas
+@dataclass(frozen=True)
+class SetStandby:
+    """``standby`` (an ISR member other than the primary) runs warm standbys of the fragments
+    anchored to the stream, and is the one a failover elects; None: nobody does. Decided in
+    ``epoch``, a no-op in any other."""
+
+    name: str
+    epoch: int
+    standby: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_name("SetStandby", "name", self.name)
+        _check_int("SetStandby", "epoch", self.epoch, 1)
+        if self.standby is not None:
+            _check_name("SetStandby", "standby", self.standby)
+
+
+Command = CreateStream | DropStream | Elect | ShrinkIsr | ExpandIsr | SetReplicas | SetStandby

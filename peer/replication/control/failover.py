@@ -3,7 +3,9 @@
 The Raft leader hears a heartbeat from every peer (with its log end for each stream) and,
 every round, asks :func:`failover_decisions` which streams need a new primary: those whose
 primary has been silent for ``failover_after_s``. For each, :func:`choose_primary` picks the
-live ISR member with the longest log end (ties: the earlier in the successor list). Every ISR
+stream's ``standby`` if it is a live ISR member (it runs warm standbys of the fragments over the
+stream, :mod:`peer.replication.standby`, which it promotes at once), else the live ISR member
+with the longest log end (ties: the earlier in the successor list). Every ISR
 member holds every acknowledged entry, so any choice keeps them all; the longest log keeps
 the most unacknowledged ones too. No live ISR member means no election: the stream waits
 (electing a replica outside the ISR could lose acknowledged entries).
@@ -53,7 +55,10 @@ __all__ = ["anchor_roots", "choose_primary", "failover_decisions", "live_nodes",
 def choose_primary(
     stream: StreamState, log_ends: Mapping[str, int], live: Collection[str]
 ) -> str | None:
-    """The live ISR member with the longest log end (unknown: -1), or None if none lives."""
+    """The standby if it is a live ISR member, else the live ISR member with the longest log
+    end (unknown: -1), or None if none lives."""
+    if stream.standby is not None and stream.standby in live and stream.standby in stream.in_sync:
+        return stream.standby
     best: str | None = None
     best_end = -2
     for node in stream.in_sync:  # in replica order, so a tie goes to the earlier
@@ -62,7 +67,7 @@ def choose_primary(
     return best
 
 
-def has_standby(state: StreamState) -> bool:
+def can_fail_over(state: StreamState) -> bool:
     """Whether ``state`` has a replica besides its primary, on which what leads it could run
     if its primary died. A fragment anchored to a stream without one is not replicated: its
     checkpoints would have nowhere to go, and it could not run in its peer's shared lane."""

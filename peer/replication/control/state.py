@@ -34,9 +34,14 @@ is a no-op with a reason (:class:`Applied`):
   entries back into the ISR). The primary never leaves the ISR.
 - ``SetReplicas`` holds only at its version and must keep the primary; members that leave the
   successor list leave the ISR.
+- ``SetStandby`` names the ISR member that runs warm standbys of the stream's fragments
+  (:mod:`peer.replication.standby`); it holds only in its epoch, for an ISR member other than
+  the primary (or None). A standby that leaves the ISR, or becomes primary, is no longer one:
+  every change that does so clears it.
 
 Invariants (tests/unit/test_control_state.py): the primary is in the ISR; the ISR is drawn from
-the replicas; while a stream exists, its epoch and version never fall.
+the replicas; the standby, if any, is an ISR member other than the primary; while a stream
+exists, its epoch and version never fall.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from peer.replication.control.commands import (
     Elect,
     ExpandIsr,
     SetReplicas,
+    SetStandby,
     ShrinkIsr,
 )
 
@@ -70,6 +76,7 @@ class StreamState:
     version: int
     anchor: str | None = None  # the stream this one fails over with (see the module docstring)
     wanted: int | None = None  # the replicas asked for (None: as many as it has)
+    standby: str | None = None  # the ISR member running the fragments' warm standbys
 
     @property
     def under_replicated(self) -> bool:
@@ -145,10 +152,16 @@ class ControlState:
             outcome = self._change_isr(current, command)
         elif isinstance(command, SetReplicas):
             outcome = self._set_replicas(current, command)
+        elif isinstance(command, SetStandby):
+            outcome = self._set_standby(current, command)
         else:  # pragma: no cover - the Command union is closed
             raise TypeError(f"not a control-plane command: {command!r}")
         if isinstance(outcome, str):
             return Applied(command, False, outcome)
+        if outcome.standby is not None and (
+            outcome.standby == outcome.primary or outcome.standby not in outcome.in_sync
+        ):
+            outcome = replace(outcome, standby=None)  # promoted, or out of the ISR
         self._streams[command.name] = replace(outcome, version=current.version + 1)
         return Applied(command, True)
 
@@ -202,6 +215,17 @@ class ControlState:
             members = set(current.in_sync) | {command.node}
         in_sync = tuple(n for n in current.replicas if n in members)
         return replace(current, in_sync=in_sync)
+
+    @staticmethod
+    def _set_standby(current: StreamState, command: SetStandby) -> StreamState | str:
+        if command.epoch != current.epoch:
+            return f"decided in epoch {command.epoch}; {current.name!r} is in epoch {current.epoch}"
+        node = command.standby
+        if node == current.standby:
+            return f"{node} is {current.name!r}'s standby already"
+        if node is not None and (node == current.primary or node not in current.in_sync):
+            return f"{node} is not an ISR member of {current.name!r} other than its primary"
+        return replace(current, standby=node)
 
     @staticmethod
     def _set_replicas(current: StreamState, command: SetReplicas) -> StreamState | str:

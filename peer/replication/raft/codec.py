@@ -27,6 +27,7 @@ from peer.replication.control import (
     Elect,
     ExpandIsr,
     SetReplicas,
+    SetStandby,
     ShrinkIsr,
     StreamState,
 )
@@ -62,12 +63,13 @@ _COMMANDS: dict[str, type[Command]] = {
     "shrink_isr": ShrinkIsr,
     "expand_isr": ExpandIsr,
     "set_replicas": SetReplicas,
+    "set_standby": SetStandby,
 }
 _TYPE_OF: dict[type[Any], str] = {cls: name for name, cls in _COMMANDS.items()}
 _STR_FIELDS = {"name", "primary", "node"}
 _INT_FIELDS = {"epoch", "version", "min_insync"}
 # absent from the wire form when None (as older voters wrote): field -> its type
-_OPTIONAL_FIELDS: dict[str, type] = {"anchor": str, "wanted": int}
+_OPTIONAL_FIELDS: dict[str, type] = {"anchor": str, "wanted": int, "standby": str}
 
 
 def wire_int(what: str, value: object) -> int:
@@ -154,8 +156,9 @@ def command_from_wire(data: bytes) -> Command:
 def stream_to_wire(stream: StreamState) -> list[Any]:
     """One stream's state as a plain list (msgpack-able): name, epoch, primary, replicas,
     in_sync, min_insync, version, and the anchor as an 8th element if there is one (so an
-    unanchored stream keeps the 7-element form older voters read), and the replicas asked
-    for as a 9th if the stream has fewer (the anchor then nil if it has none)."""
+    unanchored stream keeps the 7-element form older voters read), the replicas asked
+    for as a 9th if the stream has fewer, and the standby as a 10th if it has one (the
+    elements before then nil where there is none)."""
     wire = [
         stream.name,
         stream.epoch,
@@ -165,18 +168,19 @@ def stream_to_wire(stream: StreamState) -> list[Any]:
         stream.min_insync,
         stream.version,
     ]
-    if stream.anchor is not None or stream.wanted is not None:
-        wire.append(stream.anchor)
-    if stream.wanted is not None:
-        wire.append(stream.wanted)
+    extra = [stream.anchor, stream.wanted, stream.standby]
+    while extra and extra[-1] is None:
+        extra.pop()
+    wire.extend(extra)
     return wire
 
 
 def stream_from_wire(value: object) -> StreamState:
     """The inverse of :func:`stream_to_wire` (7 elements, 8 with the anchor, which may be
-    nil, 9 with the replicas asked for), checking the invariants of the state."""
-    if not isinstance(value, list) or len(value) not in (7, 8, 9):
-        raise InvalidInput(f"a stream state must be a list of 7 to 9, not {value!r:.80}")
+    nil, 9 with the replicas asked for, 10 with the standby), checking the invariants of the
+    state."""
+    if not isinstance(value, list) or len(value) not in (7, 8, 9, 10):
+        raise InvalidInput(f"a stream state must be a list of 7 to 10, not {value!r:.80}")
     name = _wire_str("stream.name", value[0])
     epoch = wire_int(f"stream {name!r} epoch", value[1])
     primary = _wire_str(f"stream {name!r} primary", value[2])
@@ -196,11 +200,20 @@ def stream_from_wire(value: object) -> StreamState:
         if anchor in ("", name):
             raise InvalidInput(f"stream {name!r}: the anchor must name another stream")
     wanted: int | None = None
-    if len(value) == 9 and value[8] is not None:
+    if len(value) >= 9 and value[8] is not None:
         wanted = wire_int(f"stream {name!r} wanted", value[8])
         if wanted < 1:
             raise InvalidInput(f"stream {name!r}: the replicas asked for must be at least 1")
-    return StreamState(name, epoch, primary, replicas, in_sync, min_insync, version, anchor, wanted)
+    standby: str | None = None
+    if len(value) == 10 and value[9] is not None:
+        standby = _wire_str(f"stream {name!r} standby", value[9])
+        if standby == primary or standby not in in_sync:
+            raise InvalidInput(
+                f"stream {name!r}: the standby must be an ISR member other than the primary"
+            )
+    return StreamState(
+        name, epoch, primary, replicas, in_sync, min_insync, version, anchor, wanted, standby
+    )
 
 
 def state_from_streams(streams: Sequence[StreamState], applied: int) -> ControlState:
