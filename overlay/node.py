@@ -352,6 +352,15 @@ class Overlay:
         engines = [m for m in live if m.engine]
         return rank(stream_target(stream), engines or live)[:r]
 
+    def successors(self, stream: str, r: int = 1) -> list[MemberInfo]:
+        """The live members that should hold copies of ``stream``, best first: those that run
+        an engine XOR-closest to its target, then the others (a copy on a peer without an
+        engine keeps the data safe when the engine peers run out)."""
+        live = self.live_members()
+        target = stream_target(stream)
+        engines = rank(target, [m for m in live if m.engine])
+        return [*engines, *rank(target, [m for m in live if not m.engine])][:r]
+
     # links
     async def request(
         self, node_id: bytes, frame: dict[str, Any], *, timeout_s: float | None = None

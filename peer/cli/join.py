@@ -62,6 +62,7 @@ async def cmd_join(args: argparse.Namespace) -> int:
         engine=not args.no_engine,
         fuse_stateless=not args.no_lane,
         warm_up=not args.no_warm_up,
+        standby=args.standby,
         spark_master=args.spark_master,
         spark_conf=spark_conf,
         checkpoint_root=checkpoint_root,
@@ -373,5 +374,11 @@ def add_join_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         action="store_true",
         help="skip running a small windowed query once after Spark starts (by default the "
         "peer warms its engine up so that the first fragment it takes over starts fast)",
+    )
+    p.add_argument(
+        "--standby",
+        action="store_true",
+        help="give the queries this peer coordinates a warm standby of their stateful "
+        'fragments unless they say otherwise (a query\'s "standby": true|false)',
     )
     p.set_defaults(run=cmd_join)

@@ -67,6 +67,8 @@ def print_status(status: Mapping[str, Any]) -> None:
     replication = status.get("replication")
     if replication and (replication.get("streams") or replication.get("note")):
         _print_replication(console, replication)
+    if replication and (replication.get("standbys") or replication.get("promotions")):
+        _print_standbys(console, replication)
     brain = status.get("brain")
     if brain:
         _print_brain(console, brain)
@@ -113,6 +115,26 @@ def _print_replication(console: Console, replication: Mapping[str, Any]) -> None
             ", ".join(f"{n[:8]}:{v}" for n, v in lag.items()) or "-",
         )
     console.print(table)
+
+
+def _print_standbys(console: Console, replication: Mapping[str, Any]) -> None:
+    """Warm standbys here: whose, over which input, how far behind, what they hold."""
+    from rich.table import Table
+
+    table = Table("standby of", "role", "input", "behind", "since batch", "held", "batches")
+    for name, sb in (replication.get("standbys") or {}).items():
+        since = sb.get("since_batch_s")
+        table.add_row(
+            name,
+            "promoted" if sb.get("promoted") else "standby",
+            str(sb.get("anchor")),
+            "-" if sb.get("behind_batches") is None else f"{sb['behind_batches']} batches",
+            "-" if since is None else f"{since:.1f} s",
+            str(sb.get("held")),
+            str(sb.get("batches")),
+        )
+    console.print(table)
+    console.print(f"standby promotions here: {replication.get('promotions', 0)}")
 
 
 def _print_overlay(console: Console, overlay: Mapping[str, Any]) -> None:

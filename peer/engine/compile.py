@@ -126,8 +126,11 @@ def _beatless(df: DataFrame, event_time: str | None = None) -> DataFrame:
 
 
 class _Compiler:
-    def __init__(self, checked: CheckedQuery, source: SourceFactory) -> None:
+    def __init__(
+        self, checked: CheckedQuery, source: SourceFactory, *, lineage: bool = False
+    ) -> None:
         self.checked = checked
+        self.lineage = lineage
         self.frames: dict[str, DataFrame] = {}
         self.branches: dict[str, list[DataFrame]] = {}  # a union's inputs, by its output
         for name in checked.inputs:
@@ -316,12 +319,10 @@ class _Compiler:
         parts = []
         for index, (stream, schema) in enumerate(outputs):
             df = _beatless(self.frames[stream])
-            parts.append(
-                df.select(
-                    F.lit(index).alias(OUT),
-                    F.struct(*[F.col(c) for c in schema.names]).alias(f"__o{index}"),
-                )
-            )
+            fields = [F.col(c) for c in schema.names]
+            if self.lineage and SEQ in df.columns:
+                fields.append(F.col(SEQ))
+            parts.append(df.select(F.lit(index).alias(OUT), F.struct(*fields).alias(f"__o{index}")))
         frame = parts[0]
         for part in parts[1:]:
             frame = frame.unionByName(part, allowMissingColumns=True)
@@ -342,9 +343,14 @@ def needs_arrival_order(checked: CheckedQuery) -> bool:
     return False
 
 
-def compile_query(checked: CheckedQuery, source: SourceFactory) -> CompiledQuery:
-    """Build the streaming DataFrame of ``checked``. Blocking py4j calls: run off the loop."""
-    return _Compiler(checked, source).run()
+def compile_query(
+    checked: CheckedQuery, source: SourceFactory, *, lineage: bool = False
+) -> CompiledQuery:
+    """Build the streaming DataFrame of ``checked``. Blocking py4j calls: run off the loop.
+    ``lineage``: each result of a stream whose frame carries the sources' ``__seq`` (the input
+    tuple behind a per-tuple result) keeps it, and :func:`split_outputs` hands it on (a warm
+    standby names its results by it, peer.replication.standby)."""
+    return _Compiler(checked, source, lineage=lineage).run()
 
 
 def split_outputs(compiled: CompiledQuery, table: pa.Table) -> dict[str, pa.Table]:
@@ -363,8 +369,12 @@ def split_outputs(compiled: CompiledQuery, table: pa.Table) -> dict[str, pa.Tabl
 
 
 def unfold(rows: pa.Table, column: str, schema: Schema) -> pa.Table:
-    """The fields of a result's struct column, as a table of the result stream's schema."""
+    """The fields of a result's struct column, as a table of the result stream's schema (and
+    ``__seq`` after it when the struct carries it: compiled with lineage)."""
     import pyarrow as pa
 
     struct = rows.column(column).combine_chunks()
-    return pa.table({name: struct.field(name) for name in schema.names})
+    names = list(schema.names)
+    if struct.type.get_field_index(SEQ) >= 0:
+        names.append(SEQ)
+    return pa.table({name: struct.field(name) for name in names})

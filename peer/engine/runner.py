@@ -191,9 +191,11 @@ class Engine:
         hold_back: list[Path] | None = None,
         heartbeat: bool = False,
         elsewhere: dict[str, Path] | None = None,
+        ignore_hold: bool = False,
     ) -> Callable[[str, Schema], DataFrame]:
         """The sources of one streaming query; ``elsewhere`` reads some streams from other
-        directories (a tentative fork's copies of its missing inputs), unregistered."""
+        directories (a tentative fork's copies of its missing inputs), unregistered;
+        ``ignore_hold``: read each spool to its log end (a standby over follower copies)."""
         from peer.engine.source import read_stream
 
         assert self.spark is not None
@@ -221,6 +223,7 @@ class Engine:
                 max_backlog=self.max_backlog,
                 heartbeat=heartbeat,
                 fetch=self.fetch,
+                ignore_hold=ignore_hold,
             )
 
         return make
@@ -243,16 +246,19 @@ class Engine:
         *,
         resume: bool = False,
         placement: str | None = None,
+        standby: bool = False,
     ) -> str:
         """Start ``checked`` (resuming from its checkpoint when there is one) and say where it
         runs. A query resumed after a restart must keep its first ``placement``: that is
-        where its checkpoint and its progress are."""
+        where its checkpoint and its progress are. ``standby``: as a warm standby
+        (peer.replication.standby), in its own streaming query, reading its inputs (follower
+        copies) to their log ends, each per-tuple result keeping ``__seq`` (its input tuple)."""
         name = checked.query.name
         if name in self.lane.members:
             return "lane"
         if name in self.running:
             return "own"
-        placement = placement or self.placement_for(checked)
+        placement = "own" if standby else placement or self.placement_for(checked)
         if placement == "lane":
             spark = self.spark
             assert spark is not None
@@ -270,7 +276,9 @@ class Engine:
         origin = f"query:{name}:{incarnation}"
 
         def start() -> RunningQuery:
-            return self.start_streaming(checked, incarnation, key, checkpoint, origin)
+            return self.start_streaming(
+                checked, incarnation, key, checkpoint, origin, standby=standby
+            )
 
         try:
             self.running[name] = await self._call(start)
@@ -294,6 +302,7 @@ class Engine:
         *,
         status: str = STABLE,
         elsewhere: dict[str, Path] | None = None,
+        standby: bool = False,
     ) -> RunningQuery:
         """Start ``checked`` as its own streaming query (on the Spark thread): its sources,
         and the sink that appends each micro-batch's results to its result spools tagged
@@ -305,12 +314,13 @@ class Engine:
         source = self._source(
             key,
             readers,
-            with_seq=needs_arrival_order(checked),
+            with_seq=needs_arrival_order(checked) or standby,
             hold_back=hold_back,
             heartbeat=checked.query.availability_bound_s is not None,
             elsewhere=elsewhere,
+            ignore_hold=standby,
         )
-        compiled = compile_query(checked, source)
+        compiled = compile_query(checked, source, lineage=standby)
         running: RunningQuery | None = None
         tentative = status != STABLE
 

@@ -18,7 +18,9 @@ An offset is ``{"offset": N}``: every spool file with offset <= N is consumed. S
   micro-batch always takes at least one whole file: files are the unit of the offset. It
   never goes past the spool's watermark (a replicated stream's acknowledged end, which the
   peer's ``Spool.hold`` writes; read once per call; no file: no bound), nor does
-  ``prepareForTriggerAvailableNow``'s target;
+  ``prepareForTriggerAvailableNow``'s target. With ``ignoreHold`` it reads to the log's end:
+  a warm standby over a follower's copy (:mod:`peer.replication.standby`), whose spool is held
+  at -1 while it follows; files are renamed into place whole, so it never meets half of one;
 * ``partitions(start, end)``: the files of the range split into up to ``numPartitions``
   contiguous runs of similar row count, so that two cores read and filter in parallel;
   Spark concatenates partitions in order, so a collected micro-batch is in offset order;
@@ -88,9 +90,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SOURCE_NAME = "fedspool"
-SEQ_COLUMN = "__seq"
+SEQ_COLUMN = fmt.SEQ_COLUMN
 HB_COLUMN = "__hb"  # true on a heartbeat row (a tentative fork's missing input)
-SEQ_SHIFT = 24  # __seq = offset << SEQ_SHIFT | row index
+SEQ_SHIFT = fmt.SEQ_SHIFT  # __seq = offset << SEQ_SHIFT | row index
 DEFAULT_MAX_ROWS = 200_000
 DEFAULT_PARTITIONS = 2
 # Below this many rows per partition a second Python task costs more than it saves.
@@ -154,6 +156,7 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 f"startingOffset must be 'earliest' or 'latest', not {self.starting!r}"
             )
         self.fsync = not _flag(options.get("nofsync"))
+        self.bounded = not _flag(options.get("ignorehold"))
         self.fetch = FetchEndpoint.from_options(options)
         self._tickets = None if self.fetch is None else Tickets(self.fetch)
         # Backpressure: while a reader of one of these (output) spools is more than
@@ -175,10 +178,13 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self.starting == "latest":
             trimmed = fmt.trimmed_through(self.directory)
             last = present[-1] if present else trimmed
-            return {"offset": max(trimmed, _bounded(last, fmt.read_watermark(self.directory)))}
+            return {"offset": max(trimmed, _bounded(last, self._visible()))}
         if present:
             return {"offset": present[0] - 1}
         return {"offset": fmt.trimmed_through(self.directory)}
+
+    def _visible(self) -> int | None:
+        return fmt.read_watermark(self.directory) if self.bounded else None
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.max_rows > 0:
@@ -187,7 +193,7 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         present = fmt.list_offsets(self.directory)
-        visible = fmt.read_watermark(self.directory)
+        visible = self._visible()
         self._target = _bounded(present[-1], visible) if present else None
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
@@ -201,7 +207,7 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             max_files = limit.max_files
         elif isinstance(limit, ReadMaxBytes):
             max_bytes = limit.max_bytes
-        stop = _bounded(self._target, fmt.read_watermark(self.directory))
+        stop = _bounded(self._target, self._visible())
         end, rows, size = begin, 0, 0
         while stop is None or end < stop:
             path = fmt.offset_path(self.directory, end + 1)
@@ -248,7 +254,7 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         present = fmt.list_offsets(self.directory)
         if not present:
             return None
-        return {"offset": _bounded(present[-1], fmt.read_watermark(self.directory))}
+        return {"offset": _bounded(present[-1], self._visible())}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[SpoolRange]:
         first, last = int(start["offset"]) + 1, int(end["offset"])
@@ -425,6 +431,7 @@ def read_stream(
     max_backlog: int = 0,
     heartbeat: bool = False,
     fetch: FetchEndpoint | None = None,
+    ignore_hold: bool = False,
 ) -> DataFrame:
     """A streaming DataFrame over a spool; register ``reader_id`` on the spool first. With
     ``hold_back`` (the query's output spools) and ``max_backlog``, no new input is read
@@ -445,5 +452,6 @@ def read_stream(
         .option("holdBack", os.pathsep.join(str(p) for p in hold_back or []))
         .option("maxBacklog", str(max_backlog))
         .option("heartbeat", "true" if heartbeat else "false")
+        .option("ignoreHold", "true" if ignore_hold else "false")
         .load()
     )

@@ -36,6 +36,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from overlay.membership import MemberInfo, rank, stream_target
@@ -65,8 +66,11 @@ class Coordinator:
         hosting: Hosting,
         router: Router,
         replicas: ReplicaPlacement = UNREPLICATED,
+        *,
+        standby: bool = False,
     ) -> None:
         self.overlay = overlay
+        self.standby = standby  # a query that does not say gets warm standbys (peer join --standby)
         self.records = records
         self.hosting = hosting
         self.router = router
@@ -134,6 +138,8 @@ class Coordinator:
         return checked
 
     async def create(self, query: Query) -> CreateQueryReply:
+        if query.standby is None and self.standby:
+            query = replace(query, standby=True)
         checked = await self.check(query)
         primaries = {s: await self.primary_of(s) for s in checked.inputs}
 

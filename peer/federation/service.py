@@ -60,11 +60,13 @@ class Federation:
         quota: RelayQuota | None = None,
         status_parts: Mapping[str, StatusPart] | None = None,
         lease_s: float = LEASE_S,
+        standby: bool = False,
     ) -> None:
         """Its parts, built in the order they need each other. ``router`` and ``records``:
         this peer's links and catalog, which the replication ``room`` was built on too;
         ``quota``: relayed subscriptions' shares; ``status_parts``: more of ``peer status``
-        (the brain's, filled by the composition root once it is made)."""
+        (the brain's, filled by the composition root once it is made); ``standby``: whether
+        the queries coordinated here get warm standbys when they do not say."""
         self.site = site
         self.overlay = overlay
         self.api = api
@@ -76,7 +78,9 @@ class Federation:
             overlay, self.records, site, self.mirrors, api, replicas=room, lease_s=lease_s
         )
         self.forwarder = Forwarder(self.router, self.hosting, site, overlay.incarnation, quota)
-        self.coordinator = Coordinator(overlay, self.records, self.hosting, self.router, room)
+        self.coordinator = Coordinator(
+            overlay, self.records, self.hosting, self.router, room, standby=standby
+        )
         self.requests = SiteRequests(
             site, self.records, self.hosting, self.mirrors, self.router, room
         )

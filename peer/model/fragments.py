@@ -37,9 +37,10 @@ class Fragment:
     inputs: tuple[str, ...]  # streams read from outside this fragment, in first-use order
     outputs: tuple[str, ...]  # every stream its boxes write
     availability_bound_s: float | None = None  # the query's (every fragment keeps it)
+    standby: bool | None = None  # the query's
 
     def as_query(self) -> Query:
-        return Query(self.name, self.boxes, self.availability_bound_s)
+        return Query(self.name, self.boxes, self.availability_bound_s, self.standby)
 
 
 def topological_boxes(query: Query) -> list[Box]:
@@ -172,6 +173,7 @@ def fragment_query(
                 tuple(inputs),
                 outputs,
                 query.availability_bound_s,
+                query.standby,
             )
         )
     return fragments

@@ -9,7 +9,7 @@ A query arrives in one of three spellings that all yield equal :class:`Query` ob
   (its other children, such as schema and stream declarations, are ignored here; a whole
   document is read by :mod:`peer.model.borealis`);
 - JSON text or a mapping: ``{"name", "boxes": [{"name", "type", "inputs", "outputs",
-  "params": {...}, "node"?}], "availability_bound"?}``.
+  "params": {...}, "node"?}], "availability_bound"?, "standby"?}``.
 
 A query may state an *availability bound* (Borealis' Delay, Process and Correct): the most
 seconds a new input tuple's effect may be delayed at an output by a missing input, after
@@ -17,6 +17,11 @@ which the query goes on with the inputs it has and marks its results tentative
 (``"availability_bound": SECONDS`` in JSON, a query-level ``<parameter
 name="availability-bound" value="SECONDS"/>`` in XML). Without one, a query waits for every
 input and its results stay exact.
+
+A query may ask for warm standbys of its stateful fragments (process pairs,
+:mod:`peer.replication.standby`): ``"standby": true`` in JSON, a query-level ``<parameter
+name="standby" value="1"/>`` in XML (``0``/``1``/``false``/``true``). Not stated (None), the
+coordinating peer's default holds (``peer join --standby``).
 
 Parsing checks the structure only: names, box types and their number of arrows, unique box
 names, one producer per stream, no cycle. Parameters are kept as text, sorted by name, with
@@ -77,10 +82,30 @@ class Query:
     boxes: tuple[Box, ...]
     # seconds a missing input may delay results before they go on, tentative (None: wait)
     availability_bound_s: float | None = None
+    # warm standbys for its stateful fragments (None: as the coordinating peer decides)
+    standby: bool | None = None
 
 
 BOUND_PARAM = "availability-bound"
+STANDBY_PARAM = "standby"
+QUERY_PARAMS = (BOUND_PARAM, STANDBY_PARAM)
 MAX_BOUND_S = 86_400.0
+_FLAGS = {"1": True, "true": True, "0": False, "false": False}
+
+
+def check_standby(qname: str, value: object) -> bool | None:
+    """Whether a query asks for standbys, as given (JSON bool or XML text); None when not
+    given."""
+    if value is None or isinstance(value, bool):
+        return value
+    flag = _FLAGS.get(value.strip().lower()) if isinstance(value, str) else None
+    if flag is None:
+        raise QueryError(
+            f"query {qname}: standby must be true or false (XML: 1 or 0), got {value!r:.40}",
+            query=qname,
+            parameter="standby",
+        )
+    return flag
 
 
 def check_bound(qname: str, value: object) -> float | None:
@@ -190,10 +215,17 @@ def query_to_dict(query: Query) -> dict[str, Any]:
     out: dict[str, Any] = {"name": query.name, "boxes": boxes}
     if query.availability_bound_s is not None:
         out["availability_bound"] = query.availability_bound_s
+    if query.standby is not None:
+        out["standby"] = query.standby
     return out
 
 
-def make_query(name: object, boxes: list[Box], availability_bound_s: float | None = None) -> Query:
+def make_query(
+    name: object,
+    boxes: list[Box],
+    availability_bound_s: float | None = None,
+    standby: bool | None = None,
+) -> Query:
     """Check a query's structure and return it."""
     qname = check_name(name, "query", QueryError)
     where = f"query {qname}"
@@ -218,7 +250,7 @@ def make_query(name: object, boxes: list[Box], availability_bound_s: float | Non
                     stream=stream,
                 )
             producers[stream] = box.name
-    query = Query(qname, tuple(boxes), availability_bound_s)
+    query = Query(qname, tuple(boxes), availability_bound_s, standby)
     topological_order(query)
     return query
 
@@ -360,14 +392,21 @@ def _natural(name: str) -> tuple[str, int]:
 
 
 def _query_from_mapping(data: Mapping[str, Any], max_boxes: int = MAX_BOXES) -> Query:
-    unknown = set(data) - {"name", "boxes", "availability_bound"}
+    unknown = set(data) - {"name", "boxes", "availability_bound", "standby"}
     if unknown:
         raise QueryError(
             f"query: unknown keys {sorted(map(str, unknown))} "
-            "(known: name, boxes, availability_bound)"
+            "(known: name, boxes, availability_bound, standby)"
         )
     qname = check_name(data.get("name"), "query", QueryError)
     bound = check_bound(qname, data.get("availability_bound"))
+    standby = data.get("standby")
+    if standby is not None and not isinstance(standby, bool):
+        raise QueryError(
+            f"query {qname}: standby must be true or false, got {standby!r:.40}",
+            query=qname,
+            parameter="standby",
+        )
     raw_boxes = data.get("boxes")
     if not isinstance(raw_boxes, list | tuple):
         raise QueryError(f"query {qname}: 'boxes' must be a list", query=qname)
@@ -401,7 +440,7 @@ def _query_from_mapping(data: Mapping[str, Any], max_boxes: int = MAX_BOXES) -> 
                 raw.get("node"),
             )
         )
-    return make_query(qname, boxes, bound)
+    return make_query(qname, boxes, bound, standby)
 
 
 # -- XML ----------------------------------------------------------------------------------------
@@ -421,20 +460,20 @@ def _query_from_xml(root: ET.Element, max_boxes: int = MAX_BOXES) -> Query:
         raise QueryError(f"query XML must have a <query> root element, got <{root.tag}>")
     qname = check_name(root.get("name"), "query", QueryError)
     boxes: list[Box] = []
-    bound: float | None = None
+    given: dict[str, str] = {}
     for child in root:
         if child.tag in ("param", "parameter"):
             name = child.get("name")
-            if name != BOUND_PARAM:
+            if name not in QUERY_PARAMS:
                 raise QueryError(
-                    f"query {qname}: unknown query parameter {name!r} "
-                    f"(a query takes {BOUND_PARAM!r}; box parameters go inside a <box>)",
+                    f"query {qname}: unknown query parameter {name!r} (a query takes "
+                    f"{' or '.join(map(repr, QUERY_PARAMS))}; box parameters go inside a <box>)",
                     query=qname,
                 )
-            if bound is not None:
-                raise QueryError(f"query {qname}: {BOUND_PARAM} is given twice", query=qname)
+            if name in given:
+                raise QueryError(f"query {qname}: {name} is given twice", query=qname)
             value = child.get("value")
-            bound = check_bound(qname, value if value is not None else (child.text or "").strip())
+            given[name] = value if value is not None else (child.text or "").strip()
             continue
         if child.tag != "box":
             raise QueryError(f"query {qname}: unexpected element <{child.tag}>", query=qname)
@@ -446,7 +485,8 @@ def _query_from_xml(root: ET.Element, max_boxes: int = MAX_BOXES) -> Query:
                 query=qname,
             )
         boxes.append(_box_from_xml(qname, child))
-    return make_query(qname, boxes, bound)
+    bound = check_bound(qname, given.get(BOUND_PARAM))
+    return make_query(qname, boxes, bound, check_standby(qname, given.get(STANDBY_PARAM)))
 
 
 def _box_from_xml(qname: str, element: ET.Element) -> Box:

@@ -86,6 +86,8 @@ class PeerConfig:
     # Run a small windowed query once after this peer's own Spark session starts, so that the
     # first fragment it runs (a take-over, an arrival) starts warm (peer.engine.warm).
     warm_up: bool = True
+    # Queries coordinated here that do not say get warm standbys (peer.replication.standby).
+    standby: bool = False
     # Content budgets of requests (issue 12): pushed Arrow bytes once decompressed, query size
     # in any form, boxes, arrows per box, parameter text (peer.model.limits).
     limits: ContentLimits = field(default_factory=ContentLimits)

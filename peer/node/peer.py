@@ -285,6 +285,7 @@ class Peer:
             quota=RelayQuota(config.relay_streams_per_connection, config.relay_streams_per_address),
             status_parts=self._status_parts,
             lease_s=config.lease_s,
+            standby=config.standby,
         )
         roles.open(fed.on_role)
         door.open(fed)

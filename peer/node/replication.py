@@ -26,6 +26,7 @@ from peer.protocol.link import Frame
 from peer.replication.appenders import Appenders
 from peer.replication.fragment_failover import ReplicatedFragments
 from peer.replication.plane import ControlPlane, ReplicationSettings
+from peer.replication.standby import Standbys
 from peer.site import LocalSite
 from peer.timing import MONOTONIC, Clock
 
@@ -129,7 +130,7 @@ class PlaneRoom:
         return self.plane.plain_copies()
 
     def status(self) -> dict[str, Any]:
-        return self.plane.status()
+        return {**self.plane.status(), **self.fragments.standbys.status()}
 
     def on_role(self, stream: str, primary: bool) -> None:
         self.fragments.on_role(stream, primary)
@@ -166,7 +167,7 @@ def build_room(
         return overlay.is_live(bytes.fromhex(node))
 
     def responsible(name: str, r: int) -> list[str]:
-        return [m.node_id.hex() for m in overlay.responsible(name, r)]
+        return [m.node_id.hex() for m in overlay.successors(name, r)]
 
     async def gone(node: str) -> bool:
         return await overlay.refuses_connections(bytes.fromhex(node))
@@ -190,6 +191,7 @@ def build_room(
         router,
         min_insync=settings.min_insync,
         logs=logs,
+        standbys=Standbys(site, plane, clock=clock),
         seams=seams,
         clock=clock,
     )

@@ -158,6 +158,25 @@ COLLECTED: tuple[Family, ...] = (
         "stream",
         "peer",
     ),
+    _f(
+        "standby_lag_batches",
+        "gauge",
+        "Input batches a warm standby here has yet to read (of its copy of the input)",
+        "fragment",
+    ),
+    _f(
+        "standby_held_results",
+        "gauge",
+        "Results a warm standby here holds back, not yet in its primary's result streams",
+        "fragment",
+    ),
+    _f(
+        "standby_since_batch_seconds",
+        "gauge",
+        "Seconds since a warm standby here last ran a batch",
+        "fragment",
+    ),
+    _f("standby_promotions_total", "counter", "Warm standbys promoted on this peer"),
     _f("overlay_members", "gauge", "Overlay members as gossip has them, by state", "state"),
     _f("links", "gauge", "Peer links open, by direction (outgoing, incoming)", "direction"),
     _f("link_bytes_total", "counter", "Bytes over peer links, by direction", "direction"),
@@ -306,6 +325,15 @@ def _fragments(fragments: Mapping[str, Mapping[str, float]], add: Any) -> None:
 
 
 def _replication(replication: Mapping[str, Any], add: Any) -> None:
+    standbys = replication.get("standbys")
+    if isinstance(standbys, dict):
+        for name, info in sorted(standbys.items()):
+            if isinstance(info, dict) and not info.get("promoted"):
+                add("standby_lag_batches", [str(name)], info.get("behind_batches"))
+                add("standby_held_results", [str(name)], info.get("held"))
+                add("standby_since_batch_seconds", [str(name)], info.get("since_batch_s"))
+    if "promotions" in replication:
+        add("standby_promotions_total", [], replication.get("promotions"))
     streams = replication.get("streams")
     if not isinstance(streams, dict):
         return

@@ -24,34 +24,35 @@ coordinator places a fragment on the primary of its first input) is *replicated*
 * A status change (STOPPED, RUNNING) writes a record too, so a replica takes the fragment over
   in the status it had; DELETED drops the streams from the control plane and from every
   replica.
+* A fragment with a warm standby here (:mod:`peer.replication.standby`) is not started from
+  its record: the standby is promoted, and its results go through it (held, then filtered).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import shutil
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import msgpack
 import pyarrow as pa
 
 from peer.engine.seams import EngineSeams
 from peer.errors import FedstreamError, Unavailable
 from peer.model.plan import CheckedQuery
 from peer.model.query import parse_query, query_to_dict
-from peer.model.schema import Field, Schema, make_schema
 from peer.protocol.link import FragmentStatus, HostStream
 from peer.replication.appenders import Appenders
+from peer.replication.checkpoint_record import CKPT_SCHEMA, FragmentRecord
 from peer.replication.control import DropStream, StreamState, can_fail_over
 from peer.replication.names import CKPT_PREFIX, checkpoint_stream
 from peer.replication.plane import ControlPlane
 from peer.replication.ports import Links, Records
+from peer.replication.standby import Standbys
 from peer.site import LocalSite
 from peer.storage.bundle import bundle, listing, unbundle
 from peer.storage.spool_format import offset_path, read_file
@@ -63,88 +64,12 @@ if TYPE_CHECKING:
 __all__ = ["CKPT_PREFIX", "FragmentRecord", "ReplicatedFragments", "checkpoint_stream"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
-CKPT_SCHEMA: Schema = make_schema(
-    "fedstream_checkpoint", (Field("batch", "long"), Field("record", "string"))
-)
 EMIT_PATIENCE_S = 120.0  # how long a result append retries a retriable refusal while primary
 EMIT_RETRY_S = 0.1
 RESTART_AFTER_S = 5.0  # a failed fragment is restarted at most this often
 RECONCILE_S = 1.0  # fragments are reconciled this often, and at once on a change of role
-
-
-@dataclass(frozen=True)
-class FragmentRecord:
-    """One entry of a fragment's checkpoint stream."""
-
-    fragment: str
-    definition: dict[str, Any]
-    incarnation: str
-    status: str
-    batch: int
-    checkpoint: bytes
-    inputs: tuple[str, ...] = field(default=())
-    outputs: tuple[str, ...] = field(default=())
-
-    def to_table(self) -> pa.Table:
-        body = msgpack.packb(
-            {
-                "fragment": self.fragment,
-                "definition": self.definition,
-                "incarnation": self.incarnation,
-                "status": self.status,
-                "batch": self.batch,
-                "checkpoint": self.checkpoint,
-                "inputs": list(self.inputs),
-                "outputs": list(self.outputs),
-            },
-            use_bin_type=True,
-        )
-        text = base64.b64encode(body).decode("ascii")
-        return pa.table(
-            {"batch": pa.array([self.batch], pa.int64()), "record": pa.array([text], pa.string())}
-        )
-
-    @staticmethod
-    def from_table(table: pa.Table) -> FragmentRecord:
-        """The record of one checkpoint-stream batch; ValueError names what is malformed."""
-        if table.num_rows != 1 or "record" not in table.column_names:
-            raise ValueError("a checkpoint record is one row with a 'record' column")
-        try:
-            raw = base64.b64decode(str(table.column("record")[0].as_py()), validate=True)
-            data = msgpack.unpackb(raw, raw=False, strict_map_key=True)
-        except (ValueError, msgpack.UnpackException) as exc:
-            raise ValueError(f"checkpoint record is not base64 msgpack: {exc}") from None
-        if not isinstance(data, dict):
-            raise ValueError("checkpoint record is not a map")
-        text = {k: data.get(k) for k in ("fragment", "incarnation", "status")}
-        for key, value in text.items():
-            if not isinstance(value, str) or not value:
-                raise ValueError(f"checkpoint record: {key} must be a non-empty string")
-        batch, checkpoint = data.get("batch"), data.get("checkpoint")
-        definition = data.get("definition")
-        if isinstance(batch, bool) or not isinstance(batch, int) or not -(2**63) <= batch < 2**63:
-            raise ValueError("checkpoint record: batch must be an int64")
-        if not isinstance(checkpoint, bytes) or not isinstance(definition, dict):
-            raise ValueError("checkpoint record: checkpoint must be bytes, definition a map")
-        if not all(isinstance(k, str) for k in definition):
-            raise ValueError("checkpoint record: definition keys must be strings")
-        names: dict[str, tuple[str, ...]] = {}
-        for key in ("inputs", "outputs"):
-            value = data.get(key)
-            if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-                raise ValueError(f"checkpoint record: {key} must be a list of names")
-            names[key] = tuple(value)
-        return FragmentRecord(
-            str(text["fragment"]),
-            definition,
-            str(text["incarnation"]),
-            str(text["status"]),
-            batch,
-            checkpoint,
-            names["inputs"],
-            names["outputs"],
-        )
 
 
 @dataclass
@@ -180,15 +105,18 @@ class ReplicatedFragments:
         *,
         min_insync: int,
         logs: Appenders,
+        standbys: Standbys,
         seams: EngineSeams | None = None,
         clock: Clock = MONOTONIC,
     ) -> None:
-        """``logs``: the replicated streams' appenders; ``seams``: the engine's (None: this
-        peer has no engine), whose results this takes from now on; ``clock``: for retry
-        deadlines, restart spacing and take-over times."""
+        """``logs``: the replicated streams' appenders; ``standbys``: the warm standbys this
+        peer runs; ``seams``: the engine's (None: this peer has no engine), whose results
+        this takes from now on; ``clock``: for retry deadlines, restart spacing and take-over
+        times."""
         self.site = site
         self.clock = clock
         self.logs = logs
+        self.standbys = standbys
         self.plane = plane
         self.records = records
         self.router = router
@@ -262,6 +190,7 @@ class ReplicatedFragments:
             return
         if status == "DELETED":
             del self.standing[name]
+            self.standbys.released(name)
             await self.drop(name, standing)
             return
         engine = self.site.engine
@@ -292,7 +221,9 @@ class ReplicatedFragments:
                 log.warning("replica %s did not drop fragment %s: %s", node[:12], name, exc)
 
     async def forget(self, name: str) -> None:
-        """A deleted fragment's replicated streams held here as a replica: dropped."""
+        """A deleted fragment's replicated streams held here as a replica: dropped (and its
+        standby here stopped)."""
+        await self.standbys.stop(name)
         stream = checkpoint_stream(name)
         if stream not in self.site.spools:
             return
@@ -328,22 +259,28 @@ class ReplicatedFragments:
         return before_emit
 
     def emit(self, stream: str, table: pa.Table, origin: str, seq: int) -> None:
-        """A result part: to the stream's replicas if it is replicated, else the spool."""
+        """A result part: to the stream's replicas if it is replicated, else the spool; a
+        standby's, through the standby (held, or filtered once promoted)."""
         if table.num_rows == 0:
             return
+        if self.standbys.holds(origin):
+            passed = self._wait(self.standbys.accept(stream, table, origin, seq))
+            if passed is None or passed.num_rows == 0:
+                return
+            table = passed
         if stream not in self.logs:
             self.site.spools.get(stream).append(table, origin=origin, seq=seq)
             return
         body = self.site.spools.get(stream).encode(table, origin=origin, seq=seq)
         self._wait(self._append(stream, body, table.num_rows, origin, seq))
 
-    def _wait(self, work: Coroutine[Any, Any, None]) -> None:
+    def _wait(self, work: Coroutine[Any, Any, T]) -> T:
         """Run ``work`` on the peer's loop from Spark's thread, and wait for it."""
         loop = self._loop
         if loop is None:
             work.close()
             raise Unavailable("replicated fragments are not running")
-        asyncio.run_coroutine_threadsafe(work, loop).result(EMIT_PATIENCE_S + 30)
+        return asyncio.run_coroutine_threadsafe(work, loop).result(EMIT_PATIENCE_S + 30)
 
     async def _write(
         self, name: str, standing: _Standing, status: str, batch: int, taken: bytes | None = None
@@ -439,8 +376,13 @@ class ReplicatedFragments:
                 self._refused[stream] = end
                 continue
             leads_all = all(self._leads(s) for s in (*record.inputs, *record.outputs))
-            if leads_all and not await self.take_over(record):
+            if not leads_all:
+                continue
+            if self.standbys.can_promote(name) and await self.promote(record):
+                continue
+            if not await self.take_over(record):
                 self._refused[stream] = end
+        await self.standbys.reconcile()
 
     async def _restart_failed(self) -> None:
         """A replicated fragment whose streaming query died here (a refused append, a disk
@@ -497,8 +439,43 @@ class ReplicatedFragments:
         )
         return True
 
+    async def promote(self, record: FragmentRecord) -> bool:
+        """Run a fragment here by promoting its warm standby: its held results published,
+        its query and checkpoint the fragment's from now on. False if it was not promoted
+        (the caller takes the fragment over from its record)."""
+        name = record.fragment
+        promoted = await self.standbys.promote(name, self._publish)
+        if promoted is None:
+            return False
+        engine = self.site.engine
+        assert engine is not None
+        standing = _Standing(record.definition, promoted.incarnation, record.inputs, record.outputs)
+        self.standing[name] = standing
+        try:
+            await self.site.restore_query(
+                parse_query(record.definition), promoted.incarnation, "RUNNING"
+            )
+            directory = engine.checkpoint_dir(name, promoted.incarnation)
+            await self._write(
+                name, standing, "RUNNING", -1, await asyncio.to_thread(bundle, directory)
+            )
+        except (FedstreamError, ValueError, OSError) as exc:
+            log.error(
+                "fragment %s: its promoted standby could not take the fragment: %s", name, exc
+            )
+            await self.release(name)
+            return False
+        return True
+
+    async def _publish(self, stream: str, table: pa.Table, origin: str, seq: int) -> None:
+        body = await asyncio.to_thread(
+            self.site.spools.get(stream).encode, table, origin=origin, seq=seq
+        )
+        await self._append(stream, body, table.num_rows, origin, seq)
+
     async def release(self, name: str) -> None:
         """Another peer leads this fragment's streams now: stop it here and forget it."""
         self.standing.pop(name, None)
+        self.standbys.released(name)
         await self.site.release_query(name)
         log.warning("fragment %s released: it runs on its streams' new primary", name)

@@ -61,7 +61,7 @@ still make them).
 
 Where the wiring finds a frontier without changing a format: a result stream's newest entry is
 tagged (origin, batch id); the fragment's checkpoint record written before that batch
-(:class:`~peer.replication.fragment_failover.FragmentRecord`) holds Spark's offset log of the
+(:class:`~peer.replication.checkpoint_record.FragmentRecord`) holds Spark's offset log of the
 batch, with its end offsets and its watermark. Frontiers are per stream because a batch's
 results are appended stream by stream, and a crash may fall between two appends. An
 aggregate's rows carry their own identities, so its streams can also be read for explicit

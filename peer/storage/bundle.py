@@ -20,7 +20,7 @@ import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
 
-__all__ = ["MAX_BUNDLE_BYTES", "MAX_BUNDLE_FILES", "bundle", "listing", "unbundle"]
+__all__ = ["MAX_BUNDLE_BYTES", "MAX_BUNDLE_FILES", "bundle", "listing", "member", "unbundle"]
 
 MAX_BUNDLE_FILES = 20_000
 MAX_BUNDLE_BYTES = 512 * 1024 * 1024  # unpacked
@@ -92,6 +92,23 @@ def _checked_names(archive: zipfile.ZipFile) -> list[tuple[zipfile.ZipInfo, Pure
             raise ValueError(f"checkpoint bundle unpacks to more than {MAX_BUNDLE_BYTES} bytes")
         checked.append((info, name))
     return checked
+
+
+def member(data: bytes, name: str, *, limit: int = 1 << 20) -> bytes | None:
+    """The file ``name`` (a relative path, as ``bundle`` wrote it) of the archive ``data``,
+    None if it holds none; ValueError if the archive is damaged or the file is over
+    ``limit`` bytes."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            try:
+                info = archive.getinfo(name)
+            except KeyError:
+                return None
+            if info.file_size > limit:
+                raise ValueError(f"checkpoint bundle: {name} is {info.file_size} bytes")
+            return archive.read(info)
+    except (zipfile.BadZipFile, EOFError, NotImplementedError, zlib.error) as exc:
+        raise ValueError(f"checkpoint bundle is damaged: {exc}") from None
 
 
 def unbundle(data: bytes, directory: Path) -> None:

@@ -43,8 +43,11 @@ READERS_DIR = "readers"
 STREAM_FILE = "stream.json"
 WATERMARK_FILE = "watermark"  # the highest offset readers may see (Spool.hold)
 REPLICA_STATE_FILE = "replica-state.json"  # a replica's fence (peer.replication.fence)
-# __seq = offset * 2**24 + row index (see peer.engine.source): a file must hold fewer rows.
-MAX_ROWS_PER_FILE = (1 << 24) - 1
+# A tuple's place in a spool as one int, the column ``__seq`` the engine's source adds:
+# offset << SEQ_SHIFT | row index (see peer.engine.source), so a file must hold fewer rows.
+SEQ_COLUMN = "__seq"
+SEQ_SHIFT = 24
+MAX_ROWS_PER_FILE = (1 << SEQ_SHIFT) - 1
 
 META_ORIGIN = b"fedstream.origin"
 META_SEQ = b"fedstream.seq"

@@ -162,3 +162,29 @@ def test_status_says_why_a_stream_has_fewer_copies(
     lone["copies"] = "1 of 3 copies: only 1 peer live"
     print_status({**base, "replication": {"voters": ["a" * 40], "streams": {"ticks": lone}}})
     assert "1 of 3 copies: only 1 peer live" in capsys.readouterr().out
+
+
+def test_status_shows_standbys_their_lag_and_promotions(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from peer.cli.render import print_status
+
+    monkeypatch.setenv("COLUMNS", "300")
+    base = {"peer": "127.0.0.1:7700", "engine": "local[*]", "uptime_s": 1, "data_dir": "d"}
+    base = {**base, "queries": [], "streams": []}
+    standby = {
+        "anchor": "ticks",
+        "epoch": 2,
+        "batches": 9,
+        "held": 14,
+        "since_batch_s": 0.25,
+        "behind_batches": 3,
+        "promoted": False,
+    }
+    replication = {"voters": [], "streams": {}, "standbys": {"win": standby}, "promotions": 1}
+    print_status({**base, "replication": replication})
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if "win" in line)
+    for shown in ("standby", "ticks", "3 batches", "0.2 s", "14", "9"):
+        assert shown in row, (shown, row)
+    assert "standby promotions here: 1" in out

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from peer.replication.fragment_failover import FragmentRecord
+from peer.replication.checkpoint_record import FragmentRecord
 
 names = st.text(max_size=20)
 records = st.builds(

@@ -56,7 +56,13 @@ def status() -> dict[str, Any]:
         # a cluster engine whose Workers are all gone (peer.engine.executors)
         "executors": {"live": 0, "waiting": True, "waiting_since": 1.0, "checked": True},
         "mirrors": [{"stream": "ticks", "to": OTHER.hex()[:16], "acked": 30, "latest": 41}],
-        "replication": {"streams": {"ticks": {"role": "primary", "lag": {OTHER.hex(): 2}}}},
+        "replication": {
+            "streams": {"ticks": {"role": "primary", "lag": {OTHER.hex(): 2}}},
+            "standbys": {
+                "win": {"behind_batches": 3, "held": 12, "since_batch_s": 0.4, "promoted": False}
+            },
+            "promotions": 1,
+        },
         "brain": {
             "utilisation": 0.5,
             "load": 1.0,
@@ -168,6 +174,10 @@ def test_the_figures_are_the_peers() -> None:
     assert value("fedstream_stream_backlog_batches", stream="ticks") == 4
     assert value("fedstream_mirror_lag_batches", stream="ticks", peer=OTHER.hex()[:16]) == 11
     assert value("fedstream_replication_lag_batches", stream="ticks", peer=OTHER.hex()) == 2
+    assert value("fedstream_standby_lag_batches", fragment="win") == 3
+    assert value("fedstream_standby_held_results", fragment="win") == 12
+    assert value("fedstream_standby_since_batch_seconds", fragment="win") == 0.4
+    assert value("fedstream_standby_promotions") == 1
     assert value("fedstream_overlay_members", state="suspect") == 1
     assert value("fedstream_link_bytes", direction="received") == 200
     assert value("fedstream_watermark_lag_seconds", fragment="win") == 30

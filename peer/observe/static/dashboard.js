@@ -179,13 +179,25 @@ function render(view) {
     const table = el("table", {class: "fragments"},
       el("thead", {}, el("tr", {}, ...["fragment", "status", "results", "out rate", "tuples out", "latency", "batch time", "batches", ""].map((h) => el("th", {}, h)))),
       el("tbody", {}, ...rows));
+    // warm standbys this peer runs for fragments led elsewhere (issue 26), and its promotions
+    const replication = status.replication || {};
+    const standbys = Object.entries(replication.standbys || {}).map(([name, sb]) =>
+      el("tr", {"data-standby": name, "data-promoted": sb.promoted === true},
+        td(name), td(sb.promoted ? "promoted" : "standby"), td(el("code", {}, sb.anchor || "")),
+        td(sb.behind_batches === null || sb.behind_batches === undefined ? "–" : sb.behind_batches, {class: "num"}),
+        td(sb.since_batch_s === null || sb.since_batch_s === undefined ? "–" : num(sb.since_batch_s, 1) + " s", {class: "num"}),
+        td(sb.held, {class: "num"}), td(sb.batches, {class: "num"})));
+    const standbyTable = standbys.length ? el("table", {class: "standbys"},
+      el("thead", {}, el("tr", {}, ...["standby of", "role", "input", "behind (batches)", "since batch", "held results", "batches"].map((h) => el("th", {}, h)))),
+      el("tbody", {}, ...standbys)) : null;
+    const promotions = replication.promotions ? el("p", {class: "promotions"}, `${replication.promotions} standby promotions here`) : null;
     const kept = series.get(peer.node_id) || [];
     const charts = el("div", {class: "charts"},
       chart("input rate", kept, "in_rate", "tuples/s"),
       chart("output rate", kept, "out_rate", "tuples/s"),
       chart("push to result", kept, "latency_s", "s"),
       chart("batch time", kept, "batch_s", "s"));
-    return el("div", {class: "peer", "data-node": peer.node_id}, head, rows.length ? table : el("p", {}, "no fragments"), charts);
+    return el("div", {class: "peer", "data-node": peer.node_id}, head, rows.length ? table : el("p", {}, "no fragments"), standbyTable, promotions, charts);
   });
   document.getElementById("peers").replaceChildren(...cards);
 

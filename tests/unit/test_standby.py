@@ -1,0 +1,213 @@
+"""Warm standbys (peer.replication.standby), the pure parts: which fragments get one, what a
+checkpoint's offset log says of a batch, how a standby names its results, and the query's
+``standby`` parameter in JSON, XML, fragments and round trips. No Spark, no sockets."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from peer.errors import QueryError
+from peer.model.fragments import fragment_query
+from peer.model.plan import check_query
+from peer.model.query import parse_query, query_to_dict
+from peer.model.schema import parse_schema
+from peer.replication.result_identity import (
+    Frontier,
+    InputTuple,
+    Published,
+    WindowGroup,
+    identity_rule,
+)
+from peer.replication.standby import batch_marks, named, refusal, window_mark
+from peer.storage.bundle import bundle, member
+from peer.storage.spool_format import SEQ_COLUMN, SEQ_SHIFT
+
+TICK = parse_schema(
+    {"name": "tick", "fields": [{"name": n, "type": "int"} for n in ("k", "v", "t")]}
+)
+FILTER = {
+    "name": "keep",
+    "type": "filter",
+    "inputs": ["ticks"],
+    "outputs": ["kept"],
+    "params": {"expression.0": "v >= 0"},
+}
+WINDOW = {
+    "name": "per_key",
+    "type": "aggregate",
+    "inputs": ["kept"],
+    "outputs": ["sums"],
+    "params": {
+        "aggregate-function.0": "sum(v)",
+        "aggregate-function-output-name.0": "s",
+        "window-size": "10",
+        "advance": "10",
+        "order-on-field": "t",
+        "group-by": "k",
+    },
+}
+
+
+def checked(boxes: list[dict[str, Any]], inputs: tuple[str, ...] = ("ticks",)) -> Any:
+    query = parse_query({"name": "q", "boxes": boxes})
+    return check_query(query, dict.fromkeys(inputs, TICK))
+
+
+def why(boxes: list[dict[str, Any]], inputs: tuple[str, ...] = ("ticks",)) -> str | None:
+    fragment = checked(boxes, inputs)
+    return refusal(fragment, identity_rule(fragment))
+
+
+def test_a_filtered_window_gets_a_standby_and_stateful_others_say_why_not() -> None:
+    assert why([FILTER, WINDOW]) is None
+    assert why([FILTER]) is None  # per-tuple over one input: named by the input tuple
+    join = {
+        "name": "j",
+        "type": "join",
+        "inputs": ["ticks", "other"],
+        "outputs": ["pairs"],
+        "params": {
+            "predicate": "left.k = right.k",
+            "left-order-on-field": "t",
+            "right-order-on-field": "t",
+            "left-buffer-size": "5",
+            "right-buffer-size": "5",
+        },
+    }
+    said = why([join], ("ticks", "other"))
+    assert said is not None and "aggregate" in said
+    tuples = {**WINDOW, "params": {**WINDOW["params"], "window-size-by": "TUPLES"}}
+    assert why([FILTER, tuples]) is not None
+    union = {"name": "u", "type": "union", "inputs": ["ticks", "other"], "outputs": ["both"]}
+    said = why([union], ("ticks", "other"))
+    assert said is not None and "route" in said
+    other = {**FILTER, "name": "keep2", "inputs": ["other"], "outputs": ["kept2"]}
+    said = why([FILTER, other], ("ticks", "other"))
+    assert said is not None and "2 inputs" in said
+
+
+def offset_log(tmp_path: Path, batches: dict[int, str]) -> bytes:
+    for batch, text in batches.items():
+        (tmp_path / "offsets").mkdir(exist_ok=True)
+        (tmp_path / "offsets" / str(batch)).write_text(text)
+    return bundle(tmp_path)
+
+
+def test_the_offset_log_gives_a_batchs_watermark_and_source_ends(tmp_path: Path) -> None:
+    meta = {"batchWatermarkMs": 20_000, "batchTimestampMs": 5, "conf": {"a": "b"}}
+    data = offset_log(tmp_path, {7: f'v1\n{json.dumps(meta)}\n{{"offset":41}}\n'})
+    marks = batch_marks(data, 7)
+    assert marks is not None and (marks.watermark_ms, marks.ends) == (20_000, (41,))
+    assert batch_marks(data, 8) is None
+    assert member(data, "offsets/7") is not None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "v1\n",
+        "v1\nnot json\n",
+        'v1\n{"batchTimestampMs": 1}\n',
+        'v1\n{"batchWatermarkMs": "soon"}\n',
+        'v1\n{"batchWatermarkMs": 1}\n{"offset": true}\n',
+        'v1\n{"batchWatermarkMs": 1}\n[1]\n',
+        'x\n{"batchWatermarkMs": 1}\n',
+    ],
+)
+def test_a_hostile_offset_log_entry_is_refused_naming_it(tmp_path: Path, text: str) -> None:
+    data = offset_log(tmp_path, {3: text})
+    with pytest.raises(ValueError, match="offset log entry 3"):
+        batch_marks(data, 3)
+
+
+def test_a_damaged_bundle_is_refused() -> None:
+    with pytest.raises(ValueError, match="damaged"):
+        member(b"PK\x03\x04 not a zip", "offsets/1")
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as archive:
+        archive.writestr("offsets/1", "x" * 100)
+    with pytest.raises(ValueError, match="bytes"):
+        member(out.getvalue(), "offsets/1", limit=10)
+
+
+def test_window_marks_take_the_window_bounds_unit() -> None:
+    assert window_mark(20_500, "long") == 20.5
+    assert window_mark(20_000, "int") == 20  # 10 <= 20: the window [10, 20) is covered
+    assert window_mark(0, "timestamp") == dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def test_a_standby_names_per_tuple_results_by_their_input_tuple_and_drops_seq() -> None:
+    rule = identity_rule(checked([FILTER]))
+    seqs = [(5 << SEQ_SHIFT) + 0, (5 << SEQ_SHIFT) + 1, (6 << SEQ_SHIFT) + 0]
+    kept = pa.table({"k": [1, 2, 3], "v": [4, 5, 6], "t": [7, 8, 9], SEQ_COLUMN: seqs})
+    table, names = named(rule, "kept", kept)  # type: ignore[arg-type]
+    assert table.column_names == ["k", "v", "t"]
+    assert [n.roots for n in names] == [
+        (InputTuple("ticks", 5, 0),),
+        (InputTuple("ticks", 5, 1),),
+        (InputTuple("ticks", 6, 0),),
+    ]
+    published = Published.of({"kept": Frontier.of({"ticks": 6})})  # files through 5 hold
+    assert [rule.covered(n, published) for n in names] == [True, True, False]  # type: ignore[union-attr]
+    rule = identity_rule(checked([FILTER, WINDOW]))
+    sums = pa.table({"window_start": [0, 10], "window_end": [10, 20], "k": [1, 1], "s": [3, 4]})
+    table, names = named(rule, "sums", sums)  # type: ignore[arg-type]
+    assert table.equals(sums)
+    assert [n.roots for n in names] == [
+        (WindowGroup("per_key", 0, 10, (1,)),),
+        (WindowGroup("per_key", 10, 20, (1,)),),
+    ]
+    published = Published.of({"sums": Frontier.of(windows={"per_key": window_mark(15_000, "int")})})
+    assert [rule.covered(n, published) for n in names] == [True, False]  # type: ignore[union-attr]
+
+
+QUERY = {"name": "q", "boxes": [FILTER, WINDOW]}
+XML = """
+<query name="q">
+  {param}
+  <box name="keep" type="filter"><in stream="ticks"/><out stream="kept"/>
+    <parameter name="expression.0" value="v &gt;= 0"/></box>
+  <box name="per_key" type="aggregate"><in stream="kept"/><out stream="sums"/>
+    <parameter name="aggregate-function.0" value="sum(v)"/>
+    <parameter name="aggregate-function-output-name.0" value="s"/>
+    <parameter name="window-size" value="10"/><parameter name="advance" value="10"/>
+    <parameter name="order-on-field" value="t"/><parameter name="group-by" value="k"/></box>
+</query>
+"""
+
+
+@pytest.mark.parametrize(("given", "xml"), [(True, "1"), (False, "0"), (True, "true")])
+def test_json_and_xml_ask_for_a_standby_alike(given: bool, xml: str) -> None:
+    from_json = parse_query({**QUERY, "standby": given})
+    from_xml = parse_query(XML.format(param=f'<parameter name="standby" value="{xml}"/>'))
+    assert from_json.standby is given and from_json == from_xml
+    again = parse_query(json.dumps(query_to_dict(from_json)))
+    assert again == from_json
+    fragments = fragment_query(from_json, default=lambda _s: "n", resolve=lambda n, _s: n)
+    assert all(f.as_query().standby is given for f in fragments)
+    unsaid = parse_query(XML.format(param=""))
+    assert unsaid.standby is None and "standby" not in query_to_dict(unsaid)
+
+
+@pytest.mark.parametrize("bad", [1, 0, "yes", "true", [True], {}])
+def test_a_bad_json_standby_is_refused_naming_it(bad: object) -> None:
+    with pytest.raises(QueryError, match="standby must be true or false"):
+        parse_query({**QUERY, "standby": bad})
+
+
+@pytest.mark.parametrize("bad", ["yes", "2", "", "on"])
+def test_a_bad_xml_standby_is_refused_naming_it(bad: str) -> None:
+    with pytest.raises(QueryError, match="standby must be true or false"):
+        parse_query(XML.format(param=f'<parameter name="standby" value="{bad}"/>'))
+    twice = '<parameter name="standby" value="1"/><parameter name="standby" value="0"/>'
+    with pytest.raises(QueryError, match="given twice"):
+        parse_query(XML.format(param=twice))
