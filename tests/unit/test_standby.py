@@ -33,14 +33,14 @@ from peer.storage.spool_format import SEQ_COLUMN, SEQ_SHIFT
 TICK = parse_schema(
     {"name": "tick", "fields": [{"name": n, "type": "int"} for n in ("k", "v", "t")]}
 )
-FILTER = {
+FILTER: dict[str, Any] = {
     "name": "keep",
     "type": "filter",
     "inputs": ["ticks"],
     "outputs": ["kept"],
     "params": {"expression.0": "v >= 0"},
 }
-WINDOW = {
+WINDOW: dict[str, Any] = {
     "name": "per_key",
     "type": "aggregate",
     "inputs": ["kept"],
