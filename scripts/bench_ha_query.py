@@ -5,6 +5,7 @@
 Usage (from the repository root)::
 
     .venv/bin/python scripts/bench_ha_query.py              # 10 kills; ~10 min
+    .venv/bin/python scripts/bench_ha_query.py --standby    # the same with a warm standby
     .venv/bin/python scripts/bench_ha_query.py --kills 2    # a quick look
     .venv/bin/python scripts/bench_ha_query.py --json run.json
 
@@ -30,6 +31,12 @@ failover, the result stream's and checkpoint stream's following it, the new prim
 the checkpoint and starting the streaming query, and a micro-batch). The killed peer is
 restarted and the next kill waits until every stream is in sync on three replicas again.
 At the end the result stream must equal plain Python over the pushed batches.
+
+With ``--standby`` the query asks for a warm standby (peer.replication.standby): each kill
+then waits, besides, until a standby runs, and the failover promotes it instead of starting
+the query from its checkpoint record. Before the first kill, the CPU (cores, over 10 s) and
+resident memory of each engine peer's process group (its JVM included) are sampled: the
+primary, the standby (or a follower) and the other follower.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -61,6 +69,7 @@ from peer.testing import (
 
 STREAM, OUT = "haq_ticks", "haq_out"
 QUERY = keyed_window_query("haq", STREAM, OUT, kept="haq_kept")
+USAGE_S = 10.0  # the window the engine peers' CPU is sampled over
 SCHEMA = {
     "name": "haq_tick",
     "fields": [
@@ -174,24 +183,83 @@ async def in_sync(peers: EnginePeers, port: int) -> bool:
     return True
 
 
+async def standby_running(peers: EnginePeers) -> str | None:
+    """The peer running a warm standby of the query that has run a batch, if one does."""
+    for name in peers.alive():
+        try:
+            status = await ha.ask(peers.procs[name].port, "status")
+        except FedstreamError:
+            continue
+        held = (status.get("replication") or {}).get("standbys", {}).get("haq")
+        if held is not None and not held["promoted"] and held["batches"] > 0:
+            return name
+    return None
+
+
+def group(pid: int) -> list[psutil.Process]:
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
+async def usage(peers: EnginePeers, names: list[str]) -> dict[str, dict[str, float]]:
+    """Cores used over USAGE_S and resident MiB at its end, per peer (its process group)."""
+
+    def cpu(name: str) -> float:
+        proc = peers.procs[name].proc
+        assert proc is not None
+        total = 0.0
+        for p in group(proc.pid):
+            with contextlib.suppress(psutil.Error):
+                times = p.cpu_times()
+                total += times.user + times.system + times.children_user + times.children_system
+        return total
+
+    def rss(name: str) -> float:
+        proc = peers.procs[name].proc
+        assert proc is not None
+        total = 0
+        for p in group(proc.pid):
+            with contextlib.suppress(psutil.Error):
+                total += p.memory_info().rss
+        return total / 2**20
+
+    before = {n: cpu(n) for n in names}
+    began = time.monotonic()
+    await asyncio.sleep(USAGE_S)
+    took = time.monotonic() - began
+    return {n: {"cores": (cpu(n) - before[n]) / took, "rss_mib": rss(n)} for n in names}
+
+
 async def run_kills(peers: EnginePeers, args: argparse.Namespace) -> dict[str, Any]:
     first = peers.procs[ha.NAMES[0]].port
     await ha.ask(first, "create_schema", SCHEMA)
     await ha.ask(first, "create_stream", STREAM, "haq_tick", replicas=3)
-    await ha.ask(first, "create_query", QUERY)
+    query = {**QUERY, "standby": True} if args.standby else QUERY
+    await ha.ask(first, "create_query", query)
     await ha.ask(first, "start_query", "haq")
     pusher = Pusher(peers)
     watcher = Watcher(peers, pusher)
     tasks = [asyncio.create_task(pusher.run()), asyncio.create_task(watcher.run())]
     kills: list[dict[str, Any]] = []
+    roles: dict[str, dict[str, float]] = {}
     try:
         for i in range(args.kills):
             port = peers.procs[peers.alive()[0]].port
             await wait_until(lambda p=port: in_sync(peers, p), "three in-sync replicas", 180)
             await wait_until(lambda: asyncio.sleep(0, watcher.newest_start() >= 0), "results", 180)
+            standby = None
+            if args.standby:
+                standby = await wait_until(lambda: standby_running(peers), "a standby", 180)
             await asyncio.sleep(args.settle)
             found = await ha.ask(port, "lookup_object", STREAM)
             victim = peers.by_node(found["primary"]["node"])
+            if i == 0:
+                engines = [n for n in ha.NAMES[:3] if n in peers.alive()]
+                followers = sorted(n for n in engines if n not in (victim, standby))
+                order = [victim, *([standby] if standby else []), *followers]
+                names = ["primary", "standby" if standby else "follower", "follower"]
+                sampled = await usage(peers, order)
+                roles = {role: sampled[n] for role, n in zip(names, order, strict=False)}
             newest = watcher.newest_start()
             pusher.excluded = {victim}
             killed = time.monotonic()
@@ -207,6 +275,7 @@ async def run_kills(peers: EnginePeers, args: argparse.Namespace) -> dict[str, A
             record = {
                 "kill": i + 1,
                 "victim": victim,
+                "standby": standby,
                 "push_s": acked - killed,
                 "result_s": result - killed,
             }
@@ -239,6 +308,8 @@ async def run_kills(peers: EnginePeers, args: argparse.Namespace) -> dict[str, A
     floor = min((w[0] for w in got), default=0)
     want = Counter({w: n for w, n in want.items() if w[0] >= floor})
     return {
+        "standby": args.standby,
+        "usage": roles,
         "kills": kills,
         "batches": pushed,
         "refusals": pusher.refusals,
@@ -270,6 +341,14 @@ def report(results: dict[str, Any]) -> str:
         lines += [
             bc.md_table([f"{len(kills)} kills", "p50", "p99", "min", "max"], rows),
             "",
+            f"Query with a warm standby: {'yes' if run.get('standby') else 'no'}. Before the "
+            f"first kill, each engine peer's process group over {USAGE_S:.0f} s: "
+            + "; ".join(
+                f"{role} {u['cores']:.2f} cores, {u['rss_mib']:.0f} MiB"
+                for role, u in (run.get("usage") or {}).items()
+            )
+            + ".",
+            "",
             "Each kill, push / result: "
             + ", ".join(f"{k['push_s']:.2f}/{k['result_s']:.2f}" for k in kills)
             + " s.",
@@ -298,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--kills", type=int, default=10, help="aggregate peers killed")
     parser.add_argument("--settle", type=float, default=3.0, help="s of results before a kill")
+    parser.add_argument("--standby", action="store_true", help="the query asks for a standby")
     parser.add_argument("--work-dir", type=Path, help="keep the peers' data and logs here")
     parser.add_argument("--json", type=Path, help="write the figures here too")
     args = parser.parse_args(argv)

@@ -128,6 +128,7 @@ class _Standby:
     boxes: dict[str, str]  # aggregate box -> its order type (the watermark's unit)
     started: float
     held: list[_HeldBatch] = field(default_factory=list)
+    frontiers: dict[str, tuple[int, Frontier]] = field(default_factory=dict)  # by log end
     batches: int = 0
     last_batch: float | None = None
     promoted: Published | None = None
@@ -439,7 +440,12 @@ class Standbys:
             spool = self.site.spools.get(stream) if stream in self.site.spools else None
             if spool is None or spool.log_end < 0:
                 continue
-            tag = file_info(file_metadata(offset_path(spool.directory, spool.log_end))).tag
+            end = spool.log_end
+            known = standby.frontiers.get(stream)
+            if known is not None and known[0] == end:
+                frontiers[stream] = known[1]
+                continue
+            tag = file_info(file_metadata(offset_path(spool.directory, end))).tag
             if tag is None:
                 continue
             origin, seq = tag
@@ -462,6 +468,7 @@ class Standbys:
             if len(standby.checked.inputs) == 1 and marks.ends:  # (refusal() keeps it so)
                 offsets[standby.checked.inputs[0]] = min(marks.ends) + 1
             frontiers[stream] = Frontier.of(offsets, windows)
+            standby.frontiers[stream] = (end, frontiers[stream])
         return Published.of(frontiers)
 
     def _marks(self, standby: _Standby, incarnation: str, batch: int) -> BatchMarks | None:
