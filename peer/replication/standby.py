@@ -62,7 +62,7 @@ import logging
 import shutil
 import uuid
 from collections.abc import Awaitable, Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -108,31 +108,43 @@ RECORD_SCAN = 256  # checkpoint records searched back for the one behind a resul
 Publish = Callable[[str, pa.Table, str, int], Awaitable[None]]
 
 
-@dataclass
-class _HeldBatch:
+@dataclass(frozen=True)
+class HeldBatch:
+    """Results of one batch of a standby, for one result stream, each with its identity."""
+
     seq: int  # the standby's batch id
     stream: str
     table: pa.Table
     ids: list[ResultId]
 
 
-@dataclass
-class _Standby:
-    name: str
-    anchor: str
-    epoch: int  # the anchor's epoch when it started
-    incarnation: str
-    record: FragmentRecord
-    checked: CheckedQuery
-    rule: IdentityRule
-    boxes: dict[str, str]  # aggregate box -> its order type (the watermark's unit)
-    started: float
-    held: list[_HeldBatch] = field(default_factory=list)
-    frontiers: dict[str, tuple[int, Frontier]] = field(default_factory=dict)  # by log end
-    batches: int = 0
-    last_batch: float | None = None
-    promoted: Published | None = None
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+class StandbyRun:
+    """One standby's run and what it holds (mutated only through its methods, under
+    ``lock`` by the caller)."""
+
+    def __init__(
+        self,
+        name: str,
+        anchor: str,
+        epoch: int,
+        incarnation: str,
+        checked: CheckedQuery,
+        rule: IdentityRule,
+        boxes: dict[str, str],
+    ) -> None:
+        self.name = name
+        self.anchor = anchor
+        self.epoch = epoch  # the anchor's epoch when it started
+        self.incarnation = incarnation
+        self.checked = checked
+        self.rule = rule
+        self.boxes = boxes  # aggregate box -> its order type (the watermark's unit)
+        self.held: list[HeldBatch] = []
+        self.frontiers: dict[str, tuple[int, Frontier]] = {}  # by the stream's log end
+        self.batches = 0
+        self.last_batch: float | None = None
+        self.promoted: Published | None = None
+        self.lock = asyncio.Lock()
 
     @property
     def origin(self) -> str:
@@ -141,6 +153,57 @@ class _Standby:
     @property
     def held_rows(self) -> int:
         return sum(batch.table.num_rows for batch in self.held)
+
+    def take(
+        self, stream: str, seq: int, table: pa.Table, names: list[ResultId], now: float
+    ) -> pa.Table | None:
+        """A result part of batch ``seq``: held (None) until promoted, then what of it the
+        result streams do not hold."""
+        self.batches += 1
+        self.last_batch = now
+        if self.promoted is None:
+            self.held.append(HeldBatch(seq, stream, table, names))
+            return None
+        keep = [not self.rule.covered(n, self.promoted) for n in names]
+        return table.filter(pa.array(keep, pa.bool_()))
+
+    def trim(self, published: Published) -> None:
+        """Drop the held results the result streams hold."""
+        kept = []
+        for batch in self.held:
+            keep = [not self.rule.covered(n, published) for n in batch.ids]
+            if all(keep):
+                kept.append(batch)
+            elif any(keep):
+                ids = [n for n, k in zip(batch.ids, keep, strict=True) if k]
+                table = batch.table.filter(pa.array(keep, pa.bool_()))
+                kept.append(HeldBatch(batch.seq, batch.stream, table, ids))
+        self.held = kept
+
+    def promote(self, published: Published) -> list[HeldBatch]:
+        """Promoted: the held results to publish (those ``published`` does not cover, each
+        identity once, in the standby's order, per batch); later batches pass the filter."""
+        seen: set[ResultId] = set()
+        out = []
+        for batch in self.held:
+            keep = []
+            for identity in batch.ids:
+                keep.append(identity not in seen and not self.rule.covered(identity, published))
+                seen.add(identity)
+            ids = [n for n, k in zip(batch.ids, keep, strict=True) if k]
+            if ids:
+                table = batch.table.filter(pa.array(keep, pa.bool_()))
+                out.append(HeldBatch(batch.seq, batch.stream, table, ids))
+        self.held = []
+        self.promoted = published
+        return out
+
+    def known_frontier(self, stream: str, end: int) -> Frontier | None:
+        known = self.frontiers.get(stream)
+        return known[1] if known is not None and known[0] == end else None
+
+    def remember(self, stream: str, end: int, frontier: Frontier) -> None:
+        self.frontiers[stream] = (end, frontier)
 
 
 @dataclass(frozen=True)
@@ -238,9 +301,9 @@ class Standbys:
         self.plane = plane
         self.clock = clock
         self.me = plane.me
-        self.running: dict[str, _Standby] = {}
+        self.running: dict[str, StandbyRun] = {}
         self.promotions = 0
-        self._by_origin: dict[str, _Standby] = {}
+        self._by_origin: dict[str, StandbyRun] = {}
         self._refused: dict[str, tuple[int, str]] = {}  # fragment -> (record offset, why)
 
     # ----------------------------------------------------------------------- results
@@ -255,21 +318,15 @@ class Standbys:
             return table
         table, names = named(standby.rule, stream, table)
         async with standby.lock:
-            standby.batches += 1
-            standby.last_batch = self.clock()
-            if standby.promoted is None:
-                standby.held.append(_HeldBatch(seq, stream, table, names))
-                if standby.held_rows > MAX_HELD_ROWS:
-                    log.error(
-                        "standby of %s holds over %d results: its primary publishes none; "
-                        "stopping it",
-                        standby.name,
-                        MAX_HELD_ROWS,
-                    )
-                    asyncio.get_running_loop().create_task(self.stop(standby.name))
-                return None
-            keep = [not standby.rule.covered(n, standby.promoted) for n in names]
-            return table.filter(pa.array(keep, pa.bool_()))
+            passed = standby.take(stream, seq, table, names, self.clock())
+            if passed is None and standby.held_rows > MAX_HELD_ROWS:
+                log.error(
+                    "standby of %s holds over %d results: its primary publishes none; stopping it",
+                    standby.name,
+                    MAX_HELD_ROWS,
+                )
+                asyncio.get_running_loop().create_task(self.stop(standby.name))
+            return passed
 
     # ----------------------------------------------------------------------- keeping them
     async def reconcile(self) -> None:
@@ -378,9 +435,7 @@ class Standbys:
             self._refused[name] = (end, str(exc))
             log.error("standby of %s not started: its checkpoint record: %s", name, exc)
             return
-        standby = _Standby(
-            name, anchor.name, anchor.epoch, incarnation, record, checked, rule, boxes, began
-        )
+        standby = StandbyRun(name, anchor.name, anchor.epoch, incarnation, checked, rule, boxes)
         self.running[name] = standby
         self._by_origin[standby.origin] = standby
         try:
@@ -397,7 +452,7 @@ class Standbys:
             self.clock() - began,
         )
 
-    def _forget(self, standby: _Standby) -> None:
+    def _forget(self, standby: StandbyRun) -> None:
         self.running.pop(standby.name, None)
         self._by_origin.pop(standby.origin, None)
 
@@ -413,25 +468,16 @@ class Standbys:
         log.info("standby of %s stopped", name)
 
     # ----------------------------------------------------------------------- trimming
-    async def _trim(self, standby: _Standby) -> None:
+    async def _trim(self, standby: StandbyRun) -> None:
         try:
             published = await asyncio.to_thread(self.published, standby)
         except (OSError, ValueError, IdentityError) as exc:
             log.warning("standby of %s: what its results hold is unreadable: %s", standby.name, exc)
             return
         async with standby.lock:
-            kept = []
-            for batch in standby.held:
-                keep = [not standby.rule.covered(n, published) for n in batch.ids]
-                if all(keep):
-                    kept.append(batch)
-                elif any(keep):
-                    ids = [n for n, k in zip(batch.ids, keep, strict=True) if k]
-                    table = batch.table.filter(pa.array(keep, pa.bool_()))
-                    kept.append(_HeldBatch(batch.seq, batch.stream, table, ids))
-            standby.held = kept
+            standby.trim(published)
 
-    def published(self, standby: _Standby, *, strict: bool = False) -> Published:
+    def published(self, standby: StandbyRun, *, strict: bool = False) -> Published:
         """What the fragment's result streams hold here, as frontiers (on a thread).
         ``strict``: ValueError if a stream's newest results are the fragment's but no record
         says what they cover (else that stream has no frontier: nothing held is dropped)."""
@@ -441,9 +487,9 @@ class Standbys:
             if spool is None or spool.log_end < 0:
                 continue
             end = spool.log_end
-            known = standby.frontiers.get(stream)
-            if known is not None and known[0] == end:
-                frontiers[stream] = known[1]
+            known = standby.known_frontier(stream, end)
+            if known is not None:
+                frontiers[stream] = known
                 continue
             tag = file_info(file_metadata(offset_path(spool.directory, end))).tag
             if tag is None:
@@ -468,10 +514,10 @@ class Standbys:
             if len(standby.checked.inputs) == 1 and marks.ends:  # (refusal() keeps it so)
                 offsets[standby.checked.inputs[0]] = min(marks.ends) + 1
             frontiers[stream] = Frontier.of(offsets, windows)
-            standby.frontiers[stream] = (end, frontiers[stream])
+            standby.remember(stream, end, frontiers[stream])
         return Published.of(frontiers)
 
-    def _marks(self, standby: _Standby, incarnation: str, batch: int) -> BatchMarks | None:
+    def _marks(self, standby: StandbyRun, incarnation: str, batch: int) -> BatchMarks | None:
         """Spark's offset log entry of ``batch`` of the run ``incarnation``, from the newest
         checkpoint record of that run holding it (the record taken before the batch, or any
         later one: Spark keeps the entries of its last batches; a promoted standby's first
@@ -512,20 +558,10 @@ class Standbys:
             await self.stop(name)
             return None
         count = 0
-        async with standby.lock:
-            seen: set[ResultId] = set()
-            for batch in standby.held:
-                keep = []
-                for identity in batch.ids:
-                    fresh = identity not in seen and not standby.rule.covered(identity, published)
-                    keep.append(fresh)
-                    seen.add(identity)
-                part = batch.table.filter(pa.array(keep, pa.bool_()))
-                if part.num_rows:
-                    await publish(batch.stream, part, standby.origin, batch.seq)
-                    count += part.num_rows
-            standby.held = []
-            standby.promoted = published
+        async with standby.lock:  # (its batches wait: they pass the filter once it is set)
+            for part in standby.promote(published):
+                await publish(part.stream, part.table, standby.origin, part.seq)
+                count += part.table.num_rows
         self.promotions += 1
         took = self.clock() - began
         log.warning(

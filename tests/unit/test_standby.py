@@ -8,11 +8,14 @@ import datetime as dt
 import io
 import json
 import zipfile
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from peer.errors import QueryError
 from peer.model.fragments import fragment_query
@@ -23,10 +26,11 @@ from peer.replication.result_identity import (
     Frontier,
     InputTuple,
     Published,
+    Unnamed,
     WindowGroup,
     identity_rule,
 )
-from peer.replication.standby import batch_marks, named, refusal, window_mark
+from peer.replication.standby import StandbyRun, batch_marks, named, refusal, window_mark
 from peer.storage.bundle import bundle, member
 from peer.storage.spool_format import SEQ_COLUMN, SEQ_SHIFT
 
@@ -211,3 +215,95 @@ def test_a_bad_xml_standby_is_refused_naming_it(bad: str) -> None:
     twice = '<parameter name="standby" value="1"/><parameter name="standby" value="0"/>'
     with pytest.raises(QueryError, match="given twice"):
         parse_query(XML.format(param=twice))
+
+
+# -- a standby's run: hold, trim, promote (Hypothesis over batch boundaries) --------------------
+
+FILES = 12  # input spool files 0..11, ROWS rows each; the filter keeps rows with v >= 0
+
+
+def boundaries(draw: st.DrawFn) -> list[int]:
+    """Batch ends (last offset of each batch) of one run over FILES files."""
+    cuts = draw(st.sets(st.integers(0, FILES - 2), max_size=FILES - 1))
+    return [*sorted(cuts), FILES - 1]
+
+
+@st.composite
+def runs(draw: st.DrawFn) -> dict[str, Any]:
+    return {
+        "primary": boundaries(draw),
+        "standby": boundaries(draw),
+        "rows": draw(st.lists(st.integers(0, 3), min_size=FILES, max_size=FILES)),
+        "signs": draw(st.lists(st.booleans(), min_size=FILES * 3, max_size=FILES * 3)),
+        "published": draw(st.integers(0, FILES)),  # primary batches whose results are in
+        "ran": draw(st.integers(0, FILES)),  # standby batches run before promotion
+        "trims": draw(st.lists(st.integers(0, FILES), max_size=3)),
+    }
+
+
+def kept_part(run: dict[str, Any], first: int, last: int) -> pa.Table:
+    """The filter's results of files first..last, with __seq (a standby compiled with
+    lineage)."""
+    k, v, seq = [], [], []
+    for offset in range(first, last + 1):
+        for row in range(run["rows"][offset]):
+            keep = run["signs"][(offset * 3 + row) % len(run["signs"])]
+            if keep:
+                k.append(offset)
+                v.append(row)
+                seq.append((offset << SEQ_SHIFT) + row)
+    return pa.table(
+        {"k": pa.array(k, pa.int32()), "v": pa.array(v, pa.int32()), "t": pa.array(v, pa.int32()),
+         SEQ_COLUMN: pa.array(seq, pa.int64())}
+    )  # fmt: skip
+
+
+def rows_of(rule: Any, table: pa.Table) -> Counter[tuple[Any, ...]]:
+    return Counter(tuple(r.values()) for r in named(rule, "kept", table)[0].to_pylist())
+
+
+def frontier_after(ends: list[int], batches: int) -> Published:
+    if batches == 0:
+        return Published.of()
+    return Published.of({"kept": Frontier.of({"ticks": ends[batches - 1] + 1})})
+
+
+@settings(max_examples=300, deadline=None)
+@given(run=runs())
+def test_a_promoted_standby_completes_the_primarys_results_exactly_once(
+    run: dict[str, Any],
+) -> None:
+    rule = identity_rule(checked([FILTER]))
+    assert not isinstance(rule, Unnamed)
+    standby = StandbyRun("q", "ticks", 1, "standby-x", checked([FILTER]), rule, {})
+    every = Counter(
+        tuple(r.values()) for r in named(rule, "kept", kept_part(run, 0, FILES - 1))[0].to_pylist()
+    )
+    # what the primary published: its first `published` batches
+    pends = run["primary"][: run["published"]]
+    out: Counter[tuple[Any, ...]] = Counter()
+    if pends:
+        out.update(
+            tuple(r.values())
+            for r in named(rule, "kept", kept_part(run, 0, pends[-1]))[0].to_pylist()
+        )
+    sends = run["standby"]
+    ran = min(run["ran"], len(sends))
+    trims = sorted(min(t, run["published"], len(run["primary"])) for t in run["trims"])
+    first = 0
+    for seq, end in enumerate(sends[:ran]):
+        table, names = named(rule, "kept", kept_part(run, first, end))
+        assert standby.take("kept", seq, table, names, float(seq)) is None  # held
+        first = end + 1
+        if trims and seq % 2:
+            standby.trim(frontier_after(run["primary"], trims.pop(0)))
+    for part in standby.promote(frontier_after(run["primary"], len(pends))):
+        out.update(tuple(r.values()) for r in part.table.to_pylist())
+    for seq, end in enumerate(sends[ran:], start=ran):
+        table, names = named(rule, "kept", kept_part(run, first, end))
+        passed = standby.take("kept", seq, table, names, float(seq))
+        assert passed is not None
+        out.update(tuple(r.values()) for r in passed.to_pylist())
+        first = end + 1
+    assert out == every  # none lost, none twice
+    assert standby.held == [] and standby.batches == len(sends)
