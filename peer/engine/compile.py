@@ -51,6 +51,7 @@ from peer.model.plan import (
     UnionSpec,
 )
 from peer.model.schema import Schema, spark_type
+from peer.storage.spool_format import is_lineage, lineage_seq
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -308,6 +309,10 @@ class _Compiler:
         for source, name in spec.out_fields:
             side, _, field = source.partition(".")
             cols.append(F.col(f"`{side}`.`{field}`").alias(name))
+        if self.lineage and SEQ in left.columns and SEQ in right.columns:
+            # the two input tuples behind each pair, left first (a standby names it by them)
+            for k, side in enumerate(("left", "right")):
+                cols.append(F.col(f"`{side}`.`{SEQ}`").alias(lineage_seq(k)))
         return joined.select(*cols)
 
     def fold(self) -> CompiledQuery:
@@ -320,8 +325,8 @@ class _Compiler:
         for index, (stream, schema) in enumerate(outputs):
             df = _beatless(self.frames[stream])
             fields = [F.col(c) for c in schema.names]
-            if self.lineage and SEQ in df.columns:
-                fields.append(F.col(SEQ))
+            if self.lineage:
+                fields.extend(F.col(c) for c in df.columns if c == SEQ or is_lineage(c))
             parts.append(df.select(F.lit(index).alias(OUT), F.struct(*fields).alias(f"__o{index}")))
         frame = parts[0]
         for part in parts[1:]:
@@ -370,11 +375,13 @@ def split_outputs(compiled: CompiledQuery, table: pa.Table) -> dict[str, pa.Tabl
 
 def unfold(rows: pa.Table, column: str, schema: Schema) -> pa.Table:
     """The fields of a result's struct column, as a table of the result stream's schema (and
-    ``__seq`` after it when the struct carries it: compiled with lineage)."""
+    ``__seq`` or ``__lineage<k>_seq`` after it when the struct carries them: compiled with
+    lineage)."""
     import pyarrow as pa
 
     struct = rows.column(column).combine_chunks()
     names = list(schema.names)
-    if struct.type.get_field_index(SEQ) >= 0:
-        names.append(SEQ)
+    names.extend(
+        f.name for f in struct.type if f.name not in names and (f.name == SEQ or is_lineage(f.name))
+    )
     return pa.table({name: struct.field(name) for name in names})

@@ -192,10 +192,12 @@ class Engine:
         heartbeat: bool = False,
         elsewhere: dict[str, Path] | None = None,
         ignore_hold: bool = False,
+        name_offsets: bool = False,
     ) -> Callable[[str, Schema], DataFrame]:
         """The sources of one streaming query; ``elsewhere`` reads some streams from other
         directories (a tentative fork's copies of its missing inputs), unregistered;
-        ``ignore_hold``: read each spool to its log end (a standby over follower copies)."""
+        ``ignore_hold``: read each spool to its log end (a standby over follower copies);
+        ``name_offsets``: offsets name their stream (a query with a standby)."""
         from peer.engine.source import read_stream
 
         assert self.spark is not None
@@ -224,6 +226,7 @@ class Engine:
                 heartbeat=heartbeat,
                 fetch=self.fetch,
                 ignore_hold=ignore_hold,
+                name_offsets=name_offsets,
             )
 
         return make
@@ -319,6 +322,7 @@ class Engine:
             heartbeat=checked.query.availability_bound_s is not None,
             elsewhere=elsewhere,
             ignore_hold=standby,
+            name_offsets=bool(checked.query.standby),
         )
         compiled = compile_query(checked, source, lineage=standby)
         running: RunningQuery | None = None

@@ -7,7 +7,10 @@ processes Spark starts (the source runner that plans micro-batches, and the work
 partitions), so it imports only pyarrow, the standard library, pyspark's data source API and
 ``peer.storage.spool_format`` at the top: never the peer node or the session builder.
 
-An offset is ``{"offset": N}``: every spool file with offset <= N is consumed. Spark asks
+An offset is ``{"offset": N}``: every spool file with offset <= N is consumed (with
+``nameOffsets``, ``{"offset": N, "stream": S}``: a query with a warm standby names the stream
+each source reads, so that the standby can tell, from the offset log alone, where each input of
+the primary's batch ended; peer.replication.standby). Spark asks
 
 * ``initialOffset`` once for a new query (no checkpoint): just before the first file present;
 * ``getDefaultReadLimit`` once: ``ReadMaxRows(maxRowsPerBatch)``, because with a 0 s trigger a
@@ -157,6 +160,8 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
         self.fsync = not _flag(options.get("nofsync"))
         self.bounded = not _flag(options.get("ignorehold"))
+        self.named = _flag(options.get("nameoffsets"))
+        self.stream = fmt.stream_name_of(self.directory)
         self.fetch = FetchEndpoint.from_options(options)
         self._tickets = None if self.fetch is None else Tickets(self.fetch)
         # Backpressure: while a reader of one of these (output) spools is more than
@@ -173,15 +178,18 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # ----------------------------------------------------------------------- planning
 
-    def initialOffset(self) -> dict[str, int]:
+    def initialOffset(self) -> dict[str, Any]:
         present = fmt.list_offsets(self.directory)
         if self.starting == "latest":
             trimmed = fmt.trimmed_through(self.directory)
             last = present[-1] if present else trimmed
-            return {"offset": max(trimmed, _bounded(last, self._visible()))}
+            return self._at(max(trimmed, _bounded(last, self._visible())))
         if present:
-            return {"offset": present[0] - 1}
-        return {"offset": fmt.trimmed_through(self.directory)}
+            return self._at(present[0] - 1)
+        return self._at(fmt.trimmed_through(self.directory))
+
+    def _at(self, offset: int) -> dict[str, Any]:
+        return {"offset": offset, "stream": self.stream} if self.named else {"offset": offset}
 
     def _visible(self) -> int | None:
         return fmt.read_watermark(self.directory) if self.bounded else None
@@ -196,10 +204,10 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         visible = self._visible()
         self._target = _bounded(present[-1], visible) if present else None
 
-    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         begin = int(start["offset"])
         if self.max_backlog > 0 and any(fmt.backlog(d) > self.max_backlog for d in self.hold_back):
-            return {"offset": begin}
+            return self._at(begin)
         max_rows = max_files = max_bytes = None
         if isinstance(limit, ReadMaxRows):
             max_rows = limit.max_rows
@@ -226,12 +234,12 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if end == begin:
             self._check_not_trimmed(begin)
         if isinstance(limit, ReadMinRows) and rows < limit.min_rows:
-            return {"offset": begin}
+            return self._at(begin)
         for offset in [o for o in self._rows if o <= begin]:
             del self._rows[offset]
         if self.reader_id is not None and end > begin:
             fmt.write_taken(self.directory, self.reader_id, end)  # for backpressure
-        return {"offset": end}
+        return self._at(end)
 
     def _check_not_trimmed(self, begin: int) -> None:
         # Nothing after `begin`: normal when idle, but if later files exist, the next one was
@@ -250,11 +258,11 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             rows = self._rows[offset] = fmt.file_rows(fmt.offset_path(self.directory, offset))
         return rows
 
-    def reportLatestOffset(self) -> dict[str, int] | None:
+    def reportLatestOffset(self) -> dict[str, Any] | None:
         present = fmt.list_offsets(self.directory)
         if not present:
             return None
-        return {"offset": _bounded(present[-1], self._visible())}
+        return self._at(_bounded(present[-1], self._visible()))
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[SpoolRange]:
         first, last = int(start["offset"]) + 1, int(end["offset"])
@@ -432,6 +440,7 @@ def read_stream(
     heartbeat: bool = False,
     fetch: FetchEndpoint | None = None,
     ignore_hold: bool = False,
+    name_offsets: bool = False,
 ) -> DataFrame:
     """A streaming DataFrame over a spool; register ``reader_id`` on the spool first. With
     ``hold_back`` (the query's output spools) and ``max_backlog``, no new input is read
@@ -453,5 +462,6 @@ def read_stream(
         .option("maxBacklog", str(max_backlog))
         .option("heartbeat", "true" if heartbeat else "false")
         .option("ignoreHold", "true" if ignore_hold else "false")
+        .option("nameOffsets", "true" if name_offsets else "false")
         .load()
     )

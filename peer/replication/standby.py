@@ -41,11 +41,12 @@ control plane), as the same query over that peer's copy of A:
 * **Restarts.** A change of A's epoch that does not promote this peer may truncate its copy
   of A (another member became primary): the standby is restarted from the newest record.
 
-So far a standby runs for fragments whose only stateful box is one VALUES-windowed aggregate
-whose windows reach every result stream (a filter or a map after it may keep or drop them).
-Other fragments keep the take-over from a checkpoint record (said once in the log): a join's
-or a per-tuple result names the input tuples behind it, which needs lineage columns the
-engine does not add yet.
+A standby runs for fragments with at most one stateful box (a VALUES-windowed aggregate or a
+windowed join), each result stream reached on one route (:func:`refusal` says why not,
+once, in the log). A join's results are named by both input tuples, which the engine carries
+as lineage columns; a fragment with several inputs needs the standby seat of every input (the
+anchor's first), so that a failover elects one peer for all of them; its source offsets name
+their stream, so that the offset log says where each input of a batch ended.
 
 A double failure during a promotion (the standby's peer dies after publishing its held
 results and before its first checkpoint record) leaves the next peer to take over from the old
@@ -93,6 +94,7 @@ from peer.storage.spool_format import (
     SEQ_SHIFT,
     file_info,
     file_metadata,
+    is_lineage,
     offset_path,
     read_file,
 )
@@ -101,7 +103,6 @@ from peer.timing import MONOTONIC, Clock
 log = logging.getLogger(__name__)
 
 INCARNATION_PREFIX = "standby-"
-LINEAGE_OFFSET, LINEAGE_ROW = "__lineage0_offset", "__lineage0_row"  # (result_identity's names)
 MAX_HELD_ROWS = 1_000_000  # a standby holding more stops (its primary publishes nothing)
 RECORD_SCAN = 256  # checkpoint records searched back for the one behind a result batch
 
@@ -126,7 +127,7 @@ class StandbyRun:
         self,
         name: str,
         anchor: str,
-        epoch: int,
+        epochs: tuple[int, ...],
         incarnation: str,
         checked: CheckedQuery,
         rule: IdentityRule,
@@ -134,7 +135,7 @@ class StandbyRun:
     ) -> None:
         self.name = name
         self.anchor = anchor
-        self.epoch = epoch  # the anchor's epoch when it started
+        self.epochs = epochs  # its inputs' epochs when it started
         self.incarnation = incarnation
         self.checked = checked
         self.rule = rule
@@ -153,6 +154,16 @@ class StandbyRun:
     @property
     def held_rows(self) -> int:
         return sum(batch.table.num_rows for batch in self.held)
+
+    @property
+    def per_tuple(self) -> bool:
+        """Whether some result is named by input tuples (then a frontier needs input ends)."""
+        return any(
+            isinstance(source, FromInput)
+            for stream in self.checked.outputs
+            for path in self.rule.paths(stream)
+            for source in path.sources
+        )
 
     def take(
         self, stream: str, seq: int, table: pa.Table, names: list[ResultId], now: float
@@ -219,13 +230,13 @@ def refusal(checked: CheckedQuery, rule: IdentityRule | Unnamed) -> str | None:
     """Why ``checked`` cannot have a standby yet (None: it can)."""
     if isinstance(rule, Unnamed):
         return rule.message
-    kinds = AggregateSpec | JoinSpec | BSortSpec
-    stateful = [b for b in checked.boxes if isinstance(b.spec, kinds)]
-    if len(stateful) > 1 or any(not isinstance(b.spec, AggregateSpec) for b in stateful):
-        return "a standby runs so far for fragments whose one stateful box is an aggregate"
+    stateful = [
+        b for b in checked.boxes if isinstance(b.spec, AggregateSpec | JoinSpec | BSortSpec)
+    ]
+    if len(stateful) > 1 or any(isinstance(b.spec, BSortSpec) for b in stateful):
+        return "a standby runs so far for fragments with one aggregate or one join"
     for box in stateful:
-        assert isinstance(box.spec, AggregateSpec)
-        if box.spec.window_by != "VALUES":
+        if isinstance(box.spec, AggregateSpec) and box.spec.window_by != "VALUES":
             return "a standby runs so far for VALUES windows only"
     for stream in checked.outputs:
         paths = rule.paths(stream)
@@ -234,21 +245,28 @@ def refusal(checked: CheckedQuery, rule: IdentityRule | Unnamed) -> str | None:
         for source in paths[0].sources:
             if isinstance(source, FromWindow) and source.visible is None:
                 return f"result stream {stream} does not carry its aggregate's window and group"
-            if isinstance(source, FromInput) and len(checked.inputs) != 1:
-                return (
-                    f"result stream {stream} is named by input tuples of a fragment with "
-                    f"{len(checked.inputs)} inputs"
-                )
     return None
 
 
 @dataclass(frozen=True)
 class BatchMarks:
     """What Spark's offset log says of one batch: its event-time watermark (ms) and, per
-    source, the last spool offset the batch reads."""
+    source, the last spool offset the batch reads (and the stream, for a query with a standby,
+    whose offsets name it)."""
 
     watermark_ms: int
-    ends: tuple[int, ...]
+    ends: tuple[tuple[str | None, int], ...]  # (the stream a source reads if named, offset)
+
+    def input_ends(self, inputs: tuple[str, ...]) -> dict[str, int]:
+        """Per input stream, the last offset every source of it had read (an unnamed source
+        is the one input's, if the fragment has one)."""
+        found: dict[str, int] = {}
+        for stream, end in self.ends:
+            if stream is None and len(inputs) == 1:
+                stream = inputs[0]
+            if stream is not None:
+                found[stream] = min(end, found.get(stream, end))
+        return found
 
 
 def batch_marks(checkpoint: bytes, batch: int) -> BatchMarks | None:
@@ -263,26 +281,33 @@ def batch_marks(checkpoint: bytes, batch: int) -> BatchMarks | None:
     try:
         metadata = json.loads(lines[1])
         mark = metadata["batchWatermarkMs"]
-        ends = tuple(json.loads(line)["offset"] for line in lines[2:] if line.strip())
-    except (ValueError, KeyError, TypeError) as exc:
+        sources = [json.loads(line) for line in lines[2:] if line.strip()]
+        ends = tuple((source.get("stream"), source["offset"]) for source in sources)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"offset log entry {batch}: {type(exc).__name__} {exc}") from None
-    for value in (mark, *ends):
+    for value in (mark, *(end for _, end in ends)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"offset log entry {batch}: {value!r:.40} is not an int")
+    if any(stream is not None and not isinstance(stream, str) for stream, _ in ends):
+        raise ValueError(f"offset log entry {batch}: a source's stream is not a string")
     return BatchMarks(mark, ends)
 
 
 def named(rule: IdentityRule, stream: str, table: pa.Table) -> tuple[pa.Table, list[ResultId]]:
-    """A standby's result part without its ``__seq`` column, and each row's identity (a
-    per-tuple result by the input tuple ``__seq`` names, an aggregate's by its columns)."""
+    """A standby's result part without its hidden lineage columns, and each row's identity (a
+    per-tuple result by the input tuples its ``__seq`` or ``__lineage<k>_seq`` name, an
+    aggregate's by its own columns)."""
+    hidden = [c for c in table.column_names if c == SEQ_COLUMN or is_lineage(c)]
     rows = table.to_pylist()
-    if SEQ_COLUMN in table.column_names:
+    if hidden:
         for row in rows:
-            seq = row.pop(SEQ_COLUMN)
-            if isinstance(seq, int):
-                row[LINEAGE_OFFSET] = seq >> SEQ_SHIFT
-                row[LINEAGE_ROW] = seq & ((1 << SEQ_SHIFT) - 1)
-        table = table.drop_columns([SEQ_COLUMN])
+            for column in hidden:
+                seq = row.pop(column)
+                k = 0 if column == SEQ_COLUMN else int(column[len("__lineage") : -len("_seq")])
+                if isinstance(seq, int):
+                    row[f"__lineage{k}_offset"] = seq >> SEQ_SHIFT
+                    row[f"__lineage{k}_row"] = seq & ((1 << SEQ_SHIFT) - 1)
+        table = table.drop_columns(hidden)
     return table, [rule.name(stream, row) for row in rows]
 
 
@@ -354,21 +379,35 @@ class Standbys:
                 continue
             if record.status not in ("SETUP", "RUNNING"):
                 continue
+            # Every input must name this peer its standby, so that a failover elects it for
+            # all of them (the fragment runs only where it leads every input): the anchor
+            # first, then (once it is this peer's) the others.
             if anchor.standby is None:
                 await self._volunteer(anchor)
                 continue
             if anchor.standby != self.me:
                 continue
+            named_ = [client.states.get(i) for i in record.inputs if i != anchor.name]
+            others = [i for i in named_ if i is not None]
+            if len(others) < len(named_) or any(
+                self.me not in i.in_sync or i.primary == self.me for i in others
+            ):
+                continue
+            free = [i for i in others if i.standby is None]
+            for state_ in free:
+                await self._volunteer(state_)
+            if free or any(i.standby != self.me for i in others):
+                continue
+            states = [anchor, *others]
             wanted.add(name)
+            epochs = tuple(i.epoch for i in states)
             running = self.running.get(name)
-            if running is not None and running.epoch != anchor.epoch:
-                log.info(
-                    "standby of %s restarts: %s is in epoch %d", name, anchor.name, anchor.epoch
-                )
+            if running is not None and running.epochs != epochs:
+                log.info("standby of %s restarts: its inputs are in epochs %s", name, epochs)
                 await self.stop(name)
                 running = None
             if running is None:
-                await self._start(name, stream, record, anchor)
+                await self._start(name, stream, record, anchor, epochs)
         for name, reason in list(self.site.query_errors.items()):
             standby = self.running.get(name)
             if standby is not None and standby.promoted is None:
@@ -398,7 +437,12 @@ class Standbys:
             return None
 
     async def _start(
-        self, name: str, stream: str, record: FragmentRecord, anchor: StreamState
+        self,
+        name: str,
+        stream: str,
+        record: FragmentRecord,
+        anchor: StreamState,
+        epochs: tuple[int, ...],
     ) -> None:
         engine = self.site.engine
         assert engine is not None
@@ -435,7 +479,7 @@ class Standbys:
             self._refused[name] = (end, str(exc))
             log.error("standby of %s not started: its checkpoint record: %s", name, exc)
             return
-        standby = StandbyRun(name, anchor.name, anchor.epoch, incarnation, checked, rule, boxes)
+        standby = StandbyRun(name, anchor.name, epochs, incarnation, checked, rule, boxes)
         self.running[name] = standby
         self._by_origin[standby.origin] = standby
         try:
@@ -510,9 +554,12 @@ class Standbys:
                 continue
             mark = marks.watermark_ms
             windows = {box: window_mark(mark, kind) for box, kind in standby.boxes.items()}
-            offsets = {}
-            if len(standby.checked.inputs) == 1 and marks.ends:  # (refusal() keeps it so)
-                offsets[standby.checked.inputs[0]] = min(marks.ends) + 1
+            inputs = standby.checked.inputs
+            ends = marks.input_ends(inputs)
+            lacking = [i for i in inputs if i not in ends]
+            if lacking and strict and standby.per_tuple:
+                raise ValueError(f"the offset log of batch {seq} of {origin} names no {lacking}")
+            offsets = {i: end + 1 for i, end in ends.items() if i in inputs}
             frontiers[stream] = Frontier.of(offsets, windows)
             standby.remember(stream, end, frontiers[stream])
         return Published.of(frontiers)
@@ -594,7 +641,7 @@ class Standbys:
                     behind = max(0, spool.log_end - max(spool.committed(r) for r in taken))
             out[name] = {
                 "anchor": standby.anchor,
-                "epoch": standby.epoch,
+                "epochs": list(standby.epochs),
                 "batches": standby.batches,
                 "held": standby.held_rows,
                 "since_batch_s": None if standby.last_batch is None else now - standby.last_batch,

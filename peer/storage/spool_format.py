@@ -49,6 +49,18 @@ SEQ_COLUMN = "__seq"
 SEQ_SHIFT = 24
 MAX_ROWS_PER_FILE = (1 << SEQ_SHIFT) - 1
 
+
+def lineage_seq(k: int) -> str:
+    """The hidden column holding the ``__seq`` of root ``k`` of a result (an engine query
+    compiled with lineage: a join's two input tuples, left first; peer.replication.standby)."""
+    return f"__lineage{k}_seq"
+
+
+def is_lineage(column: str) -> bool:
+    """Whether ``column`` is a :func:`lineage_seq` column."""
+    return column.startswith("__lineage") and column.endswith("_seq")
+
+
 META_ORIGIN = b"fedstream.origin"
 META_SEQ = b"fedstream.seq"
 META_ROWS = b"fedstream.rows"
