@@ -234,3 +234,19 @@ def test_trigger_available_now_stops_at_the_watermark(spool: Spool) -> None:
     spool.hold(None)
     spool.append(table(5))
     assert later.latestOffset({"offset": 0}, ReadAllAvailable()) == {"offset": 2}
+
+
+def test_named_offsets_and_a_follower_read_to_the_log_end(spool: Spool) -> None:
+    # nameOffsets: each offset names the stream (a query with a standby); ignoreHold: a
+    # standby reads a follower's copy to its log end, past the hold that keeps others out.
+    for n in [10, 10, 10]:
+        spool.append(table(n))
+    spool.hold(0)  # readers may see offset 0 only
+    held = reader(spool)
+    assert held.latestOffset(held.initialOffset(), ReadAllAvailable()) == {"offset": 0}
+    follower = reader(spool, ignoreHold="true", nameOffsets="true")
+    start = follower.initialOffset()
+    assert start == {"offset": -1, "stream": spool.name}
+    assert follower.latestOffset(start, ReadAllAvailable()) == {"offset": 2, "stream": spool.name}
+    assert follower.reportLatestOffset() == {"offset": 2, "stream": spool.name}
+    assert len(follower.partitions(start, {"offset": 2, "stream": spool.name})) >= 1
