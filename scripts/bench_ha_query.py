@@ -257,7 +257,7 @@ async def run_kills(peers: EnginePeers, args: argparse.Namespace) -> dict[str, A
                 engines = [n for n in ha.NAMES[:3] if n in peers.alive()]
                 followers = sorted(n for n in engines if n not in (victim, standby))
                 order = [victim, *([standby] if standby else []), *followers]
-                names = ["primary", "standby" if standby else "follower", "follower"]
+                names = ["primary", *(["standby"] if standby else []), "follower", "follower 2"]
                 sampled = await usage(peers, order)
                 roles = {role: sampled[n] for role, n in zip(names, order, strict=False)}
             newest = watcher.newest_start()
@@ -318,6 +318,8 @@ async def run_kills(peers: EnginePeers, args: argparse.Namespace) -> dict[str, A
         "exact": got == want,
         "missing": sum((want - got).values()),
         "extra": sum((got - want).values()),
+        # (start, key) of some windows that differ, for a look at the peers' logs
+        "differing": sorted({(w[0], w[2]) for w in (got - want) + (want - got)})[:20],
     }
 
 
@@ -356,7 +358,12 @@ def report(results: dict[str, Any]) -> str:
             f"{run['batches']} batches pushed ({run['refusals']} refusals retried); the result "
             f"stream {'equals' if run['exact'] else 'DIFFERS FROM'} plain Python "
             f"({run['windows']} windows from event time {run['from_window']}; {run['missing']} "
-            f"missing, {run['extra']} extra).",
+            f"missing, {run['extra']} extra)"
+            + (
+                f"; some that differ (start, key): {run['differing']}."
+                if run.get("differing")
+                else "."
+            ),
         ]
     if results["errors"]:
         lines += ["", f"Errors: {results['errors']}"]

@@ -395,6 +395,11 @@ class Engine:
         """Stop the query and remove its checkpoint and its spool reader registrations (found
         by their ids, ``<query key>-<n>``, so those of a query stopped earlier go too)."""
         await self.stop_query(name)
+        await self.drop_leftovers(name, incarnation)
+
+    async def drop_leftovers(self, name: str, incarnation: str) -> None:
+        """Remove the checkpoint and the spool reader registrations of a run of ``name`` that
+        no longer runs (another run of the same name may: a promoted standby's)."""
         key = query_key(name, incarnation)
 
         def release() -> None:

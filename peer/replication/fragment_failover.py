@@ -440,31 +440,36 @@ class ReplicatedFragments:
         return True
 
     async def promote(self, record: FragmentRecord) -> bool:
-        """Run a fragment here by promoting its warm standby: its held results published,
-        its query and checkpoint the fragment's from now on. False if it was not promoted
-        (the caller takes the fragment over from its record)."""
+        """Run a fragment here by promoting its warm standby: entered in the catalog as its
+        run, its held results published, its checkpoint the fragment's from now on. False if
+        it was not promoted (the caller takes the fragment over from its record)."""
         name = record.fragment
-        promoted = await self.standbys.promote(name, self._publish)
+        incarnation = self.standbys.incarnation_of(name)
+        engine = self.site.engine
+        if incarnation is None or engine is None:
+            return False
+        try:  # first what can fail here alone: nothing is published yet
+            await self.site.adopt_query(parse_query(record.definition), incarnation)
+        except (FedstreamError, ValueError, OSError) as exc:
+            log.error("fragment %s: its standby cannot take it over here: %s", name, exc)
+            await self.standbys.stop(name)
+            return False
+        try:
+            promoted = await self.standbys.promote(name, self._publish)
+        except FedstreamError as exc:  # an append refused: this peer no longer leads
+            log.error("fragment %s: its promoted standby's results were refused: %s", name, exc)
+            await self.release(name)
+            return True  # (the next round takes it over if this peer still leads)
         if promoted is None:
             return False
-        engine = self.site.engine
-        assert engine is not None
-        standing = _Standing(record.definition, promoted.incarnation, record.inputs, record.outputs)
+        standing = _Standing(record.definition, incarnation, record.inputs, record.outputs)
         self.standing[name] = standing
+        directory = engine.checkpoint_dir(name, incarnation)
         try:
-            await self.site.restore_query(
-                parse_query(record.definition), promoted.incarnation, "RUNNING"
-            )
-            directory = engine.checkpoint_dir(name, promoted.incarnation)
-            await self._write(
-                name, standing, "RUNNING", -1, await asyncio.to_thread(bundle, directory)
-            )
-        except (FedstreamError, ValueError, OSError) as exc:
-            log.error(
-                "fragment %s: its promoted standby could not take the fragment: %s", name, exc
-            )
-            await self.release(name)
-            return False
+            taken = await asyncio.to_thread(bundle, directory)
+            await self._write(name, standing, "RUNNING", -1, taken)
+        except (FedstreamError, OSError) as exc:
+            log.error("fragment %s: no checkpoint record after its promotion: %s", name, exc)
         return True
 
     async def _publish(self, stream: str, table: pa.Table, origin: str, seq: int) -> None:

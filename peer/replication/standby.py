@@ -586,6 +586,11 @@ class Standbys:
         return None
 
     # ----------------------------------------------------------------------- promotion
+    def incarnation_of(self, name: str) -> str | None:
+        """The incarnation of the standby of ``name`` here, if one runs, not yet promoted."""
+        standby = self.running.get(name)
+        return None if standby is None or standby.promoted is not None else standby.incarnation
+
     def can_promote(self, name: str) -> bool:
         standby = self.running.get(name)
         return standby is not None and standby.promoted is None

@@ -192,6 +192,22 @@ class LocalSite:
         elif status == "STOPPED":
             await asyncio.to_thread(self.catalog.set_status, query.name, status)
 
+    async def adopt_query(self, query: Query, incarnation: str) -> None:
+        """Enter, RUNNING, a fragment whose streaming query runs here already under
+        ``incarnation`` (a promoted warm standby, peer.replication.standby), in place of any
+        entry of another run of it (a stale one: this peer ran it before and was deposed)."""
+        stale = self.catalog.find_query(query.name)
+        if stale is not None and stale.incarnation != incarnation:
+            await asyncio.to_thread(self.catalog.remove_query, query.name)
+            self._checked.pop(query.name, None)
+            if self.engine is not None:
+                await self.engine.drop_leftovers(query.name, stale.incarnation)
+        if stale is None or stale.incarnation != incarnation:
+            await asyncio.to_thread(self.catalog.add_query, query, incarnation)
+        await asyncio.to_thread(self.catalog.set_placement, query.name, "own")
+        await asyncio.to_thread(self.catalog.set_status, query.name, "RUNNING")
+        self.query_errors.pop(query.name, None)
+
     async def release_query(self, name: str) -> None:
         """Stop a fragment that now runs on another peer and forget it here (its streams
         stay: they are replicas)."""
