@@ -264,7 +264,7 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return None
         return self._at(_bounded(present[-1], self._visible()))
 
-    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[SpoolRange]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[SpoolRange]:
         first, last = int(start["offset"]) + 1, int(end["offset"])
         if last < first:
             return []
@@ -311,7 +311,7 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _tables(self, partition: SpoolRange) -> Iterator[tuple[int, pa.Table]]:
         return stored_tables(self.directory, partition.first, partition.last, partition.ticket)
 
-    def commit(self, end: dict[str, int]) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         if self.reader_id is not None:
             fmt.write_reader_offset(
                 self.directory, self.reader_id, int(end["offset"]), fsync=self.fsync
