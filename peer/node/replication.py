@@ -166,8 +166,9 @@ def build_room(
     def is_live(node: str) -> bool:
         return overlay.is_live(bytes.fromhex(node))
 
-    def responsible(name: str, r: int) -> list[str]:
-        return [m.node_id.hex() for m in overlay.successors(name, r)]
+    def responsible(name: str, r: int, any_peer: bool) -> list[str]:
+        found = overlay.successors(name, r) if any_peer else overlay.responsible(name, r)
+        return [m.node_id.hex() for m in found]
 
     async def gone(node: str) -> bool:
         return await overlay.refuses_connections(bytes.fromhex(node))

@@ -50,7 +50,9 @@ log = logging.getLogger(__name__)
 
 OnRole = Callable[[str, bool], None]  # (stream, primary here?)
 IsLive = Callable[[str], bool]  # node (hex) -> alive in the overlay's view?
-Responsible = Callable[[str, int], list[str]]  # (stream, r) -> the r live peers closest to it
+# (stream, r, any_peer) -> the r live peers closest to it that run an engine, then (any_peer)
+# the others
+Responsible = Callable[[str, int, bool], list[str]]
 REPAIR_CHECK_S = 1.0
 
 
@@ -183,8 +185,11 @@ class ReplicatedStreams:
             if state.anchor is not None and anchor is None:
                 continue
             candidates: list[str] = []
-            if anchor is None and (dead & set(state.replicas) or state.missing > 0):
-                candidates = responsible(name, state.asked + len(dead))
+            replacing = bool(dead & set(state.replicas))
+            if anchor is None and (replacing or state.missing > 0):
+                # A dead replica is replaced by any live peer if no engine peer is left (the
+                # copies the stream had are kept); a short stream grows on engine peers only.
+                candidates = responsible(name, state.asked + len(dead), replacing)
             wanted = repaired_replicas(state, dead, candidates, anchor)
             if wanted is None or self._repairs.get(name) == state.version:
                 continue
@@ -330,5 +335,5 @@ class ReplicatedStreams:
     def copies(self, name: str, state: StreamState) -> dict[str, Any]:
         """The stream's copies, asked for and held, in words (``peer status``, ``lookup``)."""
         responsible = self.responsible
-        live = state.asked if responsible is None else len(responsible(name, state.asked))
+        live = state.asked if responsible is None else len(responsible(name, state.asked, False))
         return {"asked": state.asked, "copies": copies_text(state, live)}

@@ -4,10 +4,11 @@ joins a stream that has fewer replicas than it asked for.
 A stream's replicas are the live peers XOR-closest to its key when it is created. When one of
 them stays silent longer than the repair delay (much longer than a failover: a restart should
 not move data), its primary proposes ``SetReplicas`` with the dead member replaced by the
-closest live peer that is not a replica yet. The new member starts empty, out of the in-sync
-set; its primary seeds it (the entries trimmed already) and ships the rest, then expands the
-ISR. Nothing moves for a closer peer that joins: a replica set changes only when one of its
-members is gone, so nothing flaps.
+closest live peer that is not a replica yet: one that runs an engine if any is left, else
+any (the copies the stream had are kept; a short stream, below, grows on engine peers only).
+The new member starts empty, out of the in-sync set; its primary seeds it (the entries
+trimmed already) and ships the rest, then expands the ISR. Nothing moves for a closer peer
+that joins: a replica set changes only when one of its members is gone, so nothing flaps.
 
 A stream created while fewer peers lived than the replicas it asked for (``wanted``; a lone
 peer's streams have one) is *short*: as live peers that are not replicas yet appear, its
