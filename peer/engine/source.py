@@ -93,6 +93,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SOURCE_NAME = "fedspool"
+# A source offset as Spark stores it: {"offset": N}, and "stream": S with nameOffsets.
+SpoolOffset = dict[str, int | str]
 SEQ_COLUMN = fmt.SEQ_COLUMN
 HB_COLUMN = "__hb"  # true on a heartbeat row (a tentative fork's missing input)
 SEQ_SHIFT = fmt.SEQ_SHIFT  # __seq = offset << SEQ_SHIFT | row index
@@ -178,7 +180,7 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # ----------------------------------------------------------------------- planning
 
-    def initialOffset(self) -> dict[str, Any]:
+    def initialOffset(self) -> SpoolOffset:
         present = fmt.list_offsets(self.directory)
         if self.starting == "latest":
             trimmed = fmt.trimmed_through(self.directory)
@@ -188,7 +190,7 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return self._at(present[0] - 1)
         return self._at(fmt.trimmed_through(self.directory))
 
-    def _at(self, offset: int) -> dict[str, Any]:
+    def _at(self, offset: int) -> SpoolOffset:
         return {"offset": offset, "stream": self.stream} if self.named else {"offset": offset}
 
     def _visible(self) -> int | None:
@@ -204,7 +206,7 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         visible = self._visible()
         self._target = _bounded(present[-1], visible) if present else None
 
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+    def latestOffset(self, start: SpoolOffset, limit: ReadLimit) -> SpoolOffset:
         begin = int(start["offset"])
         if self.max_backlog > 0 and any(fmt.backlog(d) > self.max_backlog for d in self.hold_back):
             return self._at(begin)
@@ -258,13 +260,13 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             rows = self._rows[offset] = fmt.file_rows(fmt.offset_path(self.directory, offset))
         return rows
 
-    def reportLatestOffset(self) -> dict[str, Any] | None:
+    def reportLatestOffset(self) -> SpoolOffset | None:
         present = fmt.list_offsets(self.directory)
         if not present:
             return None
         return self._at(_bounded(present[-1], self._visible()))
 
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[SpoolRange]:
+    def partitions(self, start: SpoolOffset, end: SpoolOffset) -> Sequence[SpoolRange]:
         first, last = int(start["offset"]) + 1, int(end["offset"])
         if last < first:
             return []
@@ -311,7 +313,7 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _tables(self, partition: SpoolRange) -> Iterator[tuple[int, pa.Table]]:
         return stored_tables(self.directory, partition.first, partition.last, partition.ticket)
 
-    def commit(self, end: dict[str, Any]) -> None:
+    def commit(self, end: SpoolOffset) -> None:
         if self.reader_id is not None:
             fmt.write_reader_offset(
                 self.directory, self.reader_id, int(end["offset"]), fsync=self.fsync
