@@ -8,6 +8,7 @@ Usage (from the repository root)::
     .venv/bin/python scripts/bench_ha_query.py --standby    # the same with a warm standby
     .venv/bin/python scripts/bench_ha_query.py --kills 2    # a quick look
     .venv/bin/python scripts/bench_ha_query.py --json run.json
+    .venv/bin/python scripts/bench_ha_query.py --kills 0 --rates 5000,20000,80000  # rates only
 
 What runs
 ---------
@@ -32,6 +33,17 @@ the checkpoint and starting the streaming query, and a micro-batch). The killed 
 restarted and the next kill waits until every stream is in sync on three replicas again.
 At the end the result stream must equal plain Python over the pushed batches.
 
+Before the kills, ``--rates`` (rows/s, rising) measures the aggregate's sustained rate: for each
+rate the pusher sends ``rate / 10``-row batches ten times a second (still one in flight, so
+event time stays in order; each batch advances it by 1 s, so a window per key closes each
+second), for ``--step-s`` seconds, the last two thirds measured: the rows acknowledged per
+second, the rows the result windows that first arrived then count per second (the aggregate's
+processed rate), and each such window's latency (from the acknowledgement of the batch that
+closed it to its arrival). A rate is kept up with when at least 95 % of it is acknowledged,
+the windows count at least 90 % of what was acknowledged and their p90 latency is under 3 s;
+the steps stop at the first rate that is not. The CPU of each engine peer's process group is
+sampled over each measured part.
+
 With ``--standby`` the query asks for a warm standby (peer.replication.standby): each kill
 then waits, besides, until a standby runs, and the failover promotes it instead of starting
 the query from its checkpoint record. Before the first kill, the CPU (cores, over 10 s) and
@@ -43,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import contextlib
 import random
 import sys
@@ -53,6 +66,7 @@ from typing import Any
 
 import numpy as np
 import psutil
+import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -79,15 +93,26 @@ SCHEMA = {
     ],
 }
 ROWS, KEYS = 100, 5
+BATCHES_PER_S = 10  # in the rate steps
+KEPT_UP = (0.95, 0.90, 3.0)  # acked / offered, counted / acked, p90 latency (s)
 
 
-def make_batch(seq: int) -> dict[str, list[int]]:
-    rng = random.Random(seq)
-    return {
-        "k": [i % KEYS for i in range(ROWS)],
-        "v": [rng.randrange(100) for _ in range(ROWS)],
-        "t": [seq * 10 + i * 10 // ROWS for i in range(ROWS)],
-    }
+def make_batch(seq: int, rows: int = ROWS, t0: int | None = None, advance: int = 10) -> pa.Table:
+    """Batch ``seq``: ``rows`` tuples, keys in turn, seeded values, event time rising from
+    ``t0`` (``seq * 10``) by ``advance`` seconds over the batch."""
+    first = seq * 10 if t0 is None else t0
+    at = np.arange(rows, dtype=np.int64)
+    return pa.table(
+        {
+            "k": pa.array(at % KEYS, pa.int32()),
+            "v": pa.array(np.random.default_rng(seq).integers(0, 100, rows), pa.int64()),
+            "t": pa.array(first + at * advance // rows, pa.int64()),
+        }
+    )
+
+
+def as_columns(table: pa.Table) -> dict[str, list[int]]:
+    return {name: table.column(name).to_pylist() for name in table.column_names}
 
 
 class EnginePeers(ha.Peers):
@@ -101,35 +126,101 @@ class EnginePeers(ha.Peers):
 
 
 class Pusher:
-    """Numbered batches, one in flight, through random live peers; (sent, acked) times."""
+    """Numbered batches, one in flight, through random live peers; (sent, acked) times.
+
+    By default a 100-row batch advancing event time by 10 s, then 0.1 s of pause, each over
+    a new connection; :meth:`pace` switches to a rate (over kept connections)."""
 
     def __init__(self, peers: EnginePeers) -> None:
         self.peers = peers
         self.excluded: set[str] = set()
         self.acks: list[tuple[float, float]] = []
+        self.log: list[tuple[int, int, int]] = []  # per batch pushed: rows, t0, advance
+        self.closes: list[tuple[int, float]] = []  # per batch pushed: its last t, acked at
+        self.acked_rows = 0
         self.pushed = 0
         self.refusals = 0
         self.stopped = False
         self.rng = random.Random(5)
+        self.t = 0  # the next batch's first event time
+        self.rate: float | None = None
+        self.rows = ROWS
+        self.paced_from = 0.0
+        self.paced = 0
+        self.clients: dict[int, Client] = {}
+
+    def pace(self, rate: float | None) -> None:
+        """Offer ``rate`` rows/s from now (``None``: back to the default)."""
+        self.rate = rate
+        self.rows = ROWS if rate is None else max(1, int(rate / BATCHES_PER_S))
+        self.paced_from, self.paced = time.monotonic(), 0
+
+    async def _client(self, port: int) -> Client:
+        client = self.clients.get(port)
+        if client is None or not client.connected:
+            client = Client("127.0.0.1", port, timeout_s=5)
+            await client.connect()
+            self.clients[port] = client
+        return client
+
+    async def _drop(self, port: int) -> None:
+        client = self.clients.pop(port, None)
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.close(), 2)
+
+    async def _push(self, port: int, batch: pa.Table) -> None:
+        if self.rate is None:
+            async with Client("127.0.0.1", port, timeout_s=5) as c:
+                await c.push(STREAM, batch, producer="bench-q", seq=self.pushed)
+        else:
+            client = await self._client(port)
+            await client.push(STREAM, batch, producer="bench-q", seq=self.pushed)
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            for port in list(self.clients):
+                await self._drop(port)
+
+    async def _run(self) -> None:
         while not self.stopped:
+            if self.rate is not None:
+                due = self.paced_from + self.paced / BATCHES_PER_S
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
+            rows, advance = (self.rows, 10 if self.rate is None else 1)
+            batch = make_batch(self.pushed, rows, self.t, advance)
             names = [n for n in self.peers.alive() if n not in self.excluded]
             port = self.peers.procs[self.rng.choice(names)].port
             sent = time.monotonic()
             try:
-                async with Client("127.0.0.1", port, timeout_s=5) as c:
-                    batch = {"columns": make_batch(self.pushed)}
-                    await c.push(STREAM, batch, producer="bench-q", seq=self.pushed)
+                await self._push(port, batch)
             except (FedstreamError, TimeoutError, OSError) as exc:
                 if isinstance(exc, FedstreamError) and not exc.retriable:
                     raise
                 self.refusals += 1
+                await self._drop(port)
                 await asyncio.sleep(0.02)
                 continue
-            self.acks.append((sent, time.monotonic()))
+            acked = time.monotonic()
+            self.acks.append((sent, acked))
+            self.log.append((rows, self.t, advance))
+            self.closes.append((self.t + (rows - 1) * advance // rows, acked))
+            self.acked_rows += rows
+            self.t += advance
             self.pushed += 1
-            await asyncio.sleep(0.1)
+            self.paced += 1
+            if self.rate is None:
+                await asyncio.sleep(0.1)
+
+    def batches(self) -> list[dict[str, list[int]]]:
+        return [as_columns(make_batch(s, *entry)) for s, entry in enumerate(self.log)]
+
+    def closed_at(self, end: int) -> float | None:
+        """When the first batch holding event time ``end`` or later was acknowledged."""
+        at = bisect.bisect_left(self.closes, (end, -1.0))
+        return self.closes[at][1] if at < len(self.closes) else None
 
     def first_ack_after(self, t: float) -> float | None:
         after = [acked for sent, acked in self.acks if sent >= t]
@@ -143,6 +234,7 @@ class Watcher:
         self.peers = peers
         self.pusher = pusher
         self.seen: dict[tuple[int, int], float] = {}  # (window start, key) -> first arrival
+        self.counts: dict[tuple[int, int], int] = {}  # (window start, key) -> its n
         self.rows: list[dict[str, Any]] = []
         self.stopped = False
         self.rng = random.Random(9)
@@ -161,6 +253,7 @@ class Watcher:
                         for row in batch.rows():
                             rows.append(row)
                             self.seen.setdefault((row["window_start"], row["k"]), now)
+                            self.counts.setdefault((row["window_start"], row["k"]), row["n"])
                         self.rows = rows
                         if self.stopped:
                             return
@@ -201,33 +294,104 @@ def group(pid: int) -> list[psutil.Process]:
     return [root, *root.children(recursive=True)]
 
 
+def cpu_seconds(peers: EnginePeers, name: str) -> float:
+    """The CPU seconds a peer's process group (its JVM too) has used."""
+    proc = peers.procs[name].proc
+    assert proc is not None
+    total = 0.0
+    for p in group(proc.pid):
+        with contextlib.suppress(psutil.Error):
+            times = p.cpu_times()
+            total += times.user + times.system + times.children_user + times.children_system
+    return total
+
+
+def rss_mib(peers: EnginePeers, name: str) -> float:
+    proc = peers.procs[name].proc
+    assert proc is not None
+    total = 0
+    for p in group(proc.pid):
+        with contextlib.suppress(psutil.Error):
+            total += p.memory_info().rss
+    return total / 2**20
+
+
 async def usage(peers: EnginePeers, names: list[str]) -> dict[str, dict[str, float]]:
     """Cores used over USAGE_S and resident MiB at its end, per peer (its process group)."""
-
-    def cpu(name: str) -> float:
-        proc = peers.procs[name].proc
-        assert proc is not None
-        total = 0.0
-        for p in group(proc.pid):
-            with contextlib.suppress(psutil.Error):
-                times = p.cpu_times()
-                total += times.user + times.system + times.children_user + times.children_system
-        return total
-
-    def rss(name: str) -> float:
-        proc = peers.procs[name].proc
-        assert proc is not None
-        total = 0
-        for p in group(proc.pid):
-            with contextlib.suppress(psutil.Error):
-                total += p.memory_info().rss
-        return total / 2**20
-
-    before = {n: cpu(n) for n in names}
+    before = {n: cpu_seconds(peers, n) for n in names}
     began = time.monotonic()
     await asyncio.sleep(USAGE_S)
     took = time.monotonic() - began
-    return {n: {"cores": (cpu(n) - before[n]) / took, "rss_mib": rss(n)} for n in names}
+    return {
+        n: {"cores": (cpu_seconds(peers, n) - before[n]) / took, "rss_mib": rss_mib(peers, n)}
+        for n in names
+    }
+
+
+async def roles(peers: EnginePeers, standby: str | None) -> list[tuple[str, str]]:
+    """(role, peer) of the engine peers: the stream's primary, the standby, the followers."""
+    found = await ha.ask(peers.procs[peers.alive()[0]].port, "lookup_object", STREAM)
+    primary = peers.by_node(found["primary"]["node"])
+    engines = [n for n in ha.NAMES[:3] if n in peers.alive()]
+    followers = sorted(n for n in engines if n not in (primary, standby))
+    order = [primary, *([standby] if standby else []), *followers]
+    names = ["primary", *(["standby"] if standby else []), "follower", "follower 2"]
+    return list(zip(names, order, strict=False))
+
+
+async def run_rates(
+    peers: EnginePeers, pusher: Pusher, watcher: Watcher, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """The rate steps (module docstring); stops at the first rate not kept up with."""
+    steps: list[dict[str, Any]] = []
+    who = await roles(peers, await standby_running(peers) if args.standby else None)
+    for rate in args.rates:
+        pusher.pace(rate)
+        await asyncio.sleep(args.step_s / 3)
+        began, rows0 = time.monotonic(), pusher.acked_rows
+        cpu0 = {n: cpu_seconds(peers, n) for _role, n in who}
+        await asyncio.sleep(args.step_s * 2 / 3)
+        ended, rows1 = time.monotonic(), pusher.acked_rows
+        took = ended - began
+        cores = {role: (cpu_seconds(peers, n) - cpu0[n]) / took for role, n in who}
+        arrived = [w for w, at in watcher.seen.items() if began <= at < ended]
+        counted = sum(watcher.counts[w] for w in arrived)
+        lat = []
+        for start, k in arrived:
+            closed = pusher.closed_at(start + 10)
+            if closed is not None:
+                lat.append(watcher.seen[(start, k)] - closed)
+        latency = np.array(lat)
+        step = {
+            "offered": rate,
+            "acked_per_s": (rows1 - rows0) / took,
+            "counted_per_s": counted / took,
+            "windows": len(arrived),
+            "latency_p50_s": bc.quantile(latency, 0.5),
+            "latency_p90_s": bc.quantile(latency, 0.9),
+            "cores": cores,
+            "rss_mib": {role: rss_mib(peers, n) for role, n in who},
+        }
+        acked_ok, counted_ok, p90_ok = KEPT_UP
+        step["kept_up"] = bool(
+            step["acked_per_s"] >= acked_ok * rate
+            and step["counted_per_s"] >= counted_ok * step["acked_per_s"]
+            and len(latency) > 0
+            and step["latency_p90_s"] < p90_ok
+        )
+        steps.append(step)
+        print(
+            f"  {rate:,} rows/s offered: {step['acked_per_s']:,.0f} acked, "
+            f"{step['counted_per_s']:,.0f} counted in windows/s, latency p50 "
+            f"{step['latency_p50_s']:.2f} s, p90 {step['latency_p90_s']:.2f} s; "
+            + ", ".join(f"{r} {c:.2f} cores" for r, c in cores.items())
+            + ("" if step["kept_up"] else "; NOT kept up"),
+            flush=True,
+        )
+        if not step["kept_up"]:
+            break
+    pusher.pace(None)
+    return steps
 
 
 async def run_kills(peers: EnginePeers, args: argparse.Namespace) -> dict[str, Any]:
@@ -241,8 +405,16 @@ async def run_kills(peers: EnginePeers, args: argparse.Namespace) -> dict[str, A
     watcher = Watcher(peers, pusher)
     tasks = [asyncio.create_task(pusher.run()), asyncio.create_task(watcher.run())]
     kills: list[dict[str, Any]] = []
-    roles: dict[str, dict[str, float]] = {}
+    used: dict[str, dict[str, float]] = {}
+    steps: list[dict[str, Any]] = []
     try:
+        if args.rates:
+            port = peers.procs[peers.alive()[0]].port
+            await wait_until(lambda p=port: in_sync(peers, p), "three in-sync replicas", 180)
+            await wait_until(lambda: asyncio.sleep(0, watcher.newest_start() >= 0), "results", 180)
+            if args.standby:
+                await wait_until(lambda: standby_running(peers), "a standby", 180)
+            steps = await run_rates(peers, pusher, watcher, args)
         for i in range(args.kills):
             port = peers.procs[peers.alive()[0]].port
             await wait_until(lambda p=port: in_sync(peers, p), "three in-sync replicas", 180)
@@ -251,15 +423,11 @@ async def run_kills(peers: EnginePeers, args: argparse.Namespace) -> dict[str, A
             if args.standby:
                 standby = await wait_until(lambda: standby_running(peers), "a standby", 180)
             await asyncio.sleep(args.settle)
-            found = await ha.ask(port, "lookup_object", STREAM)
-            victim = peers.by_node(found["primary"]["node"])
+            who = await roles(peers, standby)
+            victim = who[0][1]
             if i == 0:
-                engines = [n for n in ha.NAMES[:3] if n in peers.alive()]
-                followers = sorted(n for n in engines if n not in (victim, standby))
-                order = [victim, *([standby] if standby else []), *followers]
-                names = ["primary", *(["standby"] if standby else []), "follower", "follower 2"]
-                sampled = await usage(peers, order)
-                roles = {role: sampled[n] for role, n in zip(names, order, strict=False)}
+                sampled = await usage(peers, [n for _role, n in who])
+                used = {role: sampled[n] for role, n in who}
             newest = watcher.newest_start()
             pusher.excluded = {victim}
             killed = time.monotonic()
@@ -292,10 +460,10 @@ async def run_kills(peers: EnginePeers, args: argparse.Namespace) -> dict[str, A
         with contextlib.suppress(Exception):
             await asyncio.wait_for(tasks[0], 30)
     pushed = pusher.pushed
-    want: Counter[tuple[int, ...]] = keyed_window_sums([make_batch(s) for s in range(pushed)])
+    want: Counter[tuple[int, ...]] = keyed_window_sums(pusher.batches())
     last = max(w[0] for w in want)
     await wait_until(
-        lambda: asyncio.sleep(0, watcher.newest_start() >= last), "the last window", 180
+        lambda: asyncio.sleep(0, watcher.newest_start() >= last), "the last window", 300
     )
     await asyncio.sleep(3)  # a duplicate would arrive now
     watcher.stopped = True
@@ -309,7 +477,8 @@ async def run_kills(peers: EnginePeers, args: argparse.Namespace) -> dict[str, A
     want = Counter({w: n for w, n in want.items() if w[0] >= floor})
     return {
         "standby": args.standby,
-        "usage": roles,
+        "usage": used,
+        "rates": steps,
         "kills": kills,
         "batches": pushed,
         "refusals": pusher.refusals,
@@ -327,6 +496,41 @@ def report(results: dict[str, Any]) -> str:
     lines = bc.header(results)
     run = results.get("run") or {}
     kills = run.get("kills") or []
+    steps = run.get("rates") or []
+    if steps:
+        roles = list(steps[0]["cores"])
+        lines += [
+            bc.md_table(
+                [
+                    "offered rows/s",
+                    "acked /s",
+                    "counted in windows /s",
+                    "latency p50 / p90",
+                    *(f"{role} cores" for role in roles),
+                    "kept up",
+                ],
+                [
+                    [
+                        f"{st['offered']:,}",
+                        f"{st['acked_per_s']:,.0f}",
+                        f"{st['counted_per_s']:,.0f}",
+                        f"{st['latency_p50_s']:.2f} s / {st['latency_p90_s']:.2f} s",
+                        *(f"{st['cores'][role]:.2f}" for role in roles),
+                        "yes" if st["kept_up"] else "no",
+                    ]
+                    for st in steps
+                ],
+            ),
+            "",
+            "Highest rate kept up with: "
+            + (
+                f"{max(st['offered'] for st in steps if st['kept_up']):,} rows/s"
+                if any(st["kept_up"] for st in steps)
+                else "none of those offered"
+            )
+            + f" (query with a warm standby: {'yes' if run.get('standby') else 'no'}).",
+            "",
+        ]
     if kills:
         rows = []
         for what, key in (("next acknowledged push", "push_s"), ("next result", "result_s")):
@@ -355,6 +559,9 @@ def report(results: dict[str, Any]) -> str:
             + ", ".join(f"{k['push_s']:.2f}/{k['result_s']:.2f}" for k in kills)
             + " s.",
             "",
+        ]
+    if run:
+        lines += [
             f"{run['batches']} batches pushed ({run['refusals']} refusals retried); the result "
             f"stream {'equals' if run['exact'] else 'DIFFERS FROM'} plain Python "
             f"({run['windows']} windows from event time {run['from_window']}; {run['missing']} "
@@ -385,6 +592,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kills", type=int, default=10, help="aggregate peers killed")
     parser.add_argument("--settle", type=float, default=3.0, help="s of results before a kill")
     parser.add_argument("--standby", action="store_true", help="the query asks for a standby")
+    parser.add_argument(
+        "--rates",
+        type=lambda text: [int(r) for r in text.split(",") if r],
+        default=[],
+        help="rows/s offered in rising steps before the kills, comma-separated",
+    )
+    parser.add_argument("--step-s", type=float, default=30.0, help="s per rate step")
     parser.add_argument("--work-dir", type=Path, help="keep the peers' data and logs here")
     parser.add_argument("--json", type=Path, help="write the figures here too")
     args = parser.parse_args(argv)
