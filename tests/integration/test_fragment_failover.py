@@ -6,7 +6,9 @@ stream's primary, and its result stream and checkpoint stream are replicated wit
 anchored to it. Mid-stream the primary stops; the control plane moves the input, the result
 stream and the checkpoint stream to one survivor, which resumes the query from the replicated
 checkpoint. The result stream, read from the earliest offset, equals plain Python exactly:
-no window lost, none twice.
+no window lost, none twice. The peers keep their checkpoints in one shared directory
+(``--checkpoint-dir``, issue 25 item 3), as peers on a Spark cluster do: the record the
+survivor resumes from is unpacked there, not in its data directory.
 """
 
 from __future__ import annotations
@@ -60,15 +62,16 @@ async def push(ports: list[int], batches: list[dict[str, list[Any]]], seqs: rang
 
 
 def test_a_windowed_aggregate_fails_over_with_its_input(tmp_path: Path, spark: Any) -> None:
-    peers = start_peers(tmp_path, NAMES, voters=3, spark=spark)
+    shared = tmp_path / "nfs"
+    peers = start_peers(tmp_path, NAMES, voters=3, spark=spark, shared=shared)
     try:
-        run(peers)
+        run(peers, shared)
     finally:
         for p in reversed(peers):
             p.close()
 
 
-def run(peers: list[PeerThread]) -> None:
+def run(peers: list[PeerThread], shared: Path) -> None:
     batches = make_batches()
     want = keyed_window_sums(batches)
     by_node = {p.peer.overlay.node_id.hex(): p for p in peers}  # type: ignore[union-attr]
@@ -118,6 +121,15 @@ def run(peers: list[PeerThread]) -> None:
     rows = asyncio.run(after())
     got = Counter((r["window_start"], r["window_end"], r["k"], r["s"], r["n"]) for r in rows)
     assert got == want
+    # the survivor resumed the fragment from its record unpacked beneath the shared
+    # checkpoint directory, not in its data directory
+    engines = [(p, p.peer.engine) for p in survivors]
+    running = [(p, e) for p, e in engines if e is not None and "fo" in e.running]
+    assert len(running) == 1
+    heir, engine = running[0]
+    checkpoint = engine.checkpoint_dir("fo", engine.running["fo"].incarnation)
+    assert checkpoint.is_relative_to(shared) and any((checkpoint / "commits").iterdir())
+    assert not (heir.peer.data_dir / "checkpoints").exists()
 
     # deleting the query drops its replicated streams from the control plane and every replica
     async def delete() -> None:

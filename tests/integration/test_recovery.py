@@ -3,7 +3,9 @@ duplicates nothing: the result equals an uninterrupted run computed in plain Pyt
 
 The peer is a real `peer join` process (its own JVM); the kill takes its whole process group.
 The pusher retries unacknowledged batches after the restart with the same (producer, seq), as a
-client must, and the spool drops what it already had.
+client must, and the spool drops what it already had. Its checkpoints are in a directory of
+its own beneath ``--checkpoint-dir`` (issue 25 item 3: shared storage on a cluster), and it is
+restarted without the option: the record in its data directory finds them again.
 """
 
 from __future__ import annotations
@@ -92,8 +94,10 @@ def test_kill_9_mid_stream_then_restart_gives_exact_output(tmp_path: Path) -> No
         for k, v, t in zip(b["k"], b["v"], b["t"], strict=True)
         if v >= 40
     )
-    data = tmp_path / "peer-data"
-    peer = PeerProcess(data, log_path=tmp_path / "peer.log").start()
+    data, shared = tmp_path / "peer-data", tmp_path / "nfs"
+    peer = PeerProcess(
+        data, "--checkpoint-dir", f"file://{shared}", log_path=tmp_path / "peer.log"
+    ).start()
     try:
 
         async def phase_one() -> int:
@@ -119,6 +123,7 @@ def test_kill_9_mid_stream_then_restart_gives_exact_output(tmp_path: Path) -> No
         resume_at = asyncio.run(phase_one())
         assert resume_at < BATCHES, "the kill came after the last push; nothing was interrupted"
 
+        peer.extra = ()  # restarted without --checkpoint-dir
         peer.start()
 
         async def phase_two() -> tuple[list[dict[str, Any]], ...]:
@@ -141,5 +146,11 @@ def test_kill_9_mid_stream_then_restart_gives_exact_output(tmp_path: Path) -> No
         peer.stop()
     got = Counter((r["window_start"], r["window_end"], r["k"], r["s"], r["n"]) for r in rows)
     assert got == want
+    # every query resumed from beneath the shared directory; none under the data directory
+    assert not (data / "checkpoints").exists()
+    (home,) = shared.iterdir()
+    assert {"lane", "rec", "neg"} <= {
+        d.name.split("-")[0] for d in (home / "checkpoints").iterdir()
+    }
     assert Counter((r["k"], r["v"], r["t"]) for r in neg_rows) == want_neg
     assert Counter((r["k"], r["v"], r["t"]) for r in big_rows) == want_big

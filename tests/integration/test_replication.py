@@ -36,11 +36,16 @@ def start_peers(
     names: tuple[str, ...],
     voters: int,
     spark: Any = None,
+    shared: Path | None = None,
     **settings: Any,
 ) -> list[PeerThread]:
     """Peers (without Spark, or sharing the session ``spark``), each bootstrapping from the
     first; the first ``voters`` of them hold the control plane's seats; ``settings`` are
-    more of their PeerConfig. The caller closes them (see ``peers``)."""
+    more of their PeerConfig. With ``shared``, their checkpoints are beneath that directory
+    (``--checkpoint-dir``, a directory of its own each), as on a cluster. The caller closes
+    them (see ``peers``)."""
+    from peer.engine.checkpoint_home import resolve
+
     keys = make_participants(tmp_path, names)
     started: list[PeerThread] = []
     try:
@@ -50,8 +55,10 @@ def start_peers(
                 first = started[0].peer.overlay
                 assert first is not None
                 bootstrap = [("127.0.0.1", first.port)]
+            home = resolve(tmp_path / name, str(shared)) if shared is not None else None
             config = PeerConfig(
                 data_dir=tmp_path / name,
+                checkpoint_root=home.root if home is not None else None,
                 port=0,
                 engine=spark is not None,
                 participant=name,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,6 +29,13 @@ from peer.testing import PeerThread
 pytestmark = pytest.mark.spark
 
 
+@pytest.fixture(scope="module")
+def peer_options(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Checkpoints beneath a shared directory, as ``--checkpoint-dir`` puts them on a Spark
+    cluster (issue 25 item 3): a fork copies the stable checkpoint, and its inputs, there."""
+    return {"checkpoint_root": tmp_path_factory.mktemp("nfs") / "host-1" / "checkpoints"}
+
+
 async def record(
     client: Client, stream: str, tentative: bool, into: list[tuple[float, Batch]]
 ) -> None:
@@ -46,7 +54,9 @@ def entries(batches: list[tuple[float, Batch]]) -> list[Entry]:
     return out
 
 
-async def scenario(port: int, name: str, bound: float | None) -> dict[str, Any]:
+async def scenario(
+    port: int, name: str, bound: float | None, checkpoints: Path | None = None
+) -> dict[str, Any]:
     a, g, out = f"{name}_a", f"{name}_g", f"{name}_out"  # the query writes <name>_out
     second = f"{name}c"  # reads <name>_out, writes <name>c_out
     pushed: list[dict[str, Any]] = []
@@ -98,6 +108,8 @@ async def scenario(port: int, name: str, bound: float | None) -> dict[str, Any]:
             await asyncio.sleep(1.0)
         status = await c.status()
         during = next(q for q in status["queries"] if q["name"] == name)
+        # what the peer's checkpoint directory holds while the forks run
+        held = sorted(d.name for d in checkpoints.iterdir()) if checkpoints is not None else []
         healed_at = time.monotonic()
         # g comes back with its late tuples, then both go on for 30 more
         await push(g, reports(30, t, 2))
@@ -137,6 +149,7 @@ async def scenario(port: int, name: str, bound: float | None) -> dict[str, Any]:
         "healed_at": healed_at,
         "status": status,
         "during": during,
+        "checkpoints_during": held,
     }
 
 
@@ -144,7 +157,9 @@ def test_a_silent_input_gives_tentative_results_then_an_undo_and_the_exact_ones(
     peer: PeerThread,
 ) -> None:
     bound = 3.0
-    run = asyncio.run(scenario(peer.port, "dpc1", bound))
+    engine = peer.peer.engine
+    assert engine is not None
+    run = asyncio.run(scenario(peer.port, "dpc1", bound, engine.checkpoint_root))
     want = run["want"]
     # the stable subscriber saw stable batches only, and exactly the failure-free output
     assert all(e.status == STABLE for e in run["stable"])
@@ -180,6 +195,11 @@ def test_a_silent_input_gives_tentative_results_then_an_undo_and_the_exact_ones(
     for entry in chain:
         view.apply(entry)
     assert view.tentative_rows() == [] and Counter(view.rows()) == want_chain
+    # the forks copied the stable checkpoints, and ran, beneath the shared directory
+    assert engine.checkpoint_root.parent.name == "host-1"
+    forks = [d for d in run["checkpoints_during"] if d.startswith(("dpc1-", "dpc1c-"))]
+    assert any("-t" in d.split("-", 2)[2] for d in forks), run["checkpoints_during"]
+    assert not (peer.peer.data_dir / "checkpoints").exists()
 
 
 def test_without_a_bound_the_query_waits_and_stays_exact(peer: PeerThread) -> None:
