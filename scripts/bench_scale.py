@@ -21,12 +21,22 @@ five engines:
   does not see the peer's data directory; the executors fetch the input from the peer);
 - ``cluster 2x1``: the same with two Workers of one core each.
 
-The query is CPU-bound in the executors on purpose: a selective filter, ``(v * 7919) % 100 =
-0``, over tuples ``(k int, v long, sent double, pad string)`` with a 48-byte ``pad``. Each input
-tuple is decoded by the ``fedspool`` source in an executor's Python worker (Arrow IPC, fetched
-from the peer on a cluster), converted to Spark rows and tested there; exactly one in a hundred
-passes (``v`` counts up from 0, and 7919 is prime to 100), so the driver's ``foreachBatch``
-collects 1 % of the rows: the executors' work grows with the input, the driver's stays small.
+The query (``--query``) is CPU-bound in the executors on purpose. Its input tuples are ``(k
+int, v long, sent double, pad string)`` with a 48-byte ``pad``, ``v`` counting up from 0. Each
+is decoded by the ``fedspool`` source in an executor's Python worker (Arrow IPC, fetched from
+the peer on a cluster), converted to Spark rows and tested there, and about one in a hundred
+passes, so the driver's ``foreachBatch`` collects 1 % of the rows: the executors' work grows
+with the input, the driver's stays small.
+
+- ``heavy`` (the default): three filter boxes in a row, each over a sum of 135 square roots
+  (``floor((sqrt(v+1)+...+sqrt(v+15))+...) >= 0`` twice, offsets 1..135 and 1001..1135, then
+  the same with offsets 2001..2135 and ``% 100 = 0``): about 23 µs of Spark CPU per tuple on
+  this machine's cores, on top of the decoding, so an executor's cost per tuple is above the
+  peer's own (ingest, planning, the 1 % it collects) and more Workers can pay off. Each box
+  stays under the expression limits (1,024 tokens, docs/security.md), hence three. Which
+  tuples pass is computed with numpy in the same order of additions (IEEE, so exactly).
+- ``light``: one filter ``(v * 7919) % 100 = 0``; the executors' cost per tuple (decoding, a
+  multiplication) is under half the peer's, so the peer's host saturates first.
 
 A client in this process pushes ``--rate`` tuples per second in batches every 0.1 s (``sent`` =
 the wall clock at the push) and subscribes to the result. After ``--warmup-s`` it measures for
@@ -72,26 +82,58 @@ SCHEMA = {
     ],
 }
 PREDICATE = "(v * 7919) % 100 = 0"
-SELECTIVITY = 100  # one tuple in this many passes
 PAD = "x" * 48
 PIECE_S = 0.1
 # The commit before the first of issue 25's work was merged (e2bcba9 "Merge h25net").
 BEFORE = "e2bcba9^1"
 
 
-def query() -> dict[str, Any]:
-    return {
-        "name": "scale",
-        "boxes": [
-            {
-                "name": "pick",
-                "type": "filter",
-                "inputs": ["scale_in"],
-                "outputs": ["scale_out"],
-                "params": {"expression.0": PREDICATE},
-            }
-        ],
-    }
+HEAVY_TERMS, HEAVY_GROUP, HEAVY_BOXES = 135, 15, 3
+
+
+def heavy_expression(box: int) -> str:
+    """Box ``box``'s predicate: a sum of square roots, grouped so that the tree stays shallow."""
+    base = 1000 * box
+    groups = []
+    for g in range(1, HEAVY_TERMS + 1, HEAVY_GROUP):
+        terms = range(base + g, base + min(g + HEAVY_GROUP, HEAVY_TERMS + 1))
+        groups.append("(" + "+".join(f"sqrt(v+{i})" for i in terms) + ")")
+    test = "% 100 = 0" if box == HEAVY_BOXES - 1 else ">= 0"
+    return f"floor({'+'.join(groups)}) {test}"
+
+
+def heavy_floor(v: np.ndarray, box: int) -> np.ndarray:
+    """``floor(...)`` of :func:`heavy_expression` in numpy, adding in Spark's order."""
+    base = 1000 * box
+    total: np.ndarray | None = None
+    for g in range(1, HEAVY_TERMS + 1, HEAVY_GROUP):
+        acc: np.ndarray | None = None
+        for i in range(g, min(g + HEAVY_GROUP, HEAVY_TERMS + 1)):
+            x = np.sqrt((v + (base + i)).astype(np.float64))
+            acc = x if acc is None else acc + x
+        assert acc is not None
+        total = acc if total is None else total + acc
+    assert total is not None
+    return np.floor(total).astype(np.int64)
+
+
+def query(kind: str) -> dict[str, Any]:
+    if kind == "light":
+        predicates = [PREDICATE]
+    else:
+        predicates = [heavy_expression(b) for b in range(HEAVY_BOXES)]
+    streams = ["scale_in", *(f"scale_h{b}" for b in range(len(predicates) - 1)), "scale_out"]
+    boxes = [
+        {
+            "name": f"pick{b}",
+            "type": "filter",
+            "inputs": [streams[b]],
+            "outputs": [streams[b + 1]],
+            "params": {"expression.0": predicate},
+        }
+        for b, predicate in enumerate(predicates)
+    ]
+    return {"name": "scale", "boxes": boxes}
 
 
 def piece(first: int, n: int) -> pa.Table:
@@ -106,9 +148,16 @@ def piece(first: int, n: int) -> pa.Table:
     )
 
 
-def passes(first: int, n: int) -> int:
+def passes(first: int, n: int, kind: str) -> int:
+    """How many of the tuples ``v = first .. first + n - 1`` the query lets through."""
     v = np.arange(first, first + n, dtype=np.int64)
-    return int(np.count_nonzero((v * 7919) % 100 == 0))
+    if kind == "light":
+        return int(np.count_nonzero((v * 7919) % 100 == 0))
+    keep = np.ones(n, dtype=bool)
+    for b in range(HEAVY_BOXES):
+        floor = heavy_floor(v, b)
+        keep &= floor % 100 == 0 if b == HEAVY_BOXES - 1 else floor >= 0
+    return int(np.count_nonzero(keep))
 
 
 class Setup:
@@ -173,7 +222,7 @@ async def drive(
     async with Client(setup.host, peer.port, timeout_s=120, **client_args) as c:
         await c.create_schema(SCHEMA)
         await c.create_stream("scale_in", "scale_ev")
-        await c.create_query(query())
+        await c.create_query(query(args.query))
         await c.start_query("scale")
 
         async def subscribe() -> None:
@@ -214,7 +263,7 @@ async def drive(
             breakdown = {name: dict(m.breakdown) for name, m in meters.items()}
             rx = rx_bytes(setup.cluster) - rx0 if setup.cluster is not None else None
             # the window's results may still come: wait for them (bounded)
-            want = passes(0, pushed)
+            want = passes(0, pushed, args.query)
             deadline = time.monotonic() + args.drain_s
             while len(results) < want and time.monotonic() < deadline:
                 await asyncio.sleep(0.5)
@@ -226,10 +275,11 @@ async def drive(
         "setup": setup.name,
         "offered_rate": args.rate,
         "acked_rate": acked_in_window / seconds,
-        "processed_rate": len(in_window) * SELECTIVITY / seconds,
+        # the results in the window, times the input tuples per result
+        "processed_rate": len(in_window) * pushed / max(1, want) / seconds,
         "p50_s": bc.quantile(latencies, 0.5) if len(latencies) else None,
         "results": len(results),
-        "expected_results": passes(0, pushed),
+        "expected_results": want,
         "cores": {name: round(total, 3) for name, (total, _) in cpu.items()},
         "breakdown": breakdown,
         "machine_busy_cores": max((busy for _, busy in cpu.values()), default=None),
@@ -381,6 +431,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=None, help="measured seconds")
     parser.add_argument("--warmup-s", type=float, default=None)
     parser.add_argument("--drain-s", type=float, default=60.0)
+    parser.add_argument(
+        "--query", choices=("heavy", "light"), default="heavy", help="which query (docstring)"
+    )
     parser.add_argument("--before", default=BEFORE, help="the commit measured as 'before'")
     parser.add_argument(
         "--setups",
