@@ -20,7 +20,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from peer.engine.source import SpoolRange, SpoolStreamReader
+from peer.engine.source import SpoolOffset, SpoolRange, SpoolStreamReader
 from peer.fetch.capability import FetchKey, fetch_key_path
 from peer.fetch.client import FetchFailed, SpoolFetcher, client_context
 from peer.fetch.protocol import FetchTicket
@@ -95,7 +95,8 @@ def test_the_remote_reader_reads_exactly_what_the_local_one_does(
         async with Running(data_dir) as server:
             options = {**server.endpoint.to_options(), "numPartitions": "2"}
             remote, local = reader(spool, **options), reader(spool)
-            start, end = {"offset": -1}, {"offset": 3}
+            start: SpoolOffset = {"offset": -1}
+            end: SpoolOffset = {"offset": 3}
             parts = list(remote.partitions(start, end))
             assert len(parts) == 2 and all(p.ticket is not None for p in parts)
             # an executor gets the reader and its partitions pickled: tokens, never the key

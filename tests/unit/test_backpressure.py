@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.types import LongType, StructField, StructType
 
-from peer.engine.source import SpoolStreamReader
+from peer.engine.source import SpoolOffset, SpoolStreamReader
 from peer.errors import Unavailable
 from peer.site import LocalSite, SiteConfig
 from peer.storage.spool import Spool
@@ -60,7 +60,7 @@ def test_a_query_reads_no_input_while_its_output_is_backlogged(tmp_path: Path) -
         "maxRowsPerBatch": "0",
     }
     reader = SpoolStreamReader(options, StructType([StructField("x", LongType())]))
-    start = {"offset": -1}
+    start: SpoolOffset = {"offset": -1}
     assert reader.latestOffset(start, reader.getDefaultReadLimit()) == start
     write_reader_offset(output.directory, "downstream", 3, fsync=False)  # 2 behind now
     assert reader.latestOffset(start, reader.getDefaultReadLimit()) == {"offset": 4}
