@@ -65,6 +65,7 @@ import numpy as np
 import pyarrow as pa
 
 from peer.client import Client
+from peer.errors import FedstreamError
 from peer.testing import PeerProcess, make_participants, participant_args
 from peer.testing.sparkcluster import SparkCluster, missing
 
@@ -219,17 +220,30 @@ async def drive(
 ) -> dict[str, Any]:
     per_piece = max(1, int(args.rate * PIECE_S))
     results: list[tuple[float, float]] = []  # (sent, received)
+    resubscribed: list[str] = []  # why the subscription was opened again
     async with Client(setup.host, peer.port, timeout_s=120, **client_args) as c:
         await c.create_schema(SCHEMA)
         await c.create_stream("scale_in", "scale_ev")
         await c.create_query(query(args.query))
         await c.start_query("scale")
 
+        seen: set[int] = set()  # the v of each result received
+
         async def subscribe() -> None:
-            async with Client(setup.host, peer.port, timeout_s=120, **client_args) as sub:
-                async for batch in sub.subscribe("scale_out", start="earliest"):
-                    now = time.time()
-                    results.extend((r["sent"], now) for r in batch.rows())
+            # a subscription the peer drops (on a machine this busy this process may read
+            # too slowly) is opened again from the start; results already seen are skipped
+            while True:
+                try:
+                    async with Client(setup.host, peer.port, timeout_s=120, **client_args) as sub:
+                        async for batch in sub.subscribe("scale_out", start="earliest"):
+                            now = time.time()
+                            for r in batch.rows():
+                                if r["v"] not in seen:
+                                    seen.add(r["v"])
+                                    results.append((r["sent"], now))
+                except (FedstreamError, OSError) as exc:
+                    resubscribed.append(f"{type(exc).__name__}: {exc}")
+                    await asyncio.sleep(0.5)
 
         pushed = 0
         acked_in_window = 0
@@ -284,6 +298,7 @@ async def drive(
         "breakdown": breakdown,
         "machine_busy_cores": max((busy for _, busy in cpu.values()), default=None),
         "worker_rx_bytes": rx,
+        "resubscribed": resubscribed,
         "seconds": seconds,
     }
 
@@ -395,6 +410,12 @@ def report(results: dict[str, Any]) -> str:
             "local[2] after / before, processed rate: "
             + bc.fmt_ratio(after["processed_rate"], before["processed_rate"])
         )
+    for r in results.get("runs", []):
+        if r.get("resubscribed"):
+            lines.append(
+                f"{r['setup']}: the result subscription was opened again "
+                f"{len(r['resubscribed'])} times (first: {r['resubscribed'][0]})"
+            )
     for error in results["errors"]:
         lines.append(f"error: {error}")
     return "\n".join(lines)
