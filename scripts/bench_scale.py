@@ -3,8 +3,9 @@
 
 Usage (from the repository root, as root: the cluster needs network namespaces)::
 
-    .venv/bin/python scripts/bench_scale.py            # full run, ~25 min on 2 cores
+    .venv/bin/python scripts/bench_scale.py            # full run, ~15 min on 2 cores
     .venv/bin/python scripts/bench_scale.py --quick    # smoke run, ~10 min
+    .venv/bin/python scripts/bench_scale.py --rate 80000 --setups cluster1,cluster2  # saturated
 
 What runs
 ---------
