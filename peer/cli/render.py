@@ -193,7 +193,7 @@ def _print_brain(console: Console, brain: Mapping[str, Any]) -> None:
             e["direction"],
             e["fragment"],
             e.get("partner") or "",
-            (e.get("contract") or "")[:8],
+            e["contract"][:8] if e.get("contract") else "sibling",
             f"{e.get('load', 0):.3g}",
             f"{e.get('price', 0):g}",
             "" if duration is None else f"{duration:.0f}s",
@@ -201,3 +201,6 @@ def _print_brain(console: Console, brain: Mapping[str, Any]) -> None:
             style=None if e.get("ok") else "red",
         )
     console.print(ledger)
+    for e in brain.get("ledger", []):
+        if e.get("reason"):  # a move to a peer of this participant, and why
+            console.print(f"{e['fragment']} to {str(e.get('peer'))[:12]}: {e['reason']}")
