@@ -179,7 +179,8 @@ def _print_brain(console: Console, brain: Mapping[str, Any]) -> None:
             ", ".join(c.get("kinds", [])),
             "yes" if c.get("valid", True) else "no",
         )
-    console.print(contracts)
+    if brain.get("contracts"):
+        console.print(contracts)
     for r in brain.get("refused_contracts", []):
         console.print(f"contract file {r['file']} refused: {r['message']}")
     ledger = Table("time", "dir", "fragment", "partner")
@@ -200,7 +201,8 @@ def _print_brain(console: Console, brain: Mapping[str, Any]) -> None:
             "" if pause is None else f"{pause:.2f}s",
             style=None if e.get("ok") else "red",
         )
-    console.print(ledger)
+    if brain.get("ledger"):
+        console.print(ledger)
     for e in brain.get("ledger", []):
         if e.get("reason"):  # a move to a peer of this participant, and why
             console.print(f"{e['fragment']} to {str(e.get('peer'))[:12]}: {e['reason']}")
