@@ -10,12 +10,39 @@ base class to inherit); all of them are called on the peer's event loop.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from contracts.bpm import PeerState
 from overlay.membership import MemberInfo
 
-__all__ = ["BrainHost"]
+__all__ = ["BrainHost", "SiblingMove", "Siblings"]
+
+
+@dataclass(frozen=True)
+class SiblingMove:
+    """Move ``fragments`` to ``target``, a peer of this peer's own participant, under
+    ``contract`` (the move protocol's word for "no contract needed"), because ``reason``."""
+
+    target: bytes
+    fragments: tuple[str, ...]
+    contract: str
+    reason: str
+
+
+class Siblings(Protocol):
+    """Balancing inside the peer's participant (peer.elastic), asked once a round."""
+
+    def plan(self, state: PeerState, members: Sequence[MemberInfo]) -> SiblingMove | None:
+        """What to hand to a sibling now, given this round's measurement and the live
+        members (their gossiped load figures), if anything."""
+        ...
+
+    def moved(self) -> None:
+        """Fragments moved (or failed to): the rounds seen before no longer describe the
+        peers."""
+        ...
 
 
 class BrainHost(Protocol):

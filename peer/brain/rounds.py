@@ -25,7 +25,7 @@ from contracts.bpm import (
     remember_outcome,
 )
 from contracts.contract import Contract, price_range
-from peer.brain.host import BrainHost
+from peer.brain.host import BrainHost, SiblingMove, Siblings
 from peer.brain.load import LoadMeter, Meter, fragment_loads
 from peer.brain.offers import (
     Expected,
@@ -76,9 +76,11 @@ class Brain:
         meter: Meter | None = None,
         clock: Clock = WALL,
         overload_backlog: int = OVERLOAD_BACKLOG,
+        siblings: Siblings | None = None,
     ) -> None:
-        """``capacity`` is in cores, like the loads. Reads the ledger (a blocking read, once,
-        at peer start)."""
+        """``capacity`` is in cores, like the loads; ``siblings``: balancing inside this
+        peer's participant, asked each round before any offer (None: none). Reads the
+        ledger (a blocking read, once, at peer start)."""
         if not (math.isfinite(capacity) and capacity > 0):
             raise ValueError(f"capacity must be a positive number of cores, not {capacity}")
         self.host = host
@@ -89,6 +91,7 @@ class Brain:
         self.meter: Meter = meter if meter is not None else LoadMeter()
         self.clock = clock
         self.overload_backlog = overload_backlog
+        self.siblings = siblings
         self.ledger = Ledger(Path(host.data_dir) / "ledger.jsonl")
         self.ledger.load()
         self._contracts = {c.id: c for c in book.contracts}
@@ -127,11 +130,14 @@ class Brain:
             return None
         if self._moved_at is not None and self._measured_from <= self._moved_at:
             return None  # the period measured still holds load that moved away
+        if self.siblings is not None and not self._busy():
+            plan = self.siblings.plan(self._without_failed(state), self.host.live_members())
+            if plan is not None:
+                await self._hand_to_sibling(plan, state)
+                return None
         now = self.clock()
         options = self._options(state, now)
-        if self._failed_round:
-            boxes = tuple(b for b in state.boxes if b.name not in self._failed_round)
-            state = PeerState(state.load, boxes, state.capacity)
+        state = self._without_failed(state)
         offer = choose_offer(
             state,
             [view for view, _, _ in options],
@@ -152,6 +158,13 @@ class Brain:
                 await self._offer(offer, contract, target)
                 return offer
         raise AssertionError("choose_offer made an offer under no contract it was given")
+
+    def _without_failed(self, state: PeerState) -> PeerState:
+        """``state`` without the fragments whose move failed lately (not offered again yet)."""
+        if not self._failed_round:
+            return state
+        boxes = tuple(b for b in state.boxes if b.name not in self._failed_round)
+        return PeerState(state.load, boxes, state.capacity)
 
     async def measure(self) -> PeerState | None:
         """This peer's state over the period since the last call (None on the first call)."""
@@ -275,15 +288,38 @@ class Brain:
                 log.info("%s refused the offer of %s: %s", partner, names(offer.boxes), said)
                 self._remember(partner, accepted=False)
                 return
-            moved, failed = await self._move_all(taken, offer, contract, target)
+            moved, failed = await self._move_all(
+                taken, target, partner=partner, contract=contract.id, price=offer.price
+            )
             self._remember(partner, accepted=moved > 0 and not failed)
         finally:
             self._offer_to = None
 
+    async def _hand_to_sibling(self, plan: SiblingMove, state: PeerState) -> None:
+        """Move what ``plan`` says to a peer of this participant: no offer, no price."""
+        assert self.siblings is not None
+        log.info("handing %s to a sibling peer: %s", list(plan.fragments), plan.reason)
+        boxes = [b for b in state.boxes if b.name in plan.fragments]
+        try:
+            await self._move_all(
+                boxes, plan.target, partner=self.me, contract=plan.contract, price=0.0,
+                reason=plan.reason,
+            )  # fmt: skip
+        finally:
+            self.siblings.moved()
+
     async def _move_all(
-        self, boxes: Sequence[Box], offer: Offer, contract: Contract, target: bytes
+        self,
+        boxes: Sequence[Box],
+        target: bytes,
+        *,
+        partner: str,
+        contract: str,
+        price: float,
+        reason: str | None = None,
     ) -> tuple[int, bool]:
-        """Move the accepted boxes one at a time; stop at the first failure."""
+        """Move the boxes one at a time to ``target``, a peer of ``partner``; stop at the
+        first failure. Returns how many moved, and whether one failed."""
         moved = 0
         for box in boxes:
             self._moving = box.name
@@ -291,12 +327,12 @@ class Brain:
             result: Mapping[str, object] | None = None
             try:
                 result = await self.host.move_fragment(
-                    box.name, target, contract=contract.id, load=box.load, price=offer.price
+                    box.name, target, contract=contract, load=box.load, price=price
                 )
             except FedstreamError as exc:
                 error = exc.message
             except Exception as exc:
-                log.exception("moving fragment %s to %s failed", box.name, offer.partner)
+                log.exception("moving fragment %s to %s failed", box.name, partner)
                 error = str(exc) or type(exc).__name__
             finally:
                 self._moving = None
@@ -305,30 +341,28 @@ class Brain:
                 "t": self._moved_at,
                 "direction": "out",
                 "fragment": box.name,
-                "partner": offer.partner,
+                "partner": partner,
                 "peer": target.hex(),
-                "contract": contract.id,
+                "contract": contract,
                 "load": box.load,
-                "price": offer.price,
+                "price": price,
                 "pause_s": pause_s(result),
                 "ok": error is None,
             }
+            if reason is not None:
+                entry["reason"] = reason
             if error is not None:
                 entry["error"] = error
             await self._record(entry)
             if error is not None:
-                log.warning("fragment %s did not move to %s: %s", box.name, offer.partner, error)
+                log.warning("fragment %s did not move to %s: %s", box.name, partner, error)
                 self._failed_round[box.name] = self._round
                 return moved, True
             moved += 1
             log.info(
-                "fragment %s (%.3g cores) moved to %s under contract %s at %g",
-                box.name,
-                box.load,
-                offer.partner,
-                contract.id,
-                offer.price,
-            )
+                "fragment %s (%.3g cores) moved to %s (peer %s) under contract %r at %g",
+                box.name, box.load, partner, target.hex()[:12], contract, price,
+            )  # fmt: skip
         return moved, False
 
     async def _record(self, entry: LedgerEntry) -> None:

@@ -67,11 +67,15 @@ class BrainStatus(TypedDict):
 
 
 def load_figures(state: PeerState | None) -> dict[str, float]:
-    """What the peer gossips about its load: ``util`` and ``load`` (cores) of the last
-    measurement; nothing before the first."""
+    """What the peer gossips about its load: ``util``, ``load`` (cores) and ``cap`` (its
+    capacity, cores) of the last measurement; nothing before the first."""
     if state is None:
         return {}
-    return {"util": round(state.utilisation, 4), "load": round(state.load, 4)}
+    return {
+        "util": round(state.utilisation, 4),
+        "load": round(state.load, 4),
+        "cap": round(state.capacity, 4),
+    }
 
 
 def brain_status(

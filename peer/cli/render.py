@@ -179,7 +179,8 @@ def _print_brain(console: Console, brain: Mapping[str, Any]) -> None:
             ", ".join(c.get("kinds", [])),
             "yes" if c.get("valid", True) else "no",
         )
-    console.print(contracts)
+    if brain.get("contracts"):
+        console.print(contracts)
     for r in brain.get("refused_contracts", []):
         console.print(f"contract file {r['file']} refused: {r['message']}")
     ledger = Table("time", "dir", "fragment", "partner")
@@ -193,11 +194,15 @@ def _print_brain(console: Console, brain: Mapping[str, Any]) -> None:
             e["direction"],
             e["fragment"],
             e.get("partner") or "",
-            (e.get("contract") or "")[:8],
+            e["contract"][:8] if e.get("contract") else "sibling",
             f"{e.get('load', 0):.3g}",
             f"{e.get('price', 0):g}",
             "" if duration is None else f"{duration:.0f}s",
             "" if pause is None else f"{pause:.2f}s",
             style=None if e.get("ok") else "red",
         )
-    console.print(ledger)
+    if brain.get("ledger"):
+        console.print(ledger)
+    for e in brain.get("ledger", []):
+        if e.get("reason"):  # a move to a peer of this participant, and why
+            console.print(f"{e['fragment']} to {str(e.get('peer'))[:12]}: {e['reason']}")

@@ -25,7 +25,8 @@ The sender P, holding the move lock (one move in or out at a time):
    readers, and the origin its mirrors used;
 6. ships it as one tar over the peer link in chunks (``move_begin``, ``move_chunk``...,
    ``move_install``), with a manifest (definition, incarnation, streams, schemas, contract);
-7. Q checks the sender's contract covers every box type of the fragment, and that its own
+7. Q checks the sender's contract covers every box type of the fragment (a peer of Q's own
+   participant needs none: its manifest names the contract ``SIBLING``), and that its own
    copy of each input it holds already reaches as far as P's spool did at the stop (``holds``:
    Spark re-runs the batch it had planned, which may end there), adopts the spools and
    the checkpoint, enters the streams and the query in its catalog, starts the query from the
@@ -62,13 +63,14 @@ from contracts.book import ContractBook
 from peer.federation import Federation
 from peer.move.candidates import movable
 from peer.move.journal import Journal
+from peer.move.package import SIBLING
 from peer.move.receiver import ArrivalHook, MoveReceiver
 from peer.move.sender import MoveSender
 from peer.protocol.link import Raw
 from peer.site import LocalSite
 from peer.timing import MONOTONIC, Clock
 
-__all__ = ["ArrivalHook", "Mover"]
+__all__ = ["SIBLING", "ArrivalHook", "Mover"]
 
 MOVE_OPS = ("move_begin", "move_chunk", "move_install", "move_resolve")
 

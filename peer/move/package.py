@@ -28,6 +28,8 @@ from peer.storage.spool_format import write_reader_offset
 
 _READER = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
 CHUNK_BYTES = 4 * 1024 * 1024
+# a manifest's contract between peers of one participant: they need none (peer.elastic.balance)
+SIBLING = ""
 MAX_MOVE_BYTES = 8 * 1024**3
 MAX_MOVE_FILES = 100_000
 

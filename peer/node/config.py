@@ -71,7 +71,11 @@ class PeerConfig:
     offer_margin: float = 0.05
     accept_margin: float = 0.05
     offer_timeout_s: float = 10.0
-    brain: bool = True  # run the brain when there are contracts
+    brain: bool = True  # run the brain when there are contracts (or balance, with an engine)
+    # Balancing inside the participant (issue 28): hand load to a sibling peer whose
+    # utilisation is lower by balance_margin over two brain rounds (peer.elastic.siblings).
+    balance: bool = True
+    balance_margin: float = 0.2
     # Replication (issue 11): a seat in the control plane, and the defaults of new streams.
     voter: bool = False  # a seat in the control plane whatever the count (--voter)
     volunteer: bool = False  # take an open seat (peer join's default; --no-voter: off)

@@ -210,6 +210,7 @@ class Peer:
             self.book = load_contracts(config.contracts_dir, identity, self.trust)
 
     async def _start_federation(self, site: LocalSite) -> None:
+        from contracts.book import ContractBook
         from overlay.link import LinkSettings
         from overlay.node import Overlay, OverlayConfig
         from peer.federation.quota import RelayQuota
@@ -291,8 +292,10 @@ class Peer:
         door.open(fed)
         mover = self.mover = Mover(site, fed, self.book, self._arrived)
         mover.register()
-        if self.book is not None and config.brain:
-            self.brain = self._make_brain(fed, mover, self.book)
+        if config.brain and (self.book is not None or (config.balance and site.engine)):
+            # without contracts, the brain still balances load among this participant's peers
+            book = self.book or ContractBook(identity.participant, [], [])
+            self.brain = self._make_brain(fed, mover, book)
         if self.brain is not None:
             fed.router.register("offer", self._on_offer)
             brain = self.brain
@@ -334,6 +337,7 @@ class Peer:
     def _make_brain(self, fed: Federation, mover: Mover, book: ContractBook) -> Brain:
         from contracts.bpm import BpmConfig
         from peer.brain import Brain
+        from peer.elastic.siblings import SiblingBalancer
 
         config = self.config
         bpm = BpmConfig(
@@ -350,7 +354,10 @@ class Peer:
             observer=self.observer,
             move=self.move_fragment,
         )
-        return Brain(port, book, bpm, capacity)
+        siblings = None
+        if config.balance:
+            siblings = SiblingBalancer(fed.node_id, book.me, margin=config.balance_margin)
+        return Brain(port, book, bpm, capacity, siblings=siblings)
 
     async def _on_offer(self, message: Raw, sender: str) -> dict[str, Any]:
         assert self.brain is not None

@@ -19,6 +19,10 @@ fsynced before the message that came with it is sent (docs/replication.md).
   to the core (which takes them in any order).
   A tick resends what a follower lacks and proposes ISR changes to the control plane.
 * A follower's exchanges are served under the stream's lock, effects performed in order.
+* A planned hand-over (:meth:`StreamReplica.hand_over`, Stormy's master hand-over): the core
+  stops taking pushes (refused retriably), replicates until the target holds the whole log, and
+  then names it; the replica proposes ``Elect(stream, epoch, target)`` to the control plane
+  (again every ``PROPOSE_RETRY_S`` until an epoch deposes it), and steps down as in a failover.
 * The control plane's states arrive through
   :meth:`~peer.replication.streams.ReplicatedStreams.on_state` (a heartbeat answer): a new epoch
   makes this peer take office, step down, or fence older primaries.
@@ -36,7 +40,7 @@ from typing import Any, Protocol
 
 from peer.errors import FedstreamError, Unavailable
 from peer.protocol.link import Frame
-from peer.replication.control import ExpandIsr, ShrinkIsr, StreamState
+from peer.replication.control import Elect, ExpandIsr, ShrinkIsr, StreamState
 from peer.replication.core import (
     Appended,
     AppendReply,
@@ -85,7 +89,7 @@ class ReplicaOwner(Protocol):
 
     def on_role(self, stream: str, primary: bool) -> None: ...
 
-    def propose(self, command: ShrinkIsr | ExpandIsr) -> None: ...
+    def propose(self, command: ShrinkIsr | ExpandIsr | Elect) -> None: ...
 
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None: ...
 
@@ -220,6 +224,7 @@ class StreamReplica:
         self.idle.set()
         self.tasks.spawn(self._writer(), name=f"writer {name}")
         self.known: StreamState | None = None
+        self._elected: tuple[int, str, float] | None = None  # (epoch, target, proposed at)
 
     def _follower(self) -> Follower:
         return Follower(
@@ -333,6 +338,12 @@ class StreamReplica:
             target, duplicate = outcome.covered_through, True
         elif outcome.reason is PushRefusal.NOT_PRIMARY:
             raise self.not_primary()
+        elif outcome.reason is PushRefusal.HANDING_OVER:
+            raise Unavailable(
+                f"stream {self.name}: its primary is being handed over ({outcome.detail}); retry",
+                stream=self.name,
+                reason=outcome.reason.value,
+            )
         else:
             raise Unavailable(
                 f"stream {self.name}: too few in-sync replicas to acknowledge a push "
@@ -449,9 +460,34 @@ class StreamReplica:
         for proposal in progress.proposals:
             command = ShrinkIsr if proposal.action == "shrink" else ExpandIsr
             self.owner.propose(command(self.name, proposal.epoch, proposal.version, proposal.node))
+        if progress.hand_to is not None:
+            self._elect(primary.epoch, progress.hand_to)
         self._acknowledge()
         if progress.deposed:
             self._schedule_step_down()
+
+    def _elect(self, epoch: int, to: str) -> None:
+        """A hand-over is ready: propose electing ``to``, again after ``PROPOSE_RETRY_S``."""
+        now = self.clock()
+        last = self._elected
+        if last is not None and last[:2] == (epoch, to) and now - last[2] < PROPOSE_RETRY_S:
+            return
+        self._elected = (epoch, to, now)
+        log.info("stream %s: handed over in epoch %d; electing %s", self.name, epoch, to)
+        self.owner.propose(Elect(self.name, epoch, to))
+
+    async def hand_over(self, to: str) -> None:
+        """Begin handing this stream's primary role to ``to``, an ISR member (ValueError if
+        it is not one, Unavailable if this peer does not lead the stream)."""
+        async with self.lock:
+            primary = self.primary
+            if primary is None:
+                raise self.not_primary()
+            self.after(primary.hand_over(to, self.clock()))
+
+    def handing_to(self) -> str | None:
+        """The member this peer is handing the stream to (None: no hand-over under way)."""
+        return None if self.primary is None else self.primary.handing_to
 
     def _ship(self, ship: Ship) -> None:
         """Queue the entries a follower lacks (those on this disk); read when sent. Entries

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pyarrow as pa
 
 from peer.engine.seams import EngineSeams
-from peer.errors import FedstreamError, Unavailable
+from peer.errors import FedstreamError, InvalidInput, Unavailable
 from peer.model.plan import CheckedQuery
 from peer.model.query import parse_query, query_to_dict
 from peer.protocol.link import FragmentStatus, HostStream
@@ -179,6 +179,42 @@ class ReplicatedFragments:
         await self._write(name, standing, "SETUP", -1)
         log.info("fragment %s is replicated with %s (anchored to %s)", name, nodes, anchor.name)
         return {**reply, "replicated": True, "replicas": nodes}
+
+    # ----------------------------------------------------------------------- moves
+    async def hand_over(self, name: str, target: str) -> dict[str, Any]:
+        """Move replicated fragment ``name``, running here, to ``target`` (node hex): hand the
+        primary role of each of its inputs, the anchor first, to ``target``, an in-sync
+        replica of each (peer.replication.streams.ReplicatedStreams.hand_over). Its result and
+        checkpoint streams follow the anchor, this peer then releases the fragment and
+        ``target`` promotes its standby there or takes it over from the newest record, as in
+        a failover, but with nothing lost to a dead peer. InvalidInput if the fragment is not
+        a replicated one running here or ``target`` is not in every input's ISR (nothing is
+        handed over then); Unavailable as ReplicatedStreams.hand_over says."""
+        standing = self.standing.get(name)
+        if standing is None:
+            raise InvalidInput(f"no replicated fragment {name} runs on this peer")
+        states = [self.plane.client.states.get(s) for s in standing.inputs]
+        for stream, state in zip(standing.inputs, states, strict=True):
+            if state is None or target not in state.in_sync or target == self.me:
+                members = (
+                    "" if state is None else ", ".join(n for n in state.in_sync if n != self.me)
+                )
+                raise InvalidInput(
+                    f"fragment {name} can move only to an in-sync replica of its input "
+                    f"{stream} ({members or 'none'}), not {target}"
+                )
+            if state.anchor is not None:
+                raise InvalidInput(
+                    f"fragment {name}: its input {stream} follows {state.anchor}'s primary "
+                    f"and moves with it"
+                )
+        epochs = {}
+        for stream in standing.inputs:  # the first is the anchor of its result streams
+            state = await self.plane.replicas.hand_over(stream, target)
+            epochs[stream] = state.epoch
+        log.info("fragment %s: its inputs handed over to %s: %s", name, target[:12], epochs)
+        self._wake.set()
+        return {"fragment": name, "to": target, "epochs": epochs}
 
     # ----------------------------------------------------------------------- status
     async def after_status(self, name: str, status: str) -> None:

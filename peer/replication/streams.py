@@ -30,6 +30,7 @@ from peer.protocol.link import Frame
 from peer.replication.appenders import Appenders
 from peer.replication.control import (
     CreateStream,
+    Elect,
     ExpandIsr,
     SetReplicas,
     ShrinkIsr,
@@ -54,6 +55,7 @@ IsLive = Callable[[str], bool]  # node (hex) -> alive in the overlay's view?
 # the others
 Responsible = Callable[[str, int, bool], list[str]]
 REPAIR_CHECK_S = 1.0
+HAND_OVER_S = 10.0  # the core calls a hand-over off after 5 s; an election takes less
 
 
 class ReplicatedStreams:
@@ -99,10 +101,10 @@ class ReplicatedStreams:
     def on_role(self, stream: str, primary: bool) -> None:
         self._on_role(stream, primary)
 
-    def propose(self, command: ShrinkIsr | ExpandIsr | SetReplicas) -> None:
+    def propose(self, command: ShrinkIsr | ExpandIsr | SetReplicas | Elect) -> None:
         self.spawn(self._propose(command))
 
-    async def _propose(self, command: ShrinkIsr | ExpandIsr | SetReplicas) -> None:
+    async def _propose(self, command: ShrinkIsr | ExpandIsr | SetReplicas | Elect) -> None:
         try:
             reply = await self.control.submit(command)
             if not reply.get("ok"):
@@ -294,6 +296,39 @@ class ReplicatedStreams:
             await replica.close()
 
     # ----------------------------------------------------------------------- requests
+    async def hand_over(self, name: str, to: str, *, timeout_s: float = HAND_OVER_S) -> StreamState:
+        """Hand the primary role of ``name``, led here, to ``to``, one of its in-sync
+        replicas, and return the stream's state once ``to`` leads it (docs/replication.md,
+        "Handing the primary over on purpose"). InvalidInput if ``to`` is not in the ISR;
+        Unavailable if this peer does not lead the stream, or if the hand-over is called off
+        or not done within ``timeout_s`` (the stream takes pushes again here then)."""
+        replica = self.streams.get(name)
+        if replica is None:
+            raise Unavailable(f"this peer does not replicate stream {name}", stream=name)
+        try:
+            await replica.hand_over(to)
+        except ValueError as exc:
+            raise InvalidInput(f"hand-over of {name}: {exc}") from None
+        log.info("stream %s: handing the primary role over to %s", name, to)
+        deadline = self.clock() + timeout_s
+        while True:
+            state = replica.known
+            if state is not None and state.primary == to:
+                return state
+            if replica.primary is not None and replica.handing_to() is None:
+                raise Unavailable(
+                    f"stream {name}: the hand-over to {to} was called off", stream=name
+                )
+            if replica.primary is None and state is not None and state.primary != self.me:
+                raise Unavailable(
+                    f"stream {name}: {state.primary} leads it now, not {to}", stream=name
+                )
+            if self.clock() >= deadline:
+                raise Unavailable(
+                    f"stream {name}: the hand-over to {to} took over {timeout_s} s", stream=name
+                )
+            await asyncio.sleep(TICK_S)
+
     async def on_exchange(self, message: ReplicaExchange, _sender: str) -> Frame:
         state = self.control.states.get(message.stream)
         if state is None or message.sender not in state.replicas:

@@ -62,6 +62,7 @@ class LedgerEntry(TypedDict):
     price: NotRequired[float]
     pause_s: NotRequired[float | None]
     error: NotRequired[str]
+    reason: NotRequired[str]  # why a fragment went to a peer of its own participant
     duration_s: NotRequired[float | None]
 
 

@@ -3,7 +3,9 @@
 Three peers, all voters, share one Spark session. A stream with three replicas feeds a keyed
 10 s tumbling window (a filter, then the aggregate): the coordinator places the query on the
 stream's primary, and its result stream and checkpoint stream are replicated with the input,
-anchored to it. Mid-stream the primary stops; the control plane moves the input, the result
+anchored to it. First the fragment moves on purpose (issue 28): its peer hands the input's
+primary role to the third peer while pushes go on, and the fragment follows. Then that
+primary stops; the control plane moves the input, the result
 stream and the checkpoint stream to one survivor, which resumes the query from the replicated
 checkpoint. The result stream, read from the earliest offset, equals plain Python exactly:
 no window lost, none twice. The peers keep their checkpoints in one shared directory
@@ -22,6 +24,7 @@ from typing import Any
 import pytest
 
 from peer.client import Client
+from peer.errors import InvalidInput
 from peer.move.candidates import why_not
 from peer.protocol.replies import CreateStreamReply
 from peer.testing import (
@@ -32,6 +35,7 @@ from peer.testing import (
     keyed_window_schema,
     keyed_window_sums,
     wait_until,
+    wait_until_sync,
 )
 from tests.integration.test_replication import start_peers
 
@@ -89,16 +93,45 @@ def run(peers: list[PeerThread], shared: Path) -> None:
         return created, other
 
     created, owner = asyncio.run(setup())
-    victim = by_node[created["primary"]]
-    survivors = [p for p in peers if p is not victim]
+    first = by_node[created["primary"]]
     ports = [p.port for p in peers]
 
     async def before() -> list[dict[str, Any]]:
-        await push(ports, batches, range(0, 20))
-        async with Client("127.0.0.1", victim.port, timeout_s=60) as c:
+        await push(ports, batches, range(0, 14))
+        async with Client("127.0.0.1", first.port, timeout_s=60) as c:
             return await collect(c, "fo_out", 1, timeout_s=120)
 
-    assert asyncio.run(before()), "no window before the primary stopped"
+    assert asyncio.run(before()), "no window before the fragment moved"
+    # a planned move (issue 28): the fragment goes to the third peer by handing its input's
+    # primary over, while pushes go on; its results and checkpoints follow
+    victim = next(p for p in peers if p is not first and p is not owner)
+    target = victim.peer.overlay.node_id.hex()  # type: ignore[union-attr]
+    room = first.peer.room
+    assert room is not None
+    fragments = room.fragments
+    with pytest.raises(InvalidInput, match="in-sync replica"):
+        first.call(fragments.hand_over("fo", "ab" * 32))
+
+    async def move() -> dict[str, Any]:
+        pushing = asyncio.create_task(push(ports, batches, range(14, 20)))
+        moved: dict[str, Any] = await asyncio.to_thread(
+            first.call, fragments.hand_over("fo", target), 60
+        )
+        await pushing
+        return moved
+
+    moved = asyncio.run(move())
+    assert moved["to"] == target and moved["epochs"] == {"fo_ticks": 2}
+    wait_until_sync(
+        lambda: (
+            "fo" in (victim.peer.engine.running if victim.peer.engine else {})
+            and "fo" not in (first.peer.engine.running if first.peer.engine else {})
+        ),
+        "the fragment to run on the peer it was handed to",
+        120,
+        every_s=0.2,
+    )
+    survivors = [p for p in peers if p is not victim]
     # a replicated fragment runs where the control plane puts its input's primary: no move
     assert victim.peer.fed is not None and victim.peer.mover is not None
     assert "fo" not in [name for name, _ in victim.peer.mover.movable()]
@@ -113,7 +146,7 @@ def run(peers: list[PeerThread], shared: Path) -> None:
 
             async def moved() -> bool:
                 found = await c.lookup_object("fo_out")
-                return bool(found.get("primary", {}).get("node") != created["primary"])
+                return bool(found.get("primary", {}).get("node") != target)
 
             await wait_until(moved, "the result stream to have a new primary", 60, every_s=0.5)
             return await collect(c, "fo_out", sum(want.values()), timeout_s=180, settle_s=5)

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from peer.client import Client
+from peer.errors import InvalidInput, Unavailable
 from peer.node import PeerConfig
 from peer.protocol.replies import CreateStreamReply, PushReply
 from peer.testing import PeerThread, run_async, wait_until_sync
@@ -239,6 +240,59 @@ def test_the_primary_stops_and_another_replica_takes_over_without_loss(
         30,
         every_s=0.05,
     )
+
+
+def test_the_primary_is_handed_over_on_purpose_and_nothing_is_lost(
+    trio: list[PeerThread],
+) -> None:
+    """A planned hand-over (issue 28, Stormy's master hand-over), while pushes keep coming
+    through random peers: the old primary refuses pushes (retriably) until the target holds
+    its whole log, the control plane elects the target in epoch 2, the old primary follows it,
+    and every batch is in the stream once. A target outside the ISR, or a peer that does not
+    lead the stream, is refused and changes nothing."""
+    ports = [p.port for p in trio]
+
+    async def setup() -> str:
+        async with Client("127.0.0.1", ports[0], timeout_s=30) as c:
+            await c.create_schema(SCHEMA)
+            created = await c.create_stream("ticks", "tick", replicas=3)
+        await push_all(ports, "ticks", range(20))
+        return str(created["primary"])
+
+    primary = run_async(setup, timeout_s=120)
+    by_node = {node_of(p).hex(): p for p in trio}
+    old = by_node[primary]
+    target = next(n for n in sorted(by_node) if n != primary)
+    room, other = old.peer.room, by_node[target].peer.room
+    assert room is not None and other is not None
+    streams = room.plane.replicas
+    # refused, and nothing changes: a stranger as target, and a peer that does not lead it
+    with pytest.raises(InvalidInput, match="ISR member"):
+        old.call(streams.hand_over("ticks", "ab" * 32))
+    with pytest.raises(Unavailable, match="primary"):
+        by_node[target].call(other.plane.replicas.hand_over("ticks", primary))
+    assert replication_of(old, "ticks")["role"] == "primary"
+
+    async def during() -> tuple[Any, dict[int, PushReply]]:
+        pushing = asyncio.create_task(push_all(ports, "ticks", range(20, 60)))
+        await asyncio.sleep(0.5)
+        state = await asyncio.to_thread(old.call, streams.hand_over("ticks", target), 30)
+        return state, await pushing
+
+    state, replies = run_async(during, timeout_s=120)
+    assert state.primary == target and state.epoch == 2
+    assert len(replies) == 40
+    wait_until_sync(
+        lambda: (
+            replication_of(old, "ticks").get("role") == "follower"
+            and replication_of(by_node[target], "ticks").get("role") == "primary"
+        ),
+        "the old primary to follow the new one",
+        10,
+        every_s=0.05,
+    )
+    got = run_async(lambda: read_all(ports[0], "ticks", 300), timeout_s=60)
+    assert sorted(got) == sorted(expected(range(60)))
 
 
 @pytest.fixture

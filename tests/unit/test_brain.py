@@ -25,13 +25,15 @@ from hypothesis import strategies as st
 
 from contracts import contract as ct
 from contracts.book import ContractBook
-from contracts.bpm import BpmConfig
+from contracts.bpm import Box, BpmConfig, PeerState
 from contracts.contract import Contract
 from overlay.identity import raw_public
 from overlay.membership import MemberInfo
 from peer.brain import Brain, kind_of
 from peer.brain.offers import OfferReply
+from peer.elastic.siblings import SiblingBalancer
 from peer.errors import InvalidInput, Unavailable
+from peer.move import SIBLING
 from peer.storage.ledger import Ledger, with_durations
 from peer.testing import ManualClock, all_tasks_blocked
 from peer.timing import wait_until
@@ -84,11 +86,11 @@ class Meter:
 class FakePeer:
     """A peer.brain.BrainHost: an offer frame goes straight to the partner's handle_offer."""
 
-    def __init__(self, net: Net, participant: str, data_dir: Path) -> None:
+    def __init__(self, net: Net, participant: str, data_dir: Path, node: str = "") -> None:
         self.net = net
         self.participant = participant
         self.data_dir = data_dir
-        self.node_id = hashlib.sha1(participant.encode()).digest()
+        self.node_id = hashlib.sha1((node or participant).encode()).digest()
         self.calls: list[tuple[bytes, dict[str, Any]]] = []  # offers sent
         self.engine = True
         self.hang = False
@@ -172,13 +174,15 @@ class Net:
         self.config = BpmConfig(**{"period_s": PERIOD_S, "offer_timeout_s": 5.0, **config})
         self.peers: dict[str, FakePeer] = {}
 
-    def add(self, name: str) -> FakePeer:
-        peer = FakePeer(self, name, self.tmp_path / name)
-        peer.brain = self.brain_for(peer)
+    def add(self, name: str, participant: str = "", *, balance: bool = False) -> FakePeer:
+        """A peer ``name`` of ``participant`` (default: its own, named ``name``); with
+        ``balance``, its brain balances load among its participant's peers."""
+        peer = FakePeer(self, participant or name, self.tmp_path / name, node=name)
+        peer.brain = self.brain_for(peer, balance=balance)
         self.peers[name] = peer
         return peer
 
-    def brain_for(self, peer: FakePeer) -> Brain:
+    def brain_for(self, peer: FakePeer, *, balance: bool = False) -> Brain:
         return Brain(
             peer,
             self.book(peer.participant),
@@ -186,6 +190,7 @@ class Net:
             CAPACITY,
             meter=peer.meter,
             clock=self.clock,
+            siblings=SiblingBalancer(peer.node_id, peer.participant) if balance else None,
         )
 
     def book(self, me: str) -> ContractBook:
@@ -280,6 +285,82 @@ def test_an_overloaded_peer_offers_to_the_cheapest_partner_and_moves_what_it_tak
         ("in", "f2", "a", a.node_id.hex()),
     ]
     assert c.brain.status()["ledger"] == [] and not c.calls
+
+
+def test_a_hot_peer_hands_load_to_an_idle_peer_of_its_own_participant_without_a_contract(
+    tmp_path: Path,
+) -> None:
+    """Issue 28: no contract at all. a1 runs at 3.8 of 4 cores, its sibling a2 at 0.4 and b
+    (another participant) idle. After two rounds above the margin a1 moves what fits into half
+    the gap to a2, under the sibling contract, at no price, ledgered with its reason; b, idle
+    but another participant, gets nothing; and then the two are balanced: nothing moves back."""
+    net = Net(tmp_path, [])
+    a1, a2 = net.add("a1", "a", balance=True), net.add("a2", "a", balance=True)
+    b = net.add("b", balance=True)
+    a1.fragments = {"f1": ("aggregate",), "f2": ("filter",), "f3": ("aggregate",)}
+
+    def load() -> None:
+        a1.use(3.8, {"f1": 1.0, "f2": 0.5, "f3": 0.3} if "f1" in a1.fragments else {})
+        a2.use(0.4 + (1.5 if "f1" in a2.fragments else 0.0), {})
+        b.use(0.0, {})
+
+    async def main() -> list[list[Any]]:
+        steps = []
+        for _ in range(6):
+            load()
+            steps.append(await net.round(a2, b, a1))
+        return steps
+
+    asyncio.run(main())
+    # gossip: util 0.95 against 0.1, gap 0.85; room = 0.85 / (1/4 + 1/4) = 1.7 cores. The
+    # loads split a1's 3.8 cores by the queries' shares (1.0, 0.5, 0.3 of the period): f1
+    # 2.11, f2 1.06, f3 0.63 cores; the largest that fit are f2 and f3 (1.69), f1 does not
+    assert [(m[0], m[1], m[2], m[4]) for m in a1.moves] == [
+        ("f2", a2.node_id, SIBLING, 0.0),
+        ("f3", a2.node_id, SIBLING, 0.0),
+    ]
+    assert not a2.moves and not b.moves and not a1.calls
+    out = a1.brain.status()["ledger"]
+    assert [(e["direction"], e["fragment"], e["partner"], e["ok"]) for e in out] == [
+        ("out", "f2", "a", True),
+        ("out", "f3", "a", True),
+    ]
+    assert out[0]["contract"] == SIBLING and "a1" not in out[0]["reason"]
+    assert "margin" in out[0]["reason"]
+    into = a2.brain.status()["ledger"]
+    assert [(e["direction"], e["fragment"], e["partner"]) for e in into] == [
+        ("in", "f2", "a"),
+        ("in", "f3", "a"),
+    ]
+    assert b.brain.status()["ledger"] == []
+
+
+def test_gossip_figures_a_sibling_cannot_mean_leave_it_out(tmp_path: Path) -> None:
+    """Hostile or missing load figures of a sibling (not numbers, negative, infinite, no
+    capacity) leave it out of the balancing: nothing moves to it."""
+    balancer = SiblingBalancer(b"\x01" * 20, "a", rounds=1)
+    state = PeerState(3.8, (Box("f1", "filter", 1.0),), 4.0)
+
+    def member(load: dict[str, Any]) -> MemberInfo:
+        return MemberInfo(
+            node_id=b"\x02" * 20, participant="a", cert=b"", overlay=("127.0.0.1", 1),
+            api=("127.0.0.1", 2), engine=True, incarnation=1, load=load,
+        )  # fmt: skip
+
+    for load in (
+        {},
+        {"util": 0.1},
+        {"util": 0.1, "cap": 0.0},
+        {"util": -1.0, "cap": 4.0},
+        {"util": math.inf, "cap": 4.0},
+        {"util": math.nan, "cap": 4.0},
+        {"util": 0.1, "cap": math.inf},
+        {"util": "0.1", "cap": 4.0},
+    ):
+        assert balancer.plan(state, [member(load)]) is None, load
+    planned = balancer.plan(state, [member({"util": 0.1, "cap": 4.0})])
+    assert planned is not None and planned.target == b"\x02" * 20
+    assert planned.fragments == ("f1",) and planned.contract == SIBLING
 
 
 def test_the_ledger_survives_a_restart(tmp_path: Path) -> None:
@@ -751,9 +832,9 @@ def test_a_growing_input_backlog_means_over_capacity(tmp_path: Path) -> None:
 
     first, growing, still_growing, steady = asyncio.run(main())
     assert first == {}  # nothing measured yet
-    assert growing == {"util": 1.0, "load": 4.0}
-    assert still_growing == {"util": 1.0, "load": 4.0}
-    assert steady == {"util": 0.25, "load": 1.0}
+    assert growing == {"util": 1.0, "load": 4.0, "cap": 4.0}
+    assert still_growing == {"util": 1.0, "load": 4.0, "cap": 4.0}
+    assert steady == {"util": 0.25, "load": 1.0, "cap": 4.0}
 
 
 def test_a_failed_measurement_skips_the_round_and_the_next_ones_recover(tmp_path: Path) -> None:
@@ -778,7 +859,7 @@ def test_a_failed_measurement_skips_the_round_and_the_next_ones_recover(tmp_path
             seen.append(a.brain.load_figures())
         return seen
 
-    assert asyncio.run(main()) == [{}, {}, {}, {"util": 0.5, "load": 2.0}]
+    assert asyncio.run(main()) == [{}, {}, {}, {"util": 0.5, "load": 2.0, "cap": 4.0}]
 
 
 def test_run_keeps_going_through_failures(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from contracts.book import ContractBook
 from contracts.keys import generate, load_private
 from overlay.identity import raw_public
 from peer.errors import Conflict, FedstreamError, InvalidInput, NotFound, Unauthorized
-from peer.move import Mover
+from peer.move import SIBLING, Mover
 from peer.move.journal import Outcome
 from peer.move.package import check_manifest as _check_manifest
 from peer.move.package import extract as _extract
@@ -177,7 +177,9 @@ def receiver(tmp_path: Path) -> tuple[Mover, str]:
         spools=SpoolSet(tmp_path / "spool"),
     )
     site.drop_streams = functools.partial(LocalSite.drop_streams, site)  # type: ignore[arg-type]
-    fed = SimpleNamespace(hosting=SimpleNamespace(hosted=set()))
+    fed = SimpleNamespace(
+        hosting=SimpleNamespace(hosted=set()), router=SimpleNamespace(participant="beta")
+    )
     return Mover(site, fed, book), made.id  # type: ignore[arg-type]
 
 
@@ -198,6 +200,17 @@ def test_no_contract_no_move(receiver: tuple[Mover, str]) -> None:
     with pytest.raises(Unauthorized):  # a contract id we do not hold
         run(mover.handle({"op": "move_begin", "manifest": manifest("d" * 32)}, "alpha"))
     assert not mover.busy
+
+
+def test_a_peer_of_its_own_participant_needs_no_contract(receiver: tuple[Mover, str]) -> None:
+    """Inside one participant load moves without contracts (issue 28); another participant
+    naming no contract is refused and nothing starts."""
+    mover, _cid = receiver
+    with pytest.raises(Unauthorized, match="needs a contract"):
+        run(mover.handle({"op": "move_begin", "manifest": manifest(SIBLING)}, "alpha"))
+    assert not mover.busy
+    reply = run(mover.handle({"op": "move_begin", "manifest": manifest(SIBLING)}, "beta"))
+    assert reply["ready"] and mover.busy
 
 
 def test_a_box_kind_the_contract_does_not_cover_is_refused(receiver: tuple[Mover, str]) -> None:

@@ -212,8 +212,8 @@ function render(view) {
         td(num(c.min_price, 2), {class: "num"}), td(c.valid ? "yes" : "no"), td(c.not_after)));
     }
     for (const m of brain.ledger || []) {
-      moveRows.push([m.t, el("tr", {class: "move", "data-fragment": m.fragment, "data-direction": m.direction, "data-ok": m.ok},
-        td(when(m.t)), td(el("code", {}, short(peer.node_id))), td(m.direction), td(m.fragment), td(m.partner || ""),
+      moveRows.push([m.t, el("tr", {class: "move", "data-fragment": m.fragment, "data-direction": m.direction, "data-ok": m.ok, title: m.reason || ""},
+        td(when(m.t)), td(el("code", {}, short(peer.node_id))), td(m.direction), td(m.fragment), td(m.contract === "" ? `${m.partner} (own peer)` : (m.partner || "")),
         td(num(m.load, 3), {class: "num"}), td(num(m.price, 2), {class: "num"}),
         td(m.pause_s === undefined || m.pause_s === null ? "–" : num(m.pause_s, 2) + " s", {class: "num"}),
         td(m.ok ? "yes" : (m.error || "no"), {class: `ok-${m.ok}`}))]);

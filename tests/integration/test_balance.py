@@ -1,0 +1,123 @@
+"""Balancing inside a participant (issue 28): a hot peer hands a fragment to an idle peer of
+its own participant, without any contract, and the output stays exact.
+
+Two peers of one participant, acme, with no contracts at all, share this test process's
+Spark session and its CPU. Their brains measure that CPU against different capacities: the
+"hot" peer offers 0.2 cores, the idle one 16, so the same process load is a high utilisation
+on one and a low one on the other (the in-process stand-in for a busy and an idle host). A
+filter + windowed aggregate runs on the hot peer over a stream it hosts; while pushes go on,
+its brain (peer.elastic.siblings) sees the gap over two rounds and moves the fragment, with
+its state, to the idle peer under no contract. Every window equals plain Python, none twice;
+both ledgers record the move, with its reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from peer.client import Client
+from peer.move import SIBLING
+from peer.node import PeerConfig
+from peer.testing import PeerThread, collect, keyed_window_query, stream_name_on
+from peer.testing.cluster import make_participants
+from tests.integration.test_move import (
+    make_batches,
+    push,
+    reference,
+    set_up,
+    site_of,
+)
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
+
+CAPACITY = {"hot": 0.2, "idle": 16.0}
+
+
+@pytest.fixture
+def siblings(tmp_path: Path, spark: Any) -> Iterator[tuple[PeerThread, PeerThread]]:
+    keys = make_participants(tmp_path, ["acme"])
+    fast = {"gossip_interval_s": 0.3, "suspect_after_s": 3.0, "dead_after_s": 8.0}
+    started: list[PeerThread] = []
+    try:
+        for name in ("hot", "idle"):
+            bootstrap = []
+            if started:
+                first = started[0].peer.overlay
+                assert first is not None
+                bootstrap = [("127.0.0.1", first.port)]
+            config = PeerConfig(
+                data_dir=tmp_path / name,
+                port=0,
+                participant="acme",
+                key_path=keys["acme"],
+                trust_dir=tmp_path / "trust",
+                bootstrap=bootstrap,
+                capacity=CAPACITY[name],
+                bpm_period_s=1.0,
+                fuse_stateless=False,  # the aggregate in its own streaming query: movable
+                **fast,  # type: ignore[arg-type]
+            )
+            started.append(PeerThread(config, spark).__enter__())
+        yield started[0], started[1]
+    finally:
+        for p in reversed(started):
+            p.close()
+
+
+def test_a_hot_peer_hands_a_fragment_to_its_own_participants_idle_peer(
+    siblings: tuple[PeerThread, PeerThread],
+) -> None:
+    hot, idle = siblings
+    assert hot.peer.overlay is not None and idle.peer.overlay is not None
+    hot_id, idle_id = hot.peer.overlay.node_id, idle.peer.overlay.node_id
+    assert hot.peer.book is None and idle.peer.book is None  # no contracts at all
+    source = stream_name_on(hot_id, (hot_id, idle_id), "bticks")
+    batches = make_batches()
+    want = reference(batches)
+    query = keyed_window_query("bal", source, "bal_out", kept="bal_kept")
+
+    def moved_away() -> bool:
+        return site_of(hot).catalog.moved().get("bal") == idle_id.hex()
+
+    async def scenario() -> list[dict[str, Any]]:
+        await set_up(hot.port, 2, source, query)
+        third = len(batches) // 3
+        await push(hot.port, source, batches[:third], 0)
+        async with Client("127.0.0.1", hot.port, timeout_s=120) as cl:
+            assert await collect(cl, "bal_out", 1, timeout_s=120), "no result before the move"
+        # go on pushing, a batch at a time, until the brain has moved the fragment
+        sent = third
+        deadline = time.monotonic() + 180
+        while not moved_away():
+            assert time.monotonic() < deadline, "the hot peer never handed the fragment over"
+            if sent < 2 * third:
+                await push(hot.port, source, batches[sent : sent + 1], sent)
+                sent += 1
+            await asyncio.sleep(0.3)
+        await push(hot.port, source, batches[sent:], sent)
+        async with Client("127.0.0.1", idle.port, timeout_s=120) as cl:
+            return await collect(cl, "bal_out", sum(want.values()), timeout_s=300, settle_s=3)
+
+    rows = asyncio.run(scenario())
+    got = Counter((r["window_start"], r["window_end"], r["k"], r["s"], r["n"]) for r in rows)
+    assert got == want
+    assert site_of(idle).catalog.query("bal").status == "RUNNING"
+    brain_hot, brain_idle = hot.peer.brain, idle.peer.brain
+    assert brain_hot is not None and brain_idle is not None
+    out = [e for e in brain_hot.status()["ledger"] if e["direction"] == "out"]
+    assert [(e["fragment"], e["partner"], e["peer"], e["ok"]) for e in out] == [
+        ("bal", "acme", idle_id.hex(), True)
+    ]
+    assert out[0]["contract"] == SIBLING and out[0]["price"] == 0.0
+    assert "margin" in out[0]["reason"]
+    into = [e for e in brain_idle.status()["ledger"] if e["direction"] == "in"]
+    assert [(e["fragment"], e["partner"], e["contract"]) for e in into] == [
+        ("bal", "acme", SIBLING)
+    ]
