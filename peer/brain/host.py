@@ -34,9 +34,15 @@ class SiblingMove:
 class Siblings(Protocol):
     """Balancing inside the peer's participant (peer.elastic), asked once a round."""
 
-    def plan(self, state: PeerState, members: Sequence[MemberInfo]) -> SiblingMove | None:
+    def plan(
+        self,
+        state: PeerState,
+        members: Sequence[MemberInfo],
+        only_to: Mapping[str, frozenset[bytes]],
+    ) -> SiblingMove | None:
         """What to hand to a sibling now, given this round's measurement and the live
-        members (their gossiped load figures), if anything."""
+        members (their gossiped load figures), if anything; a fragment in ``only_to`` may go
+        to those peers only."""
         ...
 
     def moved(self) -> None:
@@ -76,6 +82,13 @@ class BrainHost(Protocol):
 
     def movable_fragments(self) -> Sequence[tuple[str, tuple[str, ...]]]:
         """``(fragment name, its box types)`` for each fragment running here that may move."""
+        ...
+
+    def handover_fragments(self) -> Sequence[tuple[str, tuple[str, ...], frozenset[bytes]]]:
+        """``(fragment name, its box types, the peers it may go to)`` for each replicated
+        fragment running here: it moves only by handing its inputs' primary over to one of
+        their other in-sync replicas (``move_fragment`` does that for it), and only to a
+        peer of this participant, never to a partner."""
         ...
 
     async def engine_busy_seconds(self) -> Mapping[str, float]:

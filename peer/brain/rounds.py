@@ -106,6 +106,7 @@ class Brain:
         self._moving: str | None = None  # fragment of the move out in flight
         self._moved_at: float | None = None  # when the last move out ended
         self._expected: dict[str, Expected] = {}
+        self._handover: tuple[tuple[Box, ...], dict[str, frozenset[bytes]]] = ((), {})
 
     # -- the rounds ----------------------------------------------------------------------------
 
@@ -131,9 +132,13 @@ class Brain:
         if self._moved_at is not None and self._measured_from <= self._moved_at:
             return None  # the period measured still holds load that moved away
         if self.siblings is not None and not self._busy():
-            plan = self.siblings.plan(self._without_failed(state), self.host.live_members())
+            # replicated fragments too: they move to a sibling by a hand-over
+            pinned, only_to = self._handover
+            both = PeerState(state.load, (*state.boxes, *pinned), state.capacity)
+            mine = self._without_failed(both)
+            plan = self.siblings.plan(mine, self.host.live_members(), only_to)
             if plan is not None:
-                await self._hand_to_sibling(plan, state)
+                await self._hand_to_sibling(plan, mine)
                 return None
         now = self.clock()
         options = self._options(state, now)
@@ -177,6 +182,7 @@ class Brain:
         }
         backlog = self.host.input_backlog()
         fragments = self.host.movable_fragments()
+        handover = self.host.handover_fragments()
         last, self._mark = self._mark, _Mark(now, busy, backlog)
         if last is None:
             return None
@@ -195,6 +201,10 @@ class Brain:
             util = max(util, 1.0)
         boxes = tuple(Box(name, kind_of(types), loads.get(name, 0.0)) for name, types in fragments)
         state = PeerState(util * self.capacity, boxes, self.capacity)
+        self._handover = (
+            tuple(Box(name, kind_of(types), loads.get(name, 0.0)) for name, types, _ in handover),
+            {name: targets for name, _, targets in handover},
+        )
         self._state, self._measured_from = state, last.t
         self._settle_expected(last.t, now)
         return state

@@ -7,8 +7,10 @@ measurement's utilisation and capacity), keeps the last ``rounds`` of them, and 
 :func:`peer.elastic.balance.plan_handover` decide. What it decides moves with the move
 protocol as between participants, under the contract :data:`peer.move.SIBLING` (none: the
 target checks that the sender is of its own participant), at no price, each move ledgered with
-its reason. After a move the rounds seen are forgotten: the next decision waits for ``rounds``
-rounds measured after it.
+its reason. A replicated fragment (it runs where its inputs' primary is) may go only to one of
+its inputs' other in-sync replicas: the brain moves it by handing that primary over
+(``only_to``). After a move the rounds seen are forgotten: the next decision waits for
+``rounds`` rounds measured after it.
 
 Gossip is input from other peers: a figure that is missing, not a number, negative or
 infinite leaves that peer out of the round.
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from contracts.bpm import PeerState
 from overlay.membership import MemberInfo
@@ -52,7 +54,12 @@ class SiblingBalancer:
         self.capacity: dict[str, float] = {}
         self.last_reason: str | None = None
 
-    def plan(self, state: PeerState, members: Sequence[MemberInfo]) -> SiblingMove | None:
+    def plan(
+        self,
+        state: PeerState,
+        members: Sequence[MemberInfo],
+        only_to: Mapping[str, frozenset[bytes]] | None = None,
+    ) -> SiblingMove | None:
         me = self.node_id.hex()
         utils = {me: state.utilisation}
         self.capacity[me] = state.capacity
@@ -73,6 +80,16 @@ class SiblingBalancer:
         handover = plan_handover(
             me, list(self.seen), self.capacity, costs, margin=self.margin, rounds=self.rounds
         )
+        limits = only_to or {}
+        if handover is not None and any(f in limits for f in handover.fragments):
+            # a replicated fragment goes only to an in-sync replica of its inputs: choose
+            # again among those the target may take (the target depends on the loads only)
+            target = bytes.fromhex(handover.target)
+            allowed = {f: c for f, c in costs.items() if f not in limits or target in limits[f]}
+            handover = plan_handover(
+                me, list(self.seen), self.capacity, allowed, margin=self.margin,
+                rounds=self.rounds,
+            )  # fmt: skip
         if handover is None:
             return None
         self.last_reason = handover.reason

@@ -353,6 +353,7 @@ class Peer:
             mover=mover,
             observer=self.observer,
             move=self.move_fragment,
+            replicated=self.room.fragments if self.room is not None else None,
         )
         siblings = None
         if config.balance:

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from overlay.node import OverlayError
-from peer.errors import FedstreamError
+from peer.errors import Conflict, FedstreamError
 from peer.federation import Federation
+from peer.move import SIBLING
 from peer.protocol.link import Raw
 
 if TYPE_CHECKING:
@@ -18,6 +19,16 @@ if TYPE_CHECKING:
     from peer.federation.router import Router
     from peer.move import Mover
     from peer.observe import Observer
+
+
+class ReplicatedFragmentsPort(Protocol):
+    """The replicated fragments this peer runs (peer.replication.ReplicatedFragments)."""
+
+    def runs(self, name: str) -> bool: ...
+
+    def handover_candidates(self) -> Sequence[tuple[str, tuple[str, ...], frozenset[bytes]]]: ...
+
+    async def hand_over(self, name: str, target: str) -> dict[str, Any]: ...
 
 
 class MoveFragment(Protocol):
@@ -71,12 +82,14 @@ class BrainPort:
         mover: Mover,
         observer: Observer | None,
         move: MoveFragment,
+        replicated: ReplicatedFragmentsPort | None = None,
     ) -> None:
         self._fed = fed
         self._data_dir = data_dir
         self._mover = mover
         self._observer = observer
         self._move = move  # the peer's move, which the observer counts
+        self._replicated = replicated  # the replicated fragments (with a control plane)
 
     @property
     def node_id(self) -> bytes:
@@ -104,6 +117,11 @@ class BrainPort:
     def movable_fragments(self) -> Sequence[tuple[str, tuple[str, ...]]]:
         return self._mover.movable()
 
+    def handover_fragments(self) -> Sequence[tuple[str, tuple[str, ...], frozenset[bytes]]]:
+        if self._replicated is None:
+            return []
+        return self._replicated.handover_candidates()
+
     async def engine_busy_seconds(self) -> Mapping[str, float]:
         return await self._fed.site.engine_busy_seconds()
 
@@ -113,4 +131,9 @@ class BrainPort:
     async def move_fragment(
         self, name: str, target: bytes, *, contract: str, load: float, price: float
     ) -> Mapping[str, object]:
+        replicated = self._replicated
+        if replicated is not None and replicated.runs(name):
+            if contract != SIBLING:  # a partner is never handed a replicated fragment
+                raise Conflict(f"fragment {name} is replicated: it moves to a peer of ours only")
+            return await replicated.hand_over(name, target.hex())
         return await self._move(name, target, contract=contract, load=load, price=price)

@@ -181,6 +181,29 @@ class ReplicatedFragments:
         return {**reply, "replicated": True, "replicas": nodes}
 
     # ----------------------------------------------------------------------- moves
+    def runs(self, name: str) -> bool:
+        """A replicated fragment ``name`` runs (or is set up) on this peer."""
+        return name in self.standing
+
+    def handover_candidates(self) -> list[tuple[str, tuple[str, ...], frozenset[bytes]]]:
+        """(fragment, its box types, the peers it may be handed to) for each replicated
+        fragment running here: the in-sync replicas of all its inputs but this peer; a
+        fragment with an anchored input (it moves with its anchor) has none."""
+        out = []
+        for name, standing in sorted(self.standing.items()):
+            entry = self.site.catalog.find_query(name)
+            states = [self.plane.client.states.get(s) for s in standing.inputs]
+            if entry is None or entry.status != "RUNNING" or not states:
+                continue
+            if any(s is None or s.anchor is not None or s.primary != self.me for s in states):
+                continue
+            common = set.intersection(*(set(s.in_sync) for s in states if s is not None))
+            targets = frozenset(bytes.fromhex(n) for n in common - {self.me})
+            if targets:
+                types = tuple(sorted({b.type for b in entry.query.boxes}))
+                out.append((name, types, targets))
+        return out
+
     async def hand_over(self, name: str, target: str) -> dict[str, Any]:
         """Move replicated fragment ``name``, running here, to ``target`` (node hex): hand the
         primary role of each of its inputs, the anchor first, to ``target``, an in-sync

@@ -8,7 +8,8 @@ on one and a low one on the other (the in-process stand-in for a busy and an idl
 filter + windowed aggregate runs on the hot peer over a stream it hosts; while pushes go on,
 its brain (peer.elastic.siblings) sees the gap over two rounds and moves the fragment, with
 its state, to the idle peer under no contract. Every window equals plain Python, none twice;
-both ledgers record the move, with its reason.
+both ledgers record the move, with its reason. The second test does the same with the control
+plane and a replicated aggregate, which moves by handing its input's primary over.
 """
 
 from __future__ import annotations
@@ -25,15 +26,23 @@ import pytest
 from peer.client import Client
 from peer.move import SIBLING
 from peer.node import PeerConfig
-from peer.testing import PeerThread, collect, keyed_window_query, stream_name_on
+from peer.testing import (
+    PeerThread,
+    collect,
+    keyed_window_query,
+    stream_name_on,
+    wait_until_sync,
+)
 from peer.testing.cluster import make_participants
 from tests.integration.test_move import (
+    SCHEMA,
     make_batches,
     push,
     reference,
     set_up,
     site_of,
 )
+from tests.integration.test_replication import start_peers
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 
@@ -121,3 +130,76 @@ def test_a_hot_peer_hands_a_fragment_to_its_own_participants_idle_peer(
     assert [(e["fragment"], e["partner"], e["contract"]) for e in into] == [
         ("bal", "acme", SIBLING)
     ]
+
+
+def test_a_hot_peer_hands_a_replicated_fragment_to_a_sibling_by_handing_its_input_over(
+    tmp_path: Path, spark: Any
+) -> None:
+    """With the control plane (three peers of acme, all voters, the default replication), the
+    aggregate is replicated and runs on its input's primary. The primary's brain is made hot
+    (its capacity set to 0.2 cores once the stream exists; the others have 16): it hands the
+    stream's primary role to a sibling, the fragment follows there (taken over from its
+    replicated checkpoint), and the output stays exact."""
+    peers = start_peers(
+        tmp_path, ("ra", "rb", "rc"), voters=3, spark=spark, participant="acme",
+        brain=True, capacity=16.0, bpm_period_s=1.0,
+    )  # fmt: skip
+    try:
+        by_node = {p.peer.overlay.node_id.hex(): p for p in peers}  # type: ignore[union-attr]
+        batches = make_batches()
+        want = reference(batches)
+        query = keyed_window_query("rbal", "rb_ticks", "rbal_out", kept="rbal_kept")
+
+        async def setup() -> str:
+            async with Client("127.0.0.1", peers[0].port, timeout_s=60) as c:
+                await c.create_schema(SCHEMA)
+                created = await c.create_stream("rb_ticks", "mtick", replicas=3)
+                await c.create_query(query)
+                await c.start_query("rbal")
+            return str(created["primary"])
+
+        primary = asyncio.run(setup())
+        hot = by_node[primary]
+        brain = hot.peer.brain
+        assert brain is not None
+        brain.capacity = 0.2  # (read by its rounds on the peer's loop: one float)
+        ports = [p.port for p in peers]
+
+        async def scenario() -> list[dict[str, Any]]:
+            sent = 0
+            deadline = time.monotonic() + 180
+            while True:
+                state = await asyncio.to_thread(
+                    hot.call, room_of(hot).plane.client.read("rb_ticks")
+                )
+                if state is not None and state.primary != primary:
+                    break
+                assert time.monotonic() < deadline, "the hot peer never handed the stream over"
+                if sent < len(batches) - 10:
+                    await push(ports[sent % 3], "rb_ticks", batches[sent : sent + 1], sent)
+                    sent += 1
+                await asyncio.sleep(0.2)
+            await push(ports[0], "rb_ticks", batches[sent:], sent)
+            async with Client("127.0.0.1", ports[0], timeout_s=120) as cl:
+                return await collect(cl, "rbal_out", sum(want.values()), timeout_s=300, settle_s=3)
+
+        rows = asyncio.run(scenario())
+        got = Counter((r["window_start"], r["window_end"], r["k"], r["s"], r["n"]) for r in rows)
+        assert got == want
+        out = [e for e in brain.status()["ledger"] if e["direction"] == "out"]
+        assert [(e["fragment"], e["partner"], e["contract"], e["ok"]) for e in out][:1] == [
+            ("rbal", "acme", SIBLING, True)
+        ]
+        heir = by_node[out[0]["peer"]]
+        engine = heir.peer.engine
+        assert engine is not None
+        wait_until_sync(lambda: "rbal" in engine.running, "the fragment at the sibling", 60)
+    finally:
+        for p in reversed(peers):
+            p.close()
+
+
+def room_of(p: PeerThread) -> Any:
+    room = p.peer.room
+    assert room is not None
+    return room

@@ -38,16 +38,18 @@ def start_peers(
     voters: int,
     spark: Any = None,
     shared: Path | None = None,
+    participant: str | None = None,
     **settings: Any,
 ) -> list[PeerThread]:
     """Peers (without Spark, or sharing the session ``spark``), each bootstrapping from the
     first; the first ``voters`` of them hold the control plane's seats; ``settings`` are
     more of their PeerConfig. With ``shared``, their checkpoints are beneath that directory
-    (``--checkpoint-dir``, a directory of its own each), as on a cluster. The caller closes
-    them (see ``peers``)."""
+    (``--checkpoint-dir``, a directory of its own each), as on a cluster. With
+    ``participant``, all are peers of that one participant (else each is its own). The caller
+    closes them (see ``peers``)."""
     from peer.engine.checkpoint_home import resolve
 
-    keys = make_participants(tmp_path, names)
+    keys = make_participants(tmp_path, [participant] if participant else names)
     started: list[PeerThread] = []
     try:
         for i, name in enumerate(names):
@@ -62,13 +64,12 @@ def start_peers(
                 checkpoint_root=home.root if home is not None else None,
                 port=0,
                 engine=spark is not None,
-                participant=name,
-                key_path=keys[name],
+                participant=participant or name,
+                key_path=keys[participant or name],
                 trust_dir=tmp_path / "trust",
                 bootstrap=bootstrap,
-                brain=False,
                 voter=i < voters,
-                **{**FAST, **settings},
+                **{"brain": False, **FAST, **settings},
             )
             started.append(PeerThread(config, spark).__enter__())
 

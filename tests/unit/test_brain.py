@@ -95,6 +95,8 @@ class FakePeer:
         self.engine = True
         self.hang = False
         self.fragments: dict[str, tuple[str, ...]] = {}
+        # replicated fragments: their box types and the peers they may be handed to
+        self.replicated: dict[str, tuple[tuple[str, ...], frozenset[bytes]]] = {}
         self.busy: dict[str, float] = {}
         self.backlog = 0
         self.meter = Meter()
@@ -131,6 +133,9 @@ class FakePeer:
     def movable_fragments(self) -> list[tuple[str, tuple[str, ...]]]:
         return list(self.fragments.items())
 
+    def handover_fragments(self) -> list[tuple[str, tuple[str, ...], frozenset[bytes]]]:
+        return [(name, types, to) for name, (types, to) in self.replicated.items()]
+
     async def engine_busy_seconds(self) -> dict[str, float]:
         return dict(self.busy)
 
@@ -148,7 +153,12 @@ class FakePeer:
             if name in self.fail_moves:
                 raise Unavailable(f"peer {target.hex()[:12]} unreachable")
             other = self.net.by_node(target)
-            other.fragments[name] = self.fragments.pop(name)
+            if name in self.replicated:  # handed over: only to an in-sync replica
+                types, to = self.replicated.pop(name)
+                assert target in to and contract == SIBLING, (name, target, contract)
+                other.fragments[name] = types
+            else:
+                other.fragments[name] = self.fragments.pop(name)
             await other.brain.note_arrival(
                 name, self.participant, contract, load, price, from_node=self.node_id
             )
@@ -333,6 +343,36 @@ def test_a_hot_peer_hands_load_to_an_idle_peer_of_its_own_participant_without_a_
         ("in", "f3", "a"),
     ]
     assert b.brain.status()["ledger"] == []
+
+
+@pytest.mark.parametrize("replica_on", ["a2", "a3"])
+def test_a_replicated_fragment_goes_to_a_sibling_only_if_it_holds_its_inputs(
+    tmp_path: Path, replica_on: str
+) -> None:
+    """A replicated fragment moves by a hand-over, to an in-sync replica of its inputs only.
+    a2 is the least loaded sibling: r1 is handed to it if a2 holds r1's inputs, and stays if
+    only a3 does (f2, too big for the gap, stays either way)."""
+    net = Net(tmp_path, [])
+    a1, a2 = net.add("a1", "a", balance=True), net.add("a2", "a", balance=True)
+    a3 = net.add("a3", "a", balance=True)
+    a1.fragments = {"f2": ("filter",)}
+    a1.replicated = {"r1": (("aggregate",), frozenset({net.peers[replica_on].node_id}))}
+
+    async def main() -> None:
+        for _ in range(4):
+            a1.use(3.8, {"r1": 0.3, "f2": 0.6} if "r1" in a1.replicated else {"f2": 0.6})
+            a2.use(0.4 + (1.3 if "r1" in a2.fragments else 0.0), {})
+            a3.use(1.2, {})
+            await net.round(a2, a3, a1)
+
+    asyncio.run(main())
+    # a1 at 0.95, a2 at 0.1: room = 0.85 / (1/4 + 1/4) = 1.7 cores; r1 is 1.27, f2 2.53
+    if replica_on == "a2":
+        assert [(m[0], m[1], m[2]) for m in a1.moves] == [("r1", a2.node_id, SIBLING)]
+        assert "r1" in a2.fragments
+    else:
+        assert a1.moves == [] and set(a1.replicated) == {"r1"}
+    assert not a3.fragments
 
 
 def test_gossip_figures_a_sibling_cannot_mean_leave_it_out(tmp_path: Path) -> None:
