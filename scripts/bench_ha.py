@@ -275,6 +275,31 @@ async def run_throughput(peers: Peers, args: argparse.Namespace) -> list[Window]
 # --------------------------------------------------------------------------- (a) failover
 
 
+class Connections:
+    """One kept client connection per peer port: made on first use, dropped after an error."""
+
+    def __init__(self) -> None:
+        self.clients: dict[int, Client] = {}
+
+    async def get(self, port: int) -> Client:
+        client = self.clients.get(port)
+        if client is None or not client.connected:
+            client = Client("127.0.0.1", port, timeout_s=5)
+            await client.connect()
+            self.clients[port] = client
+        return client
+
+    async def drop(self, port: int) -> None:
+        client = self.clients.pop(port, None)
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.close(), 2)
+
+    async def close(self) -> None:
+        for port in list(self.clients):
+            await self.drop(port)
+
+
 class SmallPusher:
     """10-row batches, one in flight, each through a random live peer; (sent, acked) times."""
 
@@ -287,21 +312,7 @@ class SmallPusher:
         self.refusals = 0
         self.stopped = False
         self.rng = random.Random(7)
-        self.clients: dict[int, Client] = {}
-
-    async def _client(self, port: int) -> Client:
-        client = self.clients.get(port)
-        if client is None or not client.connected:
-            client = Client("127.0.0.1", port, timeout_s=5)
-            await client.connect()
-            self.clients[port] = client
-        return client
-
-    async def _drop(self, port: int) -> None:
-        client = self.clients.pop(port, None)
-        if client is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(client.close(), 2)
+        self.connections = Connections()
 
     async def run(self) -> None:
         seq = 0
@@ -311,20 +322,19 @@ class SmallPusher:
                 port = self.peers.procs[self.rng.choice(names)].port
                 sent = time.monotonic()
                 try:
-                    client = await self._client(port)
+                    client = await self.connections.get(port)
                     await client.push(self.stream, self.data, producer="bench-failover", seq=seq)
                 except (FedstreamError, TimeoutError, OSError) as exc:
                     if isinstance(exc, FedstreamError) and not exc.retriable:
                         raise
                     self.refusals += 1
-                    await self._drop(port)
+                    await self.connections.drop(port)
                     await asyncio.sleep(0.02)
                     continue
                 self.acks.append((sent, time.monotonic()))
                 seq += 1
         finally:
-            for port in list(self.clients):
-                await self._drop(port)
+            await self.connections.close()
 
     def first_ack_after(self, t: float) -> float | None:
         after = [acked for sent, acked in self.acks if sent >= t]

@@ -65,7 +65,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -147,7 +146,7 @@ class Pusher:
         self.rows = ROWS
         self.paced_from = 0.0
         self.paced = 0
-        self.clients: dict[int, Client] = {}
+        self.connections = ha.Connections()  # kept while a rate is paced
 
     def pace(self, rate: float | None) -> None:
         """Offer ``rate`` rows/s from now (``None``: back to the default)."""
@@ -155,34 +154,19 @@ class Pusher:
         self.rows = ROWS if rate is None else max(1, int(rate / BATCHES_PER_S))
         self.paced_from, self.paced = time.monotonic(), 0
 
-    async def _client(self, port: int) -> Client:
-        client = self.clients.get(port)
-        if client is None or not client.connected:
-            client = Client("127.0.0.1", port, timeout_s=5)
-            await client.connect()
-            self.clients[port] = client
-        return client
-
-    async def _drop(self, port: int) -> None:
-        client = self.clients.pop(port, None)
-        if client is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(client.close(), 2)
-
     async def _push(self, port: int, batch: pa.Table) -> None:
         if self.rate is None:
             async with Client("127.0.0.1", port, timeout_s=5) as c:
                 await c.push(STREAM, batch, producer="bench-q", seq=self.pushed)
         else:
-            client = await self._client(port)
+            client = await self.connections.get(port)
             await client.push(STREAM, batch, producer="bench-q", seq=self.pushed)
 
     async def run(self) -> None:
         try:
             await self._run()
         finally:
-            for port in list(self.clients):
-                await self._drop(port)
+            await self.connections.close()
 
     async def _run(self) -> None:
         while not self.stopped:
@@ -200,7 +184,7 @@ class Pusher:
                 if isinstance(exc, FedstreamError) and not exc.retriable:
                     raise
                 self.refusals += 1
-                await self._drop(port)
+                await self.connections.drop(port)
                 await asyncio.sleep(0.02)
                 continue
             acked = time.monotonic()
@@ -289,31 +273,18 @@ async def standby_running(peers: EnginePeers) -> str | None:
     return None
 
 
-def group(pid: int) -> list[psutil.Process]:
-    root = psutil.Process(pid)
-    return [root, *root.children(recursive=True)]
-
-
 def cpu_seconds(peers: EnginePeers, name: str) -> float:
-    """The CPU seconds a peer's process group (its JVM too) has used."""
+    """The CPU seconds a peer's process tree (its JVM too) has used."""
     proc = peers.procs[name].proc
     assert proc is not None
-    total = 0.0
-    for p in group(proc.pid):
-        with contextlib.suppress(psutil.Error):
-            times = p.cpu_times()
-            total += times.user + times.system + times.children_user + times.children_system
-    return total
+    return bc.tree_cpu_seconds(proc.pid)
 
 
 def rss_mib(peers: EnginePeers, name: str) -> float:
+    """The resident memory of a peer's process tree, MiB."""
     proc = peers.procs[name].proc
     assert proc is not None
-    total = 0
-    for p in group(proc.pid):
-        with contextlib.suppress(psutil.Error):
-            total += p.memory_info().rss
-    return total / 2**20
+    return bc.tree_memory(proc.pid).rss_mb
 
 
 async def usage(peers: EnginePeers, names: list[str]) -> dict[str, dict[str, float]]:

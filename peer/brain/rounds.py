@@ -106,7 +106,9 @@ class Brain:
         self._moving: str | None = None  # fragment of the move out in flight
         self._moved_at: float | None = None  # when the last move out ended
         self._expected: dict[str, Expected] = {}
-        self._handover: tuple[tuple[Box, ...], dict[str, frozenset[bytes]]] = ((), {})
+        # the replicated fragments of the last measurement, and the peers each may go to
+        self._pinned: tuple[Box, ...] = ()
+        self._only_to: dict[str, frozenset[bytes]] = {}
 
     # -- the rounds ----------------------------------------------------------------------------
 
@@ -133,10 +135,9 @@ class Brain:
             return None  # the period measured still holds load that moved away
         if self.siblings is not None and not self._busy():
             # replicated fragments too: they move to a sibling by a hand-over
-            pinned, only_to = self._handover
-            both = PeerState(state.load, (*state.boxes, *pinned), state.capacity)
+            both = PeerState(state.load, (*state.boxes, *self._pinned), state.capacity)
             mine = self._without_failed(both)
-            plan = self.siblings.plan(mine, self.host.live_members(), only_to)
+            plan = self.siblings.plan(mine, self.host.live_members(), self._only_to)
             if plan is not None:
                 await self._hand_to_sibling(plan, mine)
                 return None
@@ -201,10 +202,10 @@ class Brain:
             util = max(util, 1.0)
         boxes = tuple(Box(name, kind_of(types), loads.get(name, 0.0)) for name, types in fragments)
         state = PeerState(util * self.capacity, boxes, self.capacity)
-        self._handover = (
-            tuple(Box(name, kind_of(types), loads.get(name, 0.0)) for name, types, _ in handover),
-            {name: targets for name, _, targets in handover},
+        self._pinned = tuple(
+            Box(name, kind_of(types), loads.get(name, 0.0)) for name, types, _ in handover
         )
+        self._only_to = {name: targets for name, _, targets in handover}
         self._state, self._measured_from = state, last.t
         self._settle_expected(last.t, now)
         return state

@@ -52,7 +52,6 @@ class SiblingBalancer:
         self.rounds = rounds
         self.seen: deque[dict[str, float]] = deque(maxlen=rounds)
         self.capacity: dict[str, float] = {}
-        self.last_reason: str | None = None
 
     def plan(
         self,
@@ -92,7 +91,6 @@ class SiblingBalancer:
             )  # fmt: skip
         if handover is None:
             return None
-        self.last_reason = handover.reason
         return SiblingMove(
             bytes.fromhex(handover.target), handover.fragments, SIBLING, handover.reason
         )

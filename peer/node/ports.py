@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from peer.federation.router import Router
     from peer.move import Mover
     from peer.observe import Observer
+    from peer.replication.fragment_failover import FragmentHandOver
 
 
 class ReplicatedFragmentsPort(Protocol):
@@ -28,7 +29,7 @@ class ReplicatedFragmentsPort(Protocol):
 
     def handover_candidates(self) -> Sequence[tuple[str, tuple[str, ...], frozenset[bytes]]]: ...
 
-    async def hand_over(self, name: str, target: str) -> dict[str, Any]: ...
+    async def hand_over(self, name: str, target: str) -> FragmentHandOver: ...
 
 
 class MoveFragment(Protocol):
@@ -135,5 +136,5 @@ class BrainPort:
         if replicated is not None and replicated.runs(name):
             if contract != SIBLING:  # a partner is never handed a replicated fragment
                 raise Conflict(f"fragment {name} is replicated: it moves to a peer of ours only")
-            return await replicated.hand_over(name, target.hex())
+            return dict(await replicated.hand_over(name, target.hex()))
         return await self._move(name, target, contract=contract, load=load, price=price)

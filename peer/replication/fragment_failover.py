@@ -37,7 +37,7 @@ import shutil
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import pyarrow as pa
 
@@ -61,7 +61,13 @@ from peer.timing import MONOTONIC, Clock, every
 if TYPE_CHECKING:
     from peer.replication.driver import StreamReplica
 
-__all__ = ["CKPT_PREFIX", "FragmentRecord", "ReplicatedFragments", "checkpoint_stream"]
+__all__ = [
+    "CKPT_PREFIX",
+    "FragmentHandOver",
+    "FragmentRecord",
+    "ReplicatedFragments",
+    "checkpoint_stream",
+]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -70,6 +76,15 @@ EMIT_PATIENCE_S = 120.0  # how long a result append retries a retriable refusal 
 EMIT_RETRY_S = 0.1
 RESTART_AFTER_S = 5.0  # a failed fragment is restarted at most this often
 RECONCILE_S = 1.0  # fragments are reconciled this often, and at once on a change of role
+
+
+class FragmentHandOver(TypedDict):
+    """What :meth:`ReplicatedFragments.hand_over` did: the fragment, the peer it went to,
+    and the epoch in which that peer leads each of its inputs."""
+
+    fragment: str
+    to: str
+    epochs: dict[str, int]
 
 
 @dataclass
@@ -187,24 +202,25 @@ class ReplicatedFragments:
 
     def handover_candidates(self) -> list[tuple[str, tuple[str, ...], frozenset[bytes]]]:
         """(fragment, its box types, the peers it may be handed to) for each replicated
-        fragment running here: the in-sync replicas of all its inputs but this peer; a
-        fragment with an anchored input (it moves with its anchor) has none."""
+        fragment running in the engine here: the in-sync replicas of all its inputs but this
+        peer; a fragment with an anchored input (it moves with its anchor) has none. Reads
+        only memory (the brain asks every round, on the event loop)."""
+        engine = self.site.engine
         out = []
         for name, standing in sorted(self.standing.items()):
-            entry = self.site.catalog.find_query(name)
             states = [self.plane.client.states.get(s) for s in standing.inputs]
-            if entry is None or entry.status != "RUNNING" or not states:
+            if engine is None or name not in engine.running or not states:
                 continue
             if any(s is None or s.anchor is not None or s.primary != self.me for s in states):
                 continue
             common = set.intersection(*(set(s.in_sync) for s in states if s is not None))
             targets = frozenset(bytes.fromhex(n) for n in common - {self.me})
             if targets:
-                types = tuple(sorted({b.type for b in entry.query.boxes}))
+                types = tuple(sorted({str(b["type"]) for b in standing.definition["boxes"]}))
                 out.append((name, types, targets))
         return out
 
-    async def hand_over(self, name: str, target: str) -> dict[str, Any]:
+    async def hand_over(self, name: str, target: str) -> FragmentHandOver:
         """Move replicated fragment ``name``, running here, to ``target`` (node hex): hand the
         primary role of each of its inputs, the anchor first, to ``target``, an in-sync
         replica of each (peer.replication.streams.ReplicatedStreams.hand_over). Its result and
@@ -231,7 +247,7 @@ class ReplicatedFragments:
                     f"fragment {name}: its input {stream} follows {state.anchor}'s primary "
                     f"and moves with it"
                 )
-        epochs = {}
+        epochs: dict[str, int] = {}
         for stream in standing.inputs:  # the first is the anchor of its result streams
             state = await self.plane.replicas.hand_over(stream, target)
             epochs[stream] = state.epoch

@@ -25,7 +25,6 @@ import pytest
 
 from peer.client import Client
 from peer.move import SIBLING
-from peer.node import PeerConfig
 from peer.testing import (
     PeerThread,
     collect,
@@ -33,7 +32,6 @@ from peer.testing import (
     stream_name_on,
     wait_until_sync,
 )
-from peer.testing.cluster import make_participants
 from tests.integration.test_move import (
     SCHEMA,
     make_batches,
@@ -51,32 +49,17 @@ CAPACITY = {"hot": 0.2, "idle": 16.0}
 
 @pytest.fixture
 def siblings(tmp_path: Path, spark: Any) -> Iterator[tuple[PeerThread, PeerThread]]:
-    keys = make_participants(tmp_path, ["acme"])
-    fast = {"gossip_interval_s": 0.3, "suspect_after_s": 3.0, "dead_after_s": 8.0}
-    started: list[PeerThread] = []
+    """The hot and the idle peer of acme; no control plane (their streams are not
+    replicated), each windowed aggregate in its own streaming query (movable)."""
+    peers = start_peers(
+        tmp_path, ("hot", "idle"), voters=0, spark=spark, participant="acme",
+        per_peer={name: {"capacity": cores} for name, cores in CAPACITY.items()},
+        brain=True, bpm_period_s=1.0, fuse_stateless=False,
+    )  # fmt: skip
     try:
-        for name in ("hot", "idle"):
-            bootstrap = []
-            if started:
-                first = started[0].peer.overlay
-                assert first is not None
-                bootstrap = [("127.0.0.1", first.port)]
-            config = PeerConfig(
-                data_dir=tmp_path / name,
-                port=0,
-                participant="acme",
-                key_path=keys["acme"],
-                trust_dir=tmp_path / "trust",
-                bootstrap=bootstrap,
-                capacity=CAPACITY[name],
-                bpm_period_s=1.0,
-                fuse_stateless=False,  # the aggregate in its own streaming query: movable
-                **fast,  # type: ignore[arg-type]
-            )
-            started.append(PeerThread(config, spark).__enter__())
-        yield started[0], started[1]
+        yield peers[0], peers[1]
     finally:
-        for p in reversed(started):
+        for p in reversed(peers):
             p.close()
 
 
@@ -136,50 +119,50 @@ def test_a_hot_peer_hands_a_replicated_fragment_to_a_sibling_by_handing_its_inpu
     tmp_path: Path, spark: Any
 ) -> None:
     """With the control plane (three peers of acme, all voters, the default replication), the
-    aggregate is replicated and runs on its input's primary. The primary's brain is made hot
-    (its capacity set to 0.2 cores once the stream exists; the others have 16): it hands the
-    stream's primary role to a sibling, the fragment follows there (taken over from its
-    replicated checkpoint), and the output stays exact."""
+    aggregate is replicated and runs on its input's primary, ra, whose brain is hot (0.2
+    cores against the others' 16): it hands the stream's primary role to a sibling, the
+    fragment follows there (taken over from its replicated checkpoint), and the output stays
+    exact."""
     peers = start_peers(
         tmp_path, ("ra", "rb", "rc"), voters=3, spark=spark, participant="acme",
-        brain=True, capacity=16.0, bpm_period_s=1.0,
+        per_peer={"ra": {"capacity": 0.2}}, brain=True, capacity=16.0, bpm_period_s=1.0,
     )  # fmt: skip
     try:
         by_node = {p.peer.overlay.node_id.hex(): p for p in peers}  # type: ignore[union-attr]
+        hot = peers[0]
+        ids = [bytes.fromhex(n) for n in by_node]
+        source = stream_name_on(ids[0], ids, "rb_ticks")  # (ids[0] is hot's)
         batches = make_batches()
         want = reference(batches)
-        query = keyed_window_query("rbal", "rb_ticks", "rbal_out", kept="rbal_kept")
+        query = keyed_window_query("rbal", source, "rbal_out", kept="rbal_kept")
 
         async def setup() -> str:
-            async with Client("127.0.0.1", peers[0].port, timeout_s=60) as c:
+            async with Client("127.0.0.1", hot.port, timeout_s=60) as c:
                 await c.create_schema(SCHEMA)
-                created = await c.create_stream("rb_ticks", "mtick", replicas=3)
+                created = await c.create_stream(source, "mtick", replicas=3)
                 await c.create_query(query)
                 await c.start_query("rbal")
             return str(created["primary"])
 
         primary = asyncio.run(setup())
-        hot = by_node[primary]
+        assert by_node[primary] is hot  # the stream is named to be led by ra
         brain = hot.peer.brain
         assert brain is not None
-        brain.capacity = 0.2  # (read by its rounds on the peer's loop: one float)
         ports = [p.port for p in peers]
 
         async def scenario() -> list[dict[str, Any]]:
             sent = 0
             deadline = time.monotonic() + 180
             while True:
-                state = await asyncio.to_thread(
-                    hot.call, room_of(hot).plane.client.read("rb_ticks")
-                )
+                state = await asyncio.to_thread(hot.call, room_of(hot).plane.client.read(source))
                 if state is not None and state.primary != primary:
                     break
                 assert time.monotonic() < deadline, "the hot peer never handed the stream over"
                 if sent < len(batches) - 10:
-                    await push(ports[sent % 3], "rb_ticks", batches[sent : sent + 1], sent)
+                    await push(ports[sent % 3], source, batches[sent : sent + 1], sent)
                     sent += 1
                 await asyncio.sleep(0.2)
-            await push(ports[0], "rb_ticks", batches[sent:], sent)
+            await push(ports[0], source, batches[sent:], sent)
             async with Client("127.0.0.1", ports[0], timeout_s=120) as cl:
                 return await collect(cl, "rbal_out", sum(want.values()), timeout_s=300, settle_s=3)
 

@@ -27,6 +27,7 @@ from peer.client import Client
 from peer.errors import InvalidInput
 from peer.move.candidates import why_not
 from peer.protocol.replies import CreateStreamReply
+from peer.replication.fragment_failover import FragmentHandOver
 from peer.testing import (
     PeerThread,
     collect,
@@ -112,9 +113,9 @@ def run(peers: list[PeerThread], shared: Path) -> None:
     with pytest.raises(InvalidInput, match="in-sync replica"):
         first.call(fragments.hand_over("fo", "ab" * 32))
 
-    async def move() -> dict[str, Any]:
+    async def move() -> FragmentHandOver:
         pushing = asyncio.create_task(push(ports, batches, range(14, 20)))
-        moved: dict[str, Any] = await asyncio.to_thread(
+        moved: FragmentHandOver = await asyncio.to_thread(
             first.call, fragments.hand_over("fo", target), 60
         )
         await pushing

@@ -39,14 +39,16 @@ def start_peers(
     spark: Any = None,
     shared: Path | None = None,
     participant: str | None = None,
+    per_peer: dict[str, dict[str, Any]] | None = None,
     **settings: Any,
 ) -> list[PeerThread]:
     """Peers (without Spark, or sharing the session ``spark``), each bootstrapping from the
     first; the first ``voters`` of them hold the control plane's seats; ``settings`` are
     more of their PeerConfig. With ``shared``, their checkpoints are beneath that directory
     (``--checkpoint-dir``, a directory of its own each), as on a cluster. With
-    ``participant``, all are peers of that one participant (else each is its own). The caller
-    closes them (see ``peers``)."""
+    ``participant``, all are peers of that one participant (else each is its own);
+    ``per_peer`` gives more PeerConfig fields by peer name. The caller closes them (see
+    ``peers``)."""
     from peer.engine.checkpoint_home import resolve
 
     keys = make_participants(tmp_path, [participant] if participant else names)
@@ -69,7 +71,7 @@ def start_peers(
                 trust_dir=tmp_path / "trust",
                 bootstrap=bootstrap,
                 voter=i < voters,
-                **{"brain": False, **FAST, **settings},
+                **{"brain": False, **FAST, **settings, **(per_peer or {}).get(name, {})},
             )
             started.append(PeerThread(config, spark).__enter__())
 
@@ -143,6 +145,15 @@ async def read_all(
     return got
 
 
+async def ticks_with_20_batches(ports: list[int]) -> str:
+    """Stream ``ticks`` with three replicas and batches 0-19 pushed; its primary (node hex)."""
+    async with Client("127.0.0.1", ports[0], timeout_s=30) as c:
+        await c.create_schema(SCHEMA)
+        created = await c.create_stream("ticks", "tick", replicas=3)
+    await push_all(ports, "ticks", range(20))
+    return str(created["primary"])
+
+
 def expected(seqs: range) -> list[tuple[int, int]]:
     return [(r["k"], r["v"]) for i in seqs for r in batch(i)]
 
@@ -205,14 +216,7 @@ def test_the_primary_stops_and_another_replica_takes_over_without_loss(
 ) -> None:
     ports = [p.port for p in trio]
 
-    async def setup() -> str:
-        async with Client("127.0.0.1", ports[0], timeout_s=30) as c:
-            await c.create_schema(SCHEMA)
-            created = await c.create_stream("ticks", "tick", replicas=3)
-        await push_all(ports, "ticks", range(20))
-        return str(created["primary"])
-
-    primary = run_async(setup, timeout_s=120)
+    primary = run_async(lambda: ticks_with_20_batches(ports), timeout_s=120)
     victim = next(p for p in trio if p.peer.overlay and p.peer.overlay.node_id.hex() == primary)
     survivors = [p for p in trio if p is not victim]
     victim.close()
@@ -253,14 +257,7 @@ def test_the_primary_is_handed_over_on_purpose_and_nothing_is_lost(
     lead the stream, is refused and changes nothing."""
     ports = [p.port for p in trio]
 
-    async def setup() -> str:
-        async with Client("127.0.0.1", ports[0], timeout_s=30) as c:
-            await c.create_schema(SCHEMA)
-            created = await c.create_stream("ticks", "tick", replicas=3)
-        await push_all(ports, "ticks", range(20))
-        return str(created["primary"])
-
-    primary = run_async(setup, timeout_s=120)
+    primary = run_async(lambda: ticks_with_20_batches(ports), timeout_s=120)
     by_node = {node_of(p).hex(): p for p in trio}
     old = by_node[primary]
     target = next(n for n in sorted(by_node) if n != primary)
