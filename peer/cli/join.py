@@ -201,6 +201,7 @@ def launch_args(args: argparse.Namespace) -> tuple[str, ...]:
         shared += ["--spark-master", args.spark_master]
     if args.no_lane:
         shared.append("--no-lane")
+    shared += ["--replicas", str(args.replicas), "--min-insync", str(args.min_insync)]
     return tuple(shared)
 
 

@@ -1,12 +1,14 @@
 """An elastic participant's load, from what its peers gossip (pure).
 
-Each engine peer gossips, beside ``util`` (its last measured utilisation), ``tps`` (the rows
-its engine's micro-batches read per second since its last gossip round) and ``lag`` (the rows
-waiting in its queries' inputs); a drained peer says ``drain``, a launched one ``launched``
-(:meth:`peer.node.Peer._load_figures`). :func:`participant_load` turns one round of them into
-DS2's inputs (:mod:`peer.elastic.sizing`): each peer's processed rate and useful share, and
-the participant's backlog. What arrives is not seen directly: :class:`Arrivals` takes it as
-what was processed plus the backlog's growth between two rounds (never below zero).
+Each engine peer gossips ``tps`` (the rows its engine's micro-batches read per second since
+its last gossip round), ``busy`` (the share of that time its micro-batches ran, at most 1:
+DS2's useful time, which the peer's CPU use is not: an idle Spark polling its sources uses CPU
+and does no work) and ``lag`` (the rows waiting in its queries' inputs); a drained peer says
+``drain``, a launched one ``launched`` (:meth:`peer.node.Peer._load_figures`).
+:func:`participant_load` turns one round of them into DS2's inputs
+(:mod:`peer.elastic.sizing`): each peer's processed rate and useful share, and the
+participant's backlog. What arrives is not seen directly: :class:`Arrivals` takes it as what
+was processed plus the backlog's growth between two rounds (never below zero).
 
 Gossip is input from other peers: a missing, negative or non-finite figure leaves the peer
 out of the rates (it still counts as a peer of the participant).
@@ -55,13 +57,13 @@ def participant_load(figures: Mapping[str, Mapping[str, object]]) -> Participant
         serving += 1
         if _figure(load, "launched"):
             launched += 1
-        tps, util, lag = _figure(load, "tps"), _figure(load, "util"), _figure(load, "lag")
+        tps, busy, lag = _figure(load, "tps"), _figure(load, "busy"), _figure(load, "lag")
         if lag is not None:
             backlog += lag
-        if tps is None or util is None:
+        if tps is None or busy is None:
             continue
         processed += tps
-        peers.append(PeerRates(node, tps, min(1.0, util)))
+        peers.append(PeerRates(node, tps, min(1.0, busy)))
     return ParticipantLoad(tuple(peers), serving, launched, processed, backlog)
 
 

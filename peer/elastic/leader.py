@@ -12,13 +12,18 @@ the participant's :class:`~peer.replication.control.BurstState` from the control
   leader acts only through ``PlanBurst`` commands, which hold only in its term: a leader
   that was deposed while it decided (killed, cut off) has its plan refused, so two leaders
   never both act.
-- **What it decides.** Every ``decide_s``, once the participant has settled (every launched
-  name is live, or ``settle_s`` passed since the last change), the leader reads the
-  participant's gossiped figures (:mod:`peer.elastic.figures`) and lets
-  :func:`peer.elastic.sizing.decide_size` choose the size. Growing adds names to the plan
-  (``PARTICIPANT-eN``, never one used before); shrinking takes the newest launched names
-  out. Peers started by hand are never drained, so the plan holds at most ``MAX - 1``
-  names. The plan is committed first, then acted on.
+- **What it decides.** Every ``decide_s``, once the participant has settled, the leader reads
+  the participant's gossiped figures (:mod:`peer.elastic.figures`) and lets
+  :func:`peer.elastic.sizing.decide_size` choose the size. Settled: every launched name is
+  live and ``cooldown_s`` has passed since the plan last changed (or ``settle_s`` passed, if a
+  launched peer never came up); the rates leave out a peer seen for less than ``warmup_s``
+  (a peer starting its Spark is busy without processing anything: its useful time would
+  make the true rate look low). Growing acts on one decision (DS2 scales up in one step);
+  shrinking only once ``confirm`` decisions in a row ask for it (a dip in the load, or in
+  the measured rates, drains nobody). Growing adds names to the plan (``PARTICIPANT-eN``,
+  never one used before); shrinking takes the newest launched names out. Peers started by
+  hand are never drained, so the plan holds at most ``MAX - 1`` names. The plan is committed
+  first, then acted on.
 - **Acting on the plan.** Every round the leader asks its provisioner to start each name of
   the plan (idempotent: a name that runs is left alone), so a new leader finishes what a dead
   one began and the participant never runs more names than the plan, nor the plan more than
@@ -53,7 +58,10 @@ log = logging.getLogger(__name__)
 
 ROUND_S = 2.0
 DECIDE_S = 10.0
-SETTLE_S = 90.0
+COOLDOWN_S = 30.0
+WARMUP_S = 30.0
+CONFIRM = 3
+SETTLE_S = 120.0
 KEEP = 50
 
 
@@ -96,6 +104,9 @@ class BurstLeader:
         wall: Callable[[], float] = time.time,
         decide_s: float = DECIDE_S,
         settle_s: float = SETTLE_S,
+        cooldown_s: float = COOLDOWN_S,
+        warmup_s: float = WARMUP_S,
+        confirm: int = CONFIRM,
     ) -> None:
         self.node = node
         self.participant = participant
@@ -109,6 +120,11 @@ class BurstLeader:
         self.wall = wall
         self.decide_s = decide_s
         self.settle_s = settle_s
+        self.cooldown_s = cooldown_s
+        self.warmup_s = warmup_s
+        self.confirm = confirm
+        self.first_seen: dict[str, float] = {}  # node -> when its figures were first seen
+        self.shrink_asks = 0  # decisions in a row that asked to shrink
         self.state: BurstState | None = None
         self.leading = False
         self.changed_at = clock()  # the last change of the plan seen (settling)
@@ -167,16 +183,31 @@ class BurstLeader:
                 log.info("elastic %s: %s", self.participant, done)
 
     async def _decide(self, state: BurstState) -> None:
-        load = participant_load(self.figures())
-        arriving = self.arrivals.update(self.clock(), load)
+        now = self.clock()
+        figures = self.figures()
+        for node in list(self.first_seen):
+            if node not in figures:
+                del self.first_seen[node]
+        for node in figures:
+            self.first_seen.setdefault(node, now)
+        load = participant_load(figures)
+        arriving = self.arrivals.update(now, load)
         manual = max(1, load.serving - load.launched_live)
         current = manual + len(state.launched)
-        settled = load.launched_live >= len(state.launched)
-        if not settled and self.clock() - self.changed_at < self.settle_s:
+        since = now - self.changed_at
+        settled = load.launched_live >= len(state.launched) and since >= self.cooldown_s
+        if not settled and since < self.settle_s:
             return  # peers are still coming up (or draining): their load is not seen yet
-        decision = decide_size(current, load.peers, arriving, load.backlog, self.policy)
+        warm = tuple(p for p in load.peers if now - self.first_seen[p.node] >= self.warmup_s)
+        decision = decide_size(current, warm, arriving, load.backlog, self.policy)
         if decision is None or decision.size == current:
+            self.shrink_asks = 0
             return
+        if decision.size < current:
+            self.shrink_asks += 1
+            if self.shrink_asks < self.confirm:
+                return
+        self.shrink_asks = 0
         if decision.size > current:
             taken = set(state.launched) | self.provisioner.used()
             new = launch_names(self.participant, sorted(taken), decision.size - current)

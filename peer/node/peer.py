@@ -90,7 +90,8 @@ class Peer:
             self._seams.report_results_to(self.observer.result)
         self._stopping = asyncio.Event()
         self._cpu_mark = (clock(), time.process_time())
-        self._rows_mark = (clock(), 0)  # (when, the engine's rows read then): gossip's tps
+        # (when, the engine's rows read, its busy seconds then): gossip's tps and busy
+        self._work_mark = (clock(), 0, 0.0)
 
     @property
     def budget(self) -> DecodeBudget:
@@ -302,17 +303,16 @@ class Peer:
             # without contracts, the brain still balances load among this participant's peers
             book = self.book or ContractBook(identity.participant, [], [])
             self.brain = self._make_brain(fed, mover, book)
-        if (config.elastic or config.launched_as) and site.engine is not None:
-            self._make_elastic(fed, mover)
         if self.brain is not None:
             fed.router.register("offer", self._on_offer)
             brain = self.brain
             self._status_parts["brain"] = lambda: dict(brain.status())
-        if self.leader is not None or self.drainer is not None:
-            self._status_parts["elastic"] = self._elastic_status
         else:
             fed.router.register("offer", _no_offers)
         await overlay.start()
+        if (config.elastic or config.launched_as) and site.engine is not None:
+            self._make_elastic(fed, mover)  # after the overlay starts: its port is known
+            self._status_parts["elastic"] = self._elastic_status
         await fed.start()
         self._service.serve(fed)
         await self.mover.recover()
@@ -531,7 +531,8 @@ class Peer:
         """What this peer gossips about its load: the share of one core its process used
         since the last round, how many streams and queries it holds, and for an elastic
         participant's sizing (peer.elastic.figures) the rows/s its engine read since the last
-        round (``tps``) and the rows waiting in its queries' inputs (``lag``)."""
+        round (``tps``), the share of that time its micro-batches ran (``busy``, at most 1)
+        and the rows waiting in its queries' inputs (``lag``)."""
         now, cpu = self.clock(), time.process_time()
         last = self._cpu_mark
         self._cpu_mark = (now, cpu)
@@ -540,14 +541,18 @@ class Peer:
         brain = {} if self.brain is None else self.brain.load_figures()
         engine = self.site.engine
         rows = 0 if engine is None else engine.rows_read()
-        then, before = self._rows_mark
-        self._rows_mark = (now, rows)
-        tps = max(0, rows - before) / (now - then) if now > then else 0.0
+        spent = 0.0 if engine is None else engine.busy_total()
+        then, rows_before, spent_before = self._work_mark
+        self._work_mark = (now, rows, spent)
+        dt = now - then
+        tps = max(0, rows - rows_before) / dt if dt > 0 else 0.0
+        busy = min(1.0, max(0.0, spent - spent_before) / dt) if dt > 0 else 0.0
         draining = {} if self.drainer is None else self.drainer.figures()
         return {
             **brain,
             **draining,
             "tps": round(tps, 1),
+            "busy": round(busy, 4),
             "lag": float(lag),
             "cpu": round(share, 3),
             "streams": float(len(self.fed.hosting.hosted) if self.fed is not None else 0),

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from overlay.node import OverlayError
 from peer.errors import Conflict, FedstreamError
 from peer.federation import Federation
+from peer.federation.mirror import MIRROR_PREFIX
 from peer.move import SIBLING
 from peer.protocol.link import Raw
 
@@ -222,6 +223,8 @@ class ElasticPort:
                 out.append(why)
         replicas = self._room.plane.replicas
         for stream in sorted(hosted):
+            if stream.startswith(MIRROR_PREFIX):
+                continue  # a copy of a stream held elsewhere
             if not replicas.is_replicated(stream):
                 out.append(f"stream {stream} is hosted here without replicas")
         return out

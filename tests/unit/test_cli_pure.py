@@ -221,7 +221,9 @@ def test_join_elastic_options_parse_and_launched_peers_share_what_they_must() ->
             "--capacity", "0.5", "--no-lane"]  # fmt: skip
     args = build_parser().parse_args(argv)
     assert elastic_options(args) == (1, 3)
-    assert launch_args(args) == ("--capacity", "0.5", "--no-lane")
+    assert launch_args(args) == (
+        "--capacity", "0.5", "--no-lane", "--replicas", "3", "--min-insync", "2"
+    )  # fmt: skip
     assert elastic_options(build_parser().parse_args(["join"])) is None
 
 

@@ -57,8 +57,8 @@ class Clock:
         return self.now
 
 
-def peer_figures(tps: float, util: float, lag: float = 0.0, **extra: float) -> dict[str, float]:
-    return {"tps": tps, "util": util, "lag": lag, **extra}
+def peer_figures(tps: float, busy: float, lag: float = 0.0, **extra: float) -> dict[str, float]:
+    return {"tps": tps, "busy": busy, "lag": lag, **extra}
 
 
 def make(
@@ -70,6 +70,7 @@ def make(
     live: set[str],
     record: Path | None = None,
     maximum: int = 3,
+    **damping: Any,
 ) -> BurstLeader:
     return BurstLeader(
         node=node,
@@ -84,6 +85,7 @@ def make(
         wall=lambda: 1.7e9,
         decide_s=10.0,
         settle_s=60.0,
+        **({"cooldown_s": 0.0, "warmup_s": 0.0, "confirm": 1} | damping),
     )
 
 
@@ -223,7 +225,7 @@ def test_hostile_gossip_is_left_out_of_the_sizing() -> None:
     plane, prov, clock = Plane(), Provisioner(), Clock()
     figures: dict[str, Mapping[str, object]] = {
         A: peer_figures(1_000, 0.2),
-        B: {"tps": float("inf"), "util": -1, "lag": "lots"},
+        B: {"tps": float("inf"), "busy": -1, "lag": "lots"},
     }
     leader = make(plane, A, figures, prov, clock, {A, B})
     for _ in range(4):
@@ -231,3 +233,61 @@ def test_hostile_gossip_is_left_out_of_the_sizing() -> None:
         clock.now += 10
     assert prov.starts == []
     assert not [d for d in leader.decisions if d.action in ("grow", "shrink")]
+
+
+def test_shrinking_waits_for_confirmations_and_a_dip_resets_them() -> None:
+    plane, prov, clock = Plane(), Provisioner(), Clock()
+    assert plane.state.apply(ClaimBurst("acme", A, 0, 1, 3)).ok
+    assert plane.state.apply(PlanBurst("acme", 1, 1, ("acme-e1",))).ok
+    e1 = "1" * 40
+    low = {A: peer_figures(1_000, 0.1), e1: peer_figures(1_000, 0.1, launched=1)}
+    busy = {A: peer_figures(6_000, 0.6), e1: peer_figures(6_000, 0.6, launched=1)}
+    figures: dict[str, Mapping[str, object]] = dict(low)
+    leader = make(plane, A, figures, prov, clock, {A, e1}, confirm=3)
+    for shape in (low, low, busy, low, low):  # the busy round resets the count
+        figures.clear(), figures.update(shape)
+        run(leader.round())
+        clock.now += 10
+    assert plane.state.burst("acme").launched == ("acme-e1",)  # type: ignore[union-attr]
+    figures.clear(), figures.update(low)
+    run(leader.round())  # the third low decision in a row
+    assert plane.state.burst("acme").launched == ()  # type: ignore[union-attr]
+
+
+def grown_with(warmup_s: float) -> bool:
+    """A is saturated at 7,000 rows/s with 1,000 rows/s more arriving (its backlog grew to
+    60,000 rows in 60 s, to be worked off in 60 s: 9,000 rows/s offered); launched e1 has just
+    come up, busy warming its Spark up and processing nothing. Counted, e1 halves the true
+    rate (7,000 rows per two busy seconds) and 9,000 rows/s would seem to need
+    ceil(9,000 / 2,450) = 4 peers (3, at MAX); left out, ceil(9,000 / 4,900) = 2, the two
+    there are."""
+    plane, prov, clock = Plane(), Provisioner(), Clock()
+    assert plane.state.apply(ClaimBurst("acme", A, 0, 1, 3)).ok
+    assert plane.state.apply(PlanBurst("acme", 1, 1, ("acme-e1",))).ok
+    figures: dict[str, Mapping[str, object]] = {A: peer_figures(7_000, 1.0)}
+    leader = make(plane, A, figures, prov, clock, {A, "1" * 40}, warmup_s=warmup_s)
+    run(leader.round())  # A's figures first seen
+    clock.now += 60
+    figures[A] = peer_figures(7_000, 1.0, lag=60_000)
+    figures["1" * 40] = peer_figures(0, 1.0, launched=1)
+    run(leader.round())
+    return any(d.action == "grow" for d in leader.decisions)
+
+
+def test_a_peer_still_warming_up_is_left_out_of_the_rates() -> None:
+    assert not grown_with(warmup_s=30.0)
+    assert grown_with(warmup_s=0.0)  # the same figures, e1 counted at once
+
+
+def test_no_decision_during_the_cooldown_after_a_change() -> None:
+    plane, prov, clock = Plane(), Provisioner(), Clock()
+    assert plane.state.apply(ClaimBurst("acme", A, 0, 1, 3)).ok
+    figures: dict[str, Mapping[str, object]] = {A: peer_figures(10_000, 1.0, lag=500_000)}
+    leader = make(plane, A, figures, prov, clock, {A}, cooldown_s=30.0)
+    run(leader.round())  # the state was just seen change (the claim): cooling down
+    clock.now += 20
+    run(leader.round())
+    assert plane.state.burst("acme").launched == ()  # type: ignore[union-attr]
+    clock.now += 10
+    run(leader.round())
+    assert plane.state.burst("acme").launched == ("acme-e1", "acme-e2")  # type: ignore[union-attr]
