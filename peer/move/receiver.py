@@ -176,18 +176,18 @@ class MoveReceiver:
         for stream, info in checked_manifest["inputs"].items():
             if info["mode"] == "copy" and stream in spools:
                 raise Conflict(f"this peer holds stream {stream} already", stream=stream)
-            if info["mode"] == "local" and not (
-                stream in hosted or (stream in spools and spools.get(stream).aligned())
-            ):
-                raise Conflict(
-                    f"this peer holds no copy of stream {stream} with the sender's offsets",
-                    stream=stream,
-                )
             if info["mode"] == "local" and stream not in hosted and stream in reading:
                 # a copy kept for another fragment here: the two could then move on only
                 # together (peer.move.candidates.why_not), so a drain could not empty this peer
                 raise Conflict(
                     f"this peer's copy of stream {stream} is read by another fragment here",
+                    stream=stream,
+                )
+            if info["mode"] == "local" and not (
+                stream in hosted or (stream in spools and spools.get(stream).aligned())
+            ):
+                raise Conflict(
+                    f"this peer holds no copy of stream {stream} with the sender's offsets",
                     stream=stream,
                 )
         for stream in checked_manifest["outputs"]:

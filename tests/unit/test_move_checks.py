@@ -177,6 +177,7 @@ def receiver(tmp_path: Path) -> tuple[Mover, str]:
         spools=SpoolSet(tmp_path / "spool"),
     )
     site.drop_streams = functools.partial(LocalSite.drop_streams, site)  # type: ignore[arg-type]
+    site.streams_read = functools.partial(LocalSite.streams_read, site)  # type: ignore[arg-type]
     fed = SimpleNamespace(
         hosting=SimpleNamespace(hosted=set()), router=SimpleNamespace(participant="beta")
     )
@@ -323,6 +324,30 @@ def test_a_name_already_here_is_a_conflict(receiver: tuple[Mover, str]) -> None:
         run(mover.handle({"op": "move_begin", "manifest": local}, "alpha"))
     assert "offsets" in err.value.message
     assert not mover.busy
+
+
+def test_a_copy_another_fragment_here_reads_takes_no_second_reader(
+    receiver: tuple[Mover, str],
+) -> None:
+    """A fragment whose input this peer holds as a copy for another fragment is refused: the
+    two could then move on only together, and a drained peer could never empty itself."""
+    mover, cid = receiver
+    from peer.model.query import parse_query
+    from peer.model.schema import parse_schema, to_arrow_schema
+
+    mover.site.spools.create("src", to_arrow_schema(parse_schema(SCHEMA)))
+    other = {**DEFINITION, "name": "other"}
+    mover.site.catalog.add_query(parse_query(other), "ef01ab23")
+    local = manifest(cid)
+    local["inputs"]["src"]["mode"] = "local"
+    with pytest.raises(Conflict) as err:
+        run(mover.handle({"op": "move_begin", "manifest": local}, "alpha"))
+    assert "read by another fragment here" in err.value.message
+    assert not mover.busy
+    # a stream this peer hosts may have many readers
+    mover.fed.hosting.hosted.add("src")
+    reply = run(mover.handle({"op": "move_begin", "manifest": local}, "alpha"))
+    assert reply["ready"] and mover.busy
 
 
 def test_a_copy_here_shorter_than_the_senders_is_refused_and_nothing_installed(
