@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import signal
 from pathlib import Path
@@ -95,6 +96,7 @@ async def cmd_join(args: argparse.Namespace) -> int:
         provisioner=args.provisioner,
         launch_args=launch_args(args),
         launched_as=args.launched_as,
+        elastic_interval_s=args.elastic_interval,
     )
     node = Peer(config)
     loop = asyncio.get_running_loop()
@@ -155,6 +157,9 @@ def engine_options(args: argparse.Namespace, listen_host: str) -> tuple[dict[str
     return conf, home.root
 
 
+ELASTIC_INTERVAL_S = 10.0
+
+
 def elastic_options(args: argparse.Namespace) -> tuple[int, int] | None:
     """``--elastic MIN:MAX`` (and ``--provisioner``, ``--launched-as``) checked, or a usage
     error naming what is wrong."""
@@ -179,6 +184,10 @@ def elastic_options(args: argparse.Namespace) -> tuple[int, int] | None:
         SizingPolicy(*bounds)
     except ValueError as exc:
         raise UsageError(f"--elastic: {exc}") from None
+    if not (math.isfinite(args.elastic_interval) and args.elastic_interval > 0):
+        raise UsageError(
+            f"--elastic-interval must be a number of seconds above 0, not {args.elastic_interval}"
+        )
     if args.participant is None or args.no_engine:
         raise UsageError(
             "--elastic needs --participant and --key (the peers it starts are that "
@@ -201,6 +210,8 @@ def launch_args(args: argparse.Namespace) -> tuple[str, ...]:
         shared += ["--spark-master", args.spark_master]
     if args.no_lane:
         shared.append("--no-lane")
+    if args.elastic_interval != ELASTIC_INTERVAL_S:
+        shared += ["--elastic-interval", str(args.elastic_interval)]
     shared += ["--replicas", str(args.replicas), "--min-insync", str(args.min_insync)]
     return tuple(shared)
 
@@ -432,6 +443,15 @@ def add_join_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="how --elastic starts a peer: 'local' (peer join on this machine, data beside "
         "this peer's; the default) or a shell command template with {participant}, "
         "{bootstrap} and {name}",
+    )
+    p.add_argument(
+        "--elastic-interval",
+        type=float,
+        default=ELASTIC_INTERVAL_S,
+        metavar="SECONDS",
+        help="how often the burst leader decides the participant's size; it waits three "
+        "times as long after a change, and before it counts a new peer's rates "
+        f"(default {ELASTIC_INTERVAL_S:g})",
     )
     p.add_argument(
         "--launched-as",

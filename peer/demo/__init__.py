@@ -25,6 +25,8 @@ The parts, each a module:
 - :mod:`peer.demo.board` and :mod:`peer.demo.view`: what the demo knows, and shows, live;
 - :mod:`peer.demo.check`: the verdict against the plain-Python reference;
 - :mod:`peer.demo.spike`: ``peer demo --spike``, a load spike and boxes moving under contract;
+- :mod:`peer.demo.elastic`: ``peer demo --elastic``, a participant growing with a ramp and
+  shrinking after it;
 - :mod:`peer.demo.partition`: ``peer demo --partition``, a participant cut off: tentative
   results, then their corrections (issue 16).
 

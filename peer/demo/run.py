@@ -98,7 +98,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "freeze's length, default 30 s)",
     )
     p.add_argument(
-        "--summary", metavar="FILE", help="with --spike: write what happened as JSON to FILE"
+        "--elastic",
+        action="store_true",
+        help="a participant that grows with a load ramp and shrinks after it: peer join "
+        "--elastic 1:3 starts peers, load spreads to them, they drain and leave; outputs "
+        "checked against plain Python (1 to 3 peers)",
+    )
+    p.add_argument(
+        "--summary",
+        metavar="FILE",
+        help="with --spike or --elastic: write what happened as JSON to FILE",
     )
     p.add_argument(
         "--hold",
@@ -108,6 +117,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.elastic:
+        from rich.console import Console
+
+        from peer.demo.elastic import Elastic
+        from peer.engine.java import find_java
+
+        find_java()
+        console = Console()
+        summary = Path(args.summary) if args.summary else None
+        return Elastic(console, keep=args.keep, summary=summary, live=console.is_terminal).run()
     if args.partition:
         from peer.demo.partition import run_partition
 

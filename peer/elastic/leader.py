@@ -156,7 +156,9 @@ class BurstLeader:
             return
         if not self.leading:
             self.leading = True
-            self._note("lead", state, state.minimum, "took the lead in term " + str(state.term))
+            load = participant_load(self.figures())
+            size = max(1, load.serving - load.launched_live) + len(state.launched)
+            self._note("lead", state, size, f"took the lead in term {state.term}")
         await self._provision(state)
         now = self.clock()
         if now - self.decided_at >= self.decide_s:

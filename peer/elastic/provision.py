@@ -11,8 +11,9 @@ names again: the names, not the calls, say how many peers there are.
   outlives the leader that started it), with its data directory ``BASE/NAME`` beside this
   peer's, bootstrapped into the federation through this peer, ``--launched-as NAME`` (which
   keeps it out of the control plane's seats, so draining it never costs a voter) and the same
-  participant key, trust directory and ``--elastic`` bounds. Its pid is in ``BASE/NAME/launch.pid``
-  and its output in ``BASE/NAME/peer.log``; a name whose process is alive is not started again.
+  participant key, trust directory and ``--elastic`` bounds. Its pid is in
+  ``BASE/NAME/launch.pid`` and its output in ``BASE/NAME/peer.log`` (each start begins with a
+  line saying so); a name whose process is alive is not started again.
 - a command template, e.g. ``--provisioner 'ssh host-{name} start-peer {participant}
   {bootstrap} {name}'``: run through the shell with ``{participant}``, ``{bootstrap}`` (this
   peer's overlay address) and ``{name}`` filled in (each quoted), to start the peer anywhere
@@ -47,6 +48,7 @@ __all__ = [
 
 PID_FILE = "launch.pid"
 LOG_FILE = "peer.log"
+STARTED = "started by the burst leader:"  # a line in LOG_FILE before each start
 _FIELDS = ("participant", "bootstrap", "name")
 
 
@@ -120,6 +122,8 @@ class LocalProvisioner:
         home = self.data_dir(name)
         home.mkdir(parents=True, exist_ok=True)
         with open(home / LOG_FILE, "ab") as out:
+            out.write(f"--- {STARTED} {name} ---\n".encode())
+            out.flush()
             proc = subprocess.Popen(
                 self.command(name),
                 stdin=subprocess.DEVNULL,

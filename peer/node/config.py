@@ -83,6 +83,7 @@ class PeerConfig:
     provisioner: str = "local"
     launch_args: tuple[str, ...] = ()
     launched_as: str | None = None
+    elastic_interval_s: float = 10.0  # the burst leader decides this often (--elastic-interval)
     # Replication (issue 11): a seat in the control plane, and the defaults of new streams.
     voter: bool = False  # a seat in the control plane whatever the count (--voter)
     volunteer: bool = False  # take an open seat (peer join's default; --no-voter: off)

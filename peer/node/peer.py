@@ -409,6 +409,9 @@ class Peer:
             provisioner=make_provisioner(config.provisioner, base, spec),
             record=self.data_dir / "elastic.jsonl",
             clock=self.clock,
+            decide_s=config.elastic_interval_s,
+            cooldown_s=3 * config.elastic_interval_s,
+            warmup_s=3 * config.elastic_interval_s,
         )
 
     def _elastic_status(self) -> dict[str, Any]:

@@ -199,6 +199,10 @@ def test_status_shows_standbys_their_lag_and_promotions(
         (["--elastic", "0:2"], "1 <= MIN <= MAX"),
         (["--elastic", "1:3"], "--participant and --key"),
         (["--launched-as", "x"], "goes with --elastic"),
+        (["--participant", "acme", "--key", "k", "--elastic", "1:3", "--elastic-interval", "0"],
+         "--elastic-interval must be"),
+        (["--participant", "acme", "--key", "k", "--elastic", "1:3", "--elastic-interval",
+          "nan"], "--elastic-interval must be"),
         (["--participant", "acme", "--key", "k", "--elastic", "1:3", "--provisioner", "go"],
          "must use {name}"),
         (["--participant", "acme", "--key", "k", "--elastic", "1:3", "--provisioner",
@@ -218,11 +222,12 @@ def test_join_elastic_options_parse_and_launched_peers_share_what_they_must() ->
     from peer.cli.join import elastic_options, launch_args
 
     argv = ["join", "--participant", "acme", "--key", "k", "--elastic", " 1:3 ",
-            "--capacity", "0.5", "--no-lane"]  # fmt: skip
+            "--capacity", "0.5", "--no-lane", "--elastic-interval", "4"]  # fmt: skip
     args = build_parser().parse_args(argv)
     assert elastic_options(args) == (1, 3)
     assert launch_args(args) == (
-        "--capacity", "0.5", "--no-lane", "--replicas", "3", "--min-insync", "2"
+        "--capacity", "0.5", "--no-lane", "--elastic-interval", "4.0", "--replicas", "3",
+        "--min-insync", "2",
     )  # fmt: skip
     assert elastic_options(build_parser().parse_args(["join"])) is None
 

@@ -24,6 +24,7 @@ from peer.replication.control import (
 )
 
 ABC = ("a", "b", "c")
+StreamCommand = CreateStream | DropStream | Elect | ShrinkIsr | ExpandIsr | SetReplicas | SetStandby
 
 
 def created(replicas: tuple[str, ...] = ABC, min_insync: int = 2) -> ControlState:
@@ -154,7 +155,7 @@ commands = st.one_of(
 
 @settings(max_examples=300)
 @given(st.lists(commands, max_size=40))
-def test_any_log_keeps_the_invariants_and_every_voter_agrees(log: list[Command]) -> None:
+def test_any_log_keeps_the_invariants_and_every_voter_agrees(log: list[StreamCommand]) -> None:
     voters = [ControlState(), ControlState()]
     for command in log:
         before = voters[0].stream(command.name)

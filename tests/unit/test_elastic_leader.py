@@ -13,6 +13,7 @@ from peer.elastic.leader import BurstLeader
 from peer.elastic.sizing import SizingPolicy
 from peer.replication.control import ClaimBurst, ControlState, PlanBurst
 from peer.replication.control.state import BurstState
+from peer.testing.manual_clock import ManualClock
 
 A, B = "a" * 40, "b" * 40
 
@@ -49,14 +50,6 @@ class Provisioner:
         return set(self.starts)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def peer_figures(tps: float, busy: float, lag: float = 0.0, **extra: float) -> dict[str, float]:
     return {"tps": tps, "busy": busy, "lag": lag, **extra}
 
@@ -66,7 +59,7 @@ def make(
     node: str,
     figures: dict[str, Mapping[str, object]],
     provisioner: Provisioner,
-    clock: Clock,
+    clock: ManualClock,
     live: set[str],
     record: Path | None = None,
     maximum: int = 3,
@@ -94,7 +87,7 @@ def run(coro: Any) -> Any:
 
 
 def test_one_peer_claims_the_lead_and_a_second_does_not_while_the_first_is_live() -> None:
-    plane, prov, clock = Plane(), Provisioner(), Clock()
+    plane, prov, clock = Plane(), Provisioner(), ManualClock(1000.0)
     figures: dict[str, Mapping[str, object]] = {A: peer_figures(0, 0), B: peer_figures(0, 0)}
     a = make(plane, A, figures, prov, clock, {A, B})
     b = make(plane, B, figures, prov, clock, {A, B})
@@ -111,7 +104,7 @@ def test_an_overloaded_participant_grows_in_one_step_to_what_ds2_says(tmp_path: 
     # one peer busy all the time reading 10,000 rows/s while its backlog grows by
     # 14,000 rows/s: 24,000 rows/s arrive, a peer does 10,000 per busy second, so at 70 %
     # it needs ceil(24,000 / 7,000) = 4 peers, held at MAX = 3
-    plane, prov, clock = Plane(), Provisioner(), Clock()
+    plane, prov, clock = Plane(), Provisioner(), ManualClock(1000.0)
     figures: dict[str, Mapping[str, object]] = {A: peer_figures(6_000, 0.6, lag=0)}
     leader = make(plane, A, figures, prov, clock, {A}, record=tmp_path / "elastic.jsonl")
     run(leader.round())  # claims
@@ -131,7 +124,7 @@ def test_an_overloaded_participant_grows_in_one_step_to_what_ds2_says(tmp_path: 
 
 
 def test_no_decision_while_launched_peers_are_still_coming_up() -> None:
-    plane, prov, clock = Plane(), Provisioner(), Clock()
+    plane, prov, clock = Plane(), Provisioner(), ManualClock(1000.0)
     figures: dict[str, Mapping[str, object]] = {A: peer_figures(6_000, 0.6, lag=0)}
     leader = make(plane, A, figures, prov, clock, {A})
     run(leader.round())
@@ -148,7 +141,7 @@ def test_no_decision_while_launched_peers_are_still_coming_up() -> None:
 
 
 def test_it_shrinks_when_the_load_falls_and_keeps_the_size_under_a_constant_load() -> None:
-    plane, prov, clock = Plane(), Provisioner(), Clock()
+    plane, prov, clock = Plane(), Provisioner(), ManualClock(1000.0)
     assert plane.state.apply(ClaimBurst("acme", A, 0, 1, 3)).ok
     assert plane.state.apply(PlanBurst("acme", 1, 1, ("acme-e1", "acme-e2"))).ok
     e1, e2 = "1" * 40, "2" * 40
@@ -167,7 +160,7 @@ def test_it_shrinks_when_the_load_falls_and_keeps_the_size_under_a_constant_load
     shrink = [d for d in leader.decisions if d.action == "shrink"]
     assert len(shrink) == 1 and (shrink[0].current, shrink[0].size) == (3, 1)
     # the launched peers drained and left; the same load on one peer keeps it at one
-    figures.pop(e1), figures.pop(e2)
+    del figures[e1], figures[e2]
     figures[A] = peer_figures(3_000, 0.3)
     for _ in range(5):
         run(leader.round())
@@ -191,7 +184,7 @@ class Interleaved(Plane):
 
 
 def test_a_leader_deposed_while_it_decides_has_its_plan_refused() -> None:
-    plane, clock, prov = Interleaved(), Clock(), Provisioner()
+    plane, clock, prov = Interleaved(), ManualClock(1000.0), Provisioner()
     figures: dict[str, Mapping[str, object]] = {A: peer_figures(6_000, 0.6)}
     a = make(plane, A, figures, prov, clock, {A, B})
     run(a.round())
@@ -210,7 +203,7 @@ def test_a_leader_deposed_while_it_decides_has_its_plan_refused() -> None:
 
 
 def test_a_new_leader_provisions_the_plan_idempotently() -> None:
-    plane, clock, prov = Plane(), Clock(), Provisioner()
+    plane, clock, prov = Plane(), ManualClock(1000.0), Provisioner()
     assert plane.state.apply(ClaimBurst("acme", A, 0, 1, 3)).ok
     assert plane.state.apply(PlanBurst("acme", 1, 1, ("acme-e1", "acme-e2"))).ok
     prov.running.add("acme-e1")  # the dead leader started one before it died
@@ -222,7 +215,7 @@ def test_a_new_leader_provisions_the_plan_idempotently() -> None:
 
 
 def test_hostile_gossip_is_left_out_of_the_sizing() -> None:
-    plane, prov, clock = Plane(), Provisioner(), Clock()
+    plane, prov, clock = Plane(), Provisioner(), ManualClock(1000.0)
     figures: dict[str, Mapping[str, object]] = {
         A: peer_figures(1_000, 0.2),
         B: {"tps": float("inf"), "busy": -1, "lag": "lots"},
@@ -236,7 +229,7 @@ def test_hostile_gossip_is_left_out_of_the_sizing() -> None:
 
 
 def test_shrinking_waits_for_confirmations_and_a_dip_resets_them() -> None:
-    plane, prov, clock = Plane(), Provisioner(), Clock()
+    plane, prov, clock = Plane(), Provisioner(), ManualClock(1000.0)
     assert plane.state.apply(ClaimBurst("acme", A, 0, 1, 3)).ok
     assert plane.state.apply(PlanBurst("acme", 1, 1, ("acme-e1",))).ok
     e1 = "1" * 40
@@ -245,11 +238,13 @@ def test_shrinking_waits_for_confirmations_and_a_dip_resets_them() -> None:
     figures: dict[str, Mapping[str, object]] = dict(low)
     leader = make(plane, A, figures, prov, clock, {A, e1}, confirm=3)
     for shape in (low, low, busy, low, low):  # the busy round resets the count
-        figures.clear(), figures.update(shape)
+        figures.clear()
+        figures.update(shape)
         run(leader.round())
         clock.now += 10
     assert plane.state.burst("acme").launched == ("acme-e1",)  # type: ignore[union-attr]
-    figures.clear(), figures.update(low)
+    figures.clear()
+    figures.update(low)
     run(leader.round())  # the third low decision in a row
     assert plane.state.burst("acme").launched == ()  # type: ignore[union-attr]
 
@@ -261,7 +256,7 @@ def grown_with(warmup_s: float) -> bool:
     rate (7,000 rows per two busy seconds) and 9,000 rows/s would seem to need
     ceil(9,000 / 2,450) = 4 peers (3, at MAX); left out, ceil(9,000 / 4,900) = 2, the two
     there are."""
-    plane, prov, clock = Plane(), Provisioner(), Clock()
+    plane, prov, clock = Plane(), Provisioner(), ManualClock(1000.0)
     assert plane.state.apply(ClaimBurst("acme", A, 0, 1, 3)).ok
     assert plane.state.apply(PlanBurst("acme", 1, 1, ("acme-e1",))).ok
     figures: dict[str, Mapping[str, object]] = {A: peer_figures(7_000, 1.0)}
@@ -280,7 +275,7 @@ def test_a_peer_still_warming_up_is_left_out_of_the_rates() -> None:
 
 
 def test_no_decision_during_the_cooldown_after_a_change() -> None:
-    plane, prov, clock = Plane(), Provisioner(), Clock()
+    plane, prov, clock = Plane(), Provisioner(), ManualClock(1000.0)
     assert plane.state.apply(ClaimBurst("acme", A, 0, 1, 3)).ok
     figures: dict[str, Mapping[str, object]] = {A: peer_figures(10_000, 1.0, lag=500_000)}
     leader = make(plane, A, figures, prov, clock, {A}, cooldown_s=30.0)
