@@ -35,6 +35,9 @@ def status() -> dict[str, Any]:
                 "status": "RUNNING",
                 "active": True,
                 "rows_out": 9,
+                "boxes": [
+                    {"name": "w", "type": "aggregate", "inputs": ["ticks"], "outputs": ["out"]}
+                ],
                 "availability": {
                     "tentative": True,
                     "tentative_since": 1.0,
@@ -229,6 +232,11 @@ def test_the_federation_view_asks_every_other_member() -> None:
     assert [p["node_id"] for p in view["peers"]] == [NODE.hex(), OTHER.hex()]
     assert view["peers"][1]["history"] is True
     assert len(view["peers"][0]["samples"]) == 1
+    # the query diagram: this peer's box (the other answered no status: nothing of it drawn)
+    (graph,) = view["diagram"]["queries"]
+    assert [(b["box"], b["node_id"], b["participant"]) for b in graph["boxes"]] == [
+        ("w", NODE.hex(), "acme")
+    ]
 
 
 def test_fragment_figures_count_each_report_once() -> None:
