@@ -17,11 +17,11 @@ per query:
 * a *stream end* for each stream a query reads that none of its boxes makes (an input) and
   each stream its boxes make that none of them reads (a result).
 * an *arrow* for each stream, from the box (or stream end) making it to each box (or stream
-  end) reading it, carrying the stream's rate in tuples per second: the tuples pushed on it
-  per second, summed over the peers they entered through, plus the result rate of the
-  fragment making it when that fragment makes no other stream (a fragment's counter adds up
-  every stream it writes, so it cannot be split between them). A rate nobody measures is
-  None, not zero.
+  end) reading it, carrying the stream's rate in tuples per second over the newest sample of
+  each peer (:func:`peer.observe.samples.point`): the tuples pushed on it (``in_rate``, summed
+  over the peers they entered through) plus the tuples fragments wrote on it (``stream_rate``,
+  summed over the peers running them: the peer a fragment left writes none). A rate no peer
+  measures is None, not zero.
 
 Each box and stream end gets a column (the longest path to it from the query's inputs) and a
 row (its place in that column), so the page only draws.
@@ -105,11 +105,6 @@ class _Fragment:
     node_id: str
     participant: str | None
     running: bool
-    out_rate: float | None
-
-    @property
-    def writes(self) -> set[str]:
-        return {s for box in self.boxes for s in box.outputs}
 
 
 # -- reading the views (anything another peer sent) -------------------------------------------
@@ -155,7 +150,6 @@ def _fragments(view: Mapping[str, Any]) -> Iterator[_Fragment]:
     if node_id is None or not isinstance(queries, list):
         return
     participant = _text(_map(status.get("overlay")).get("participant"))
-    out_rate = _map(_newest(view).get("out_rate"))
     for entry in queries:
         entry = _map(entry)
         name, listed = _text(entry.get("name")), entry.get("boxes")
@@ -172,7 +166,6 @@ def _fragments(view: Mapping[str, Any]) -> Iterator[_Fragment]:
             node_id,
             participant,
             entry.get("status") == "RUNNING" and entry.get("active") is True,
-            _rate(out_rate.get(name)),
         )
 
 
@@ -187,18 +180,15 @@ def _placed(views: Sequence[object]) -> list[_Fragment]:
     return list(chosen.values())
 
 
-def _stream_rates(views: Sequence[object], fragments: list[_Fragment]) -> dict[str, float]:
+def _stream_rates(views: Sequence[object]) -> dict[str, float]:
     rates: dict[str, float] = {}
     for view in views:
-        for stream, value in _map(_newest(_map(view)).get("in_rate")).items():
-            rate = _rate(value)
-            if isinstance(stream, str) and rate is not None:
-                rates[stream] = rates.get(stream, 0.0) + rate
-    for fragment in fragments:
-        writes = fragment.writes
-        if len(writes) == 1 and fragment.out_rate is not None:
-            (stream,) = writes
-            rates[stream] = rates.get(stream, 0.0) + fragment.out_rate
+        newest = _newest(_map(view))
+        for key in ("in_rate", "stream_rate"):
+            for stream, value in _map(newest.get(key)).items():
+                rate = _rate(value)
+                if isinstance(stream, str) and rate is not None:
+                    rates[stream] = rates.get(stream, 0.0) + rate
     return {s: round(r, 3) for s, r in rates.items()}
 
 
@@ -309,7 +299,7 @@ def query_diagram(views: Sequence[object]) -> Diagram:
     if not isinstance(views, list | tuple):
         return Diagram(queries=[])
     fragments = _placed(views)
-    rates = _stream_rates(views, fragments)
+    rates = _stream_rates(views)
     by_query: dict[str, list[_Fragment]] = {}
     for fragment in fragments:
         by_query.setdefault(fragment.query, []).append(fragment)

@@ -57,6 +57,10 @@ class Observed(Protocol):
 
     def engine_counters(self) -> dict[str, dict[str, float]]: ...
 
+    def stream_rows(self) -> dict[str, int]:
+        """Result rows each stream got from this peer's fragments so far."""
+        ...
+
     async def engine_progress(
         self, marks: dict[str, tuple[str, int]]
     ) -> dict[str, list[dict[str, Any]]]: ...
@@ -170,6 +174,7 @@ class Observer:
             self.wall(),
             dict(self.records_in),
             {q: int(c.get("rows_out", 0)) for q, c in counters.items()},
+            self.peer.stream_rows(),
         )
         status = await self.peer.status()
         brain = status.get("brain") or {}

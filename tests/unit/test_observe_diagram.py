@@ -58,7 +58,7 @@ def view(
     fragments: dict[str, str],
     *,
     in_rate: dict[str, Any] | None = None,
-    out_rate: dict[str, Any] | None = None,
+    stream_rate: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A peer's observe answer: ``fragments`` maps each fragment it lists to its status."""
     queries = [
@@ -74,10 +74,13 @@ def view(
         "node_id": node,
         "status": {"overlay": {"participant": PARTICIPANT[node]}, "queries": queries},
         "samples": [
-            {"in_rate": {"rides": 999.0}, "out_rate": {}},  # older: only the newest counts
-            {"in_rate": in_rate or {}, "out_rate": out_rate or {}},
+            {"in_rate": {"rides": 999.0}, "stream_rate": {"top_zones": 999.0}},  # older
+            {"in_rate": in_rate or {}, "stream_rate": stream_rate or {}, "out_rate": {"x": 1.0}},
         ],
     }
+
+
+WRITTEN_ON_ALPHA = {"clean_rides": 8.0, "per_zone": 3.0, "priced": 2.5, "matched": 1.25}
 
 
 def federation() -> list[dict[str, Any]]:
@@ -86,9 +89,9 @@ def federation() -> list[dict[str, Any]]:
             ALPHA,
             {"trips#0": "RUNNING", "fares": "RUNNING"},
             in_rate={"rides": 10.0, "fares_in": 2.5},
-            out_rate={"trips#0": 7.0, "fares": 4.0},
+            stream_rate=WRITTEN_ON_ALPHA,
         ),
-        view(BETA, {"trips#1": "RUNNING"}, in_rate={"rides": 5.0}, out_rate={"trips#1": 1.5}),
+        view(BETA, {"trips#1": "RUNNING"}, in_rate={"rides": 5.0}, stream_rate={"top_zones": 1.5}),
         {"node_id": GAMMA, "error": "no answer in time"},
     ]
 
@@ -143,16 +146,17 @@ def test_arrows_join_each_stream_maker_to_its_readers_with_the_stream_rate() -> 
     # pushes through alpha and beta add up (the older samples are not counted)
     assert rates["rides"] == 10.0 + 5.0
     assert rates["fares_in"] == 2.5
-    # trips#1 writes one stream: its result rate is that stream's; fares read it too
+    # what fragments wrote, where they run; fares reads trips' top_zones at beta's rate
+    for stream, rate in WRITTEN_ON_ALPHA.items():
+        assert rates[stream] == rate
     assert rates["top_zones"] == 1.5
-    # trips#0 and fares write several streams each: their counters cannot be split
-    for stream in ("clean_rides", "per_zone", "priced", "matched", "unmatched"):
-        assert rates[stream] is None, stream
+    assert rates["unmatched"] is None  # measured by no peer: not zero
     ends = {(q, s["id"]): (s["role"], s["rate"]) for q, g in found.items() for s in g["streams"]}
     assert ends["trips", "stream:rides"] == ("input", 15.0)
     assert ends["trips", "stream:top_zones"] == ("result", 1.5)
     assert ends["fares", "stream:top_zones"] == ("input", 1.5)
-    assert ends["fares", "stream:matched"] == ("result", None)
+    assert ends["fares", "stream:matched"] == ("result", 1.25)
+    assert ends["fares", "stream:unmatched"] == ("result", None)
     assert len(ends) == 6  # rides, top_zones; fares_in, top_zones, matched, unmatched
 
 
@@ -173,11 +177,13 @@ def test_columns_follow_the_arrows_and_rows_do_not_collide() -> None:
 def test_a_moved_fragment_is_drawn_on_its_new_peer_and_a_gone_peer_takes_its_boxes() -> None:
     before = federation()
     after = [
-        view(ALPHA, {"trips#0": "RUNNING"}, out_rate={"trips#0": 7.0}),
-        view(BETA, {"trips#1": "RUNNING", "fares": "RUNNING"}, out_rate={"fares": 3.0}),
+        view(ALPHA, {"trips#0": "RUNNING"}, stream_rate={"matched": 0.0}),  # its last tuples
+        view(BETA, {"trips#1": "RUNNING", "fares": "RUNNING"}, stream_rate={"matched": 3.0}),
     ]
     assert marks(graphs(query_diagram(before))["fares"])["match"][0] == ALPHA
-    assert marks(graphs(query_diagram(after))["fares"])["match"][0] == BETA
+    moved = graphs(query_diagram(after))["fares"]
+    assert marks(moved)["match"][0] == BETA
+    assert {a["rate"] for a in moved["arrows"] if a["stream"] == "matched"} == {0.0 + 3.0}
     # while it moves both list it: it is drawn where it runs, whichever peer comes first
     moving = [
         view(ALPHA, {"trips#0": "RUNNING", "fares": "STOPPED"}),
@@ -230,7 +236,7 @@ HOSTILE: list[object] = [
         "samples": [
             {
                 "in_rate": {"rides": math.nan, "fares_in": -1, "x": True, "y": "9", 5: 1.0},
-                "out_rate": {"trips#1": math.inf},
+                "stream_rate": {"top_zones": math.inf, "unmatched": None},
             }
         ],
     },
