@@ -104,14 +104,14 @@ class LaneMember:
     origin: str
     first_batch: int  # lane batches before this one were planned before the member joined
     rows_out: int = 0
-    rows_by_stream: dict[str, int] = field(default_factory=dict)  # of rows_out
+    rows_by_stream: dict[str, int] = field(default_factory=dict)  # rows_out by result stream
     # A windowed aggregate: its per-tuple part, and its open windows and watermark.
     prefix: CheckedQuery | None = None
     window: WindowState | None = None
 
     @classmethod
     def make(cls, checked: CheckedQuery, origin: str, first_batch: int) -> LaneMember:
-        member = cls(checked, origin, first_batch)
+        member = cls(checked, origin, first_batch, rows_by_stream=dict.fromkeys(checked.outputs, 0))
         box = window_box(checked)
         if box is not None:
             assert isinstance(box.spec, AggregateSpec)

@@ -70,9 +70,9 @@ class RunningQuery:
     handle: StreamingQuery
     readers: list[tuple[str, str]]  # (stream, reader id)
     checked: CheckedQuery
+    rows_by_stream: dict[str, int] = field(default_factory=dict)  # rows_out by result stream
     batches: int = 0
     rows_out: int = 0
-    rows_by_stream: dict[str, int] = field(default_factory=dict)  # of rows_out
     last_batch_s: float = 0.0
 
 
@@ -370,7 +370,9 @@ class Engine:
             .foreachBatch(sink)
         )
         handle = writer.start()
-        running = RunningQuery(name, incarnation, compiled, handle, readers, checked)
+        # every result stream counted from zero: one that got nothing yet has a rate of 0
+        written = {stream: 0 for stream, _ in compiled.outputs}
+        running = RunningQuery(name, incarnation, compiled, handle, readers, checked, written)
         return running
 
     async def stop_query(self, name: str, *, forks: bool = True) -> None:

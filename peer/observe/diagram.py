@@ -21,7 +21,8 @@ per query:
   each peer (:func:`peer.observe.samples.point`): the tuples pushed on it (``in_rate``, summed
   over the peers they entered through) plus the tuples fragments wrote on it (``stream_rate``,
   summed over the peers running them: the peer a fragment left writes none). A rate no peer
-  measures is None, not zero.
+  measures is None, not zero: so is that of a stream between two boxes of one fragment, which
+  Spark never writes out.
 
 Each box and stream end gets a column (the longest path to it from the query's inputs) and a
 row (its place in that column), so the page only draws.
