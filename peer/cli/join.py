@@ -45,6 +45,7 @@ async def cmd_join(args: argparse.Namespace) -> int:
             f"--repair-after must be a number of seconds above 0, not {args.repair_after}"
         )
     spark_conf, checkpoint_root = engine_options(args, host)
+    elastic = elastic_options(args)
     if not args.no_engine:
         from peer.engine.java import find_java
 
@@ -84,12 +85,16 @@ async def cmd_join(args: argparse.Namespace) -> int:
         offer_margin=args.offer_margin,
         accept_margin=args.accept_margin,
         voter=args.voter,
-        volunteer=args.volunteer,
+        volunteer=args.volunteer and args.launched_as is None,
         replicas=args.replicas,
         min_insync=args.min_insync,
         repair_after_s=args.repair_after,
         http=http,
         limits=limits,
+        elastic=elastic,
+        provisioner=args.provisioner,
+        launch_args=launch_args(args),
+        launched_as=args.launched_as,
     )
     node = Peer(config)
     loop = asyncio.get_running_loop()
@@ -148,6 +153,56 @@ def engine_options(args: argparse.Namespace, listen_host: str) -> tuple[dict[str
     except (ClusterError, CheckpointDirError) as exc:
         raise UsageError(str(exc)) from exc
     return conf, home.root
+
+
+def elastic_options(args: argparse.Namespace) -> tuple[int, int] | None:
+    """``--elastic MIN:MAX`` (and ``--provisioner``, ``--launched-as``) checked, or a usage
+    error naming what is wrong."""
+    from peer.elastic.provision import check_template
+    from peer.elastic.sizing import SizingPolicy
+
+    if args.launched_as is not None and not args.launched_as.strip():
+        raise UsageError("--launched-as must name the peer")
+    if args.elastic is None:
+        if args.launched_as is not None:
+            raise UsageError("--launched-as goes with --elastic MIN:MAX")
+        return None
+    text = args.elastic.strip()
+    low, sep, high = text.partition(":")
+    try:
+        bounds = (int(low), int(high)) if sep else None
+    except ValueError:
+        bounds = None
+    if bounds is None:
+        raise UsageError(f"--elastic must be MIN:MAX (two whole numbers), not {text!r}")
+    try:
+        SizingPolicy(*bounds)
+    except ValueError as exc:
+        raise UsageError(f"--elastic: {exc}") from None
+    if args.participant is None or args.no_engine:
+        raise UsageError(
+            "--elastic needs --participant and --key (the peers it starts are that "
+            "participant's) and an engine (not --no-engine)"
+        )
+    if args.provisioner.strip() != "local":
+        try:
+            check_template(args.provisioner)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    return bounds
+
+
+def launch_args(args: argparse.Namespace) -> tuple[str, ...]:
+    """The options peers launched by this one share with it."""
+    shared: list[str] = []
+    if args.capacity is not None:
+        shared += ["--capacity", str(args.capacity)]
+    if args.spark_master is not None and args.spark_master != "local[*]":
+        shared += ["--spark-master", args.spark_master]
+    if args.no_lane:
+        shared.append("--no-lane")
+    shared += ["--replicas", str(args.replicas), "--min-insync", str(args.min_insync)]
+    return tuple(shared)
 
 
 def refused_message(exc: NotAdmitted, data_dir: str) -> str:
@@ -363,6 +418,27 @@ def add_join_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "its own beneath it (default: DATA_DIR/checkpoints)",
     )
     p.add_argument("--no-engine", action="store_true", help="serve without Spark")
+    p.add_argument(
+        "--elastic",
+        metavar="MIN:MAX",
+        help="grow and shrink this participant between MIN and MAX peers with its load: one "
+        "of its --elastic peers leads, starting peers through --provisioner and draining "
+        "them (docs/operations.md, 'Elastic participants')",
+    )
+    p.add_argument(
+        "--provisioner",
+        default="local",
+        metavar="SPEC",
+        help="how --elastic starts a peer: 'local' (peer join on this machine, data beside "
+        "this peer's; the default) or a shell command template with {participant}, "
+        "{bootstrap} and {name}",
+    )
+    p.add_argument(
+        "--launched-as",
+        metavar="NAME",
+        help="(set by the provisioner) this peer was started as NAME by the burst leader: "
+        "it never takes a voter's seat, and drains and exits when NAME leaves the plan",
+    )
     p.add_argument(
         "--no-lane",
         action="store_true",

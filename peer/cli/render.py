@@ -72,6 +72,52 @@ def print_status(status: Mapping[str, Any]) -> None:
     brain = status.get("brain")
     if brain:
         _print_brain(console, brain)
+    elastic = status.get("elastic")
+    if elastic:
+        _print_elastic(console, elastic)
+
+
+def _print_elastic(console: Console, elastic: Mapping[str, Any]) -> None:
+    """An elastic participant's burst leader and its last decisions; a launched peer's drain."""
+    from rich.table import Table
+
+    if "leading" in elastic:
+        leader = elastic.get("leader")
+        who = "none yet" if leader is None else str(leader)[:12]
+        if elastic.get("leading"):
+            who += " (this peer)"
+        launched = elastic.get("launched") or []
+        console.print(
+            f"elastic {elastic.get('participant')} {elastic.get('min')}:{elastic.get('max')}: "
+            f"leader {who}, term {elastic.get('term')}, launched "
+            + (", ".join(map(str, launched)) or "none")
+        )
+        decisions = Table("decided", "action", "peers", "offered rows/s", "rows/busy s", "why")
+        for d in elastic.get("decisions") or []:
+            decisions.add_row(
+                _clock(d.get("t")), str(d.get("action")),
+                f"{d.get('current')} -> {d.get('size')}", _figure(d.get("offered")),
+                _figure(d.get("true_rate")), str(d.get("reason")),
+            )  # fmt: skip
+        if elastic.get("decisions"):
+            console.print(decisions)
+    if "launched_as" in elastic:
+        state = "draining" if elastic.get("draining") else "in the plan"
+        left = elastic.get("left") or []
+        console.print(
+            f"launched as {elastic['launched_as']}: {state}"
+            + (f"; waiting on: {'; '.join(map(str, left))}" if left else "")
+        )
+
+
+def _clock(t: object) -> str:
+    if isinstance(t, bool) or not isinstance(t, int | float):
+        return "-"
+    return datetime.fromtimestamp(t).strftime("%m-%d %H:%M:%S")
+
+
+def _figure(value: object) -> str:
+    return "-" if not isinstance(value, int | float) else f"{value:,.0f}"
 
 
 def availability_text(dpc: Mapping[str, Any] | None, now: float | None = None) -> str:

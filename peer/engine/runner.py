@@ -33,6 +33,7 @@ from peer.engine.compile import (
     split_outputs,
 )
 from peer.engine.executors import ExecutorWatch
+from peer.engine.lane import READER as LANE_READER
 from peer.engine.lane import Lane, error_line, lane_kind
 from peer.engine.lane_source import register_lane_source
 from peer.engine.seams import EngineSeams
@@ -463,6 +464,8 @@ class Engine:
         # Kept on the engine across calls, created on first use: query name -> ((trigger
         # start, batch id) of the newest report counted, seconds so far).
         busy: dict[str, tuple[tuple[str, int], float]] = self.__dict__.setdefault("_busy", {})
+        rows: list[int] = self.__dict__.setdefault("_rows_read", [0])  # see rows_read()
+        spent: list[float] = self.__dict__.setdefault("_busy_total", [0.0])  # see busy_total()
 
         def ask() -> dict[str, float]:
             if self.lane.handle is not None:  # the lane is the Spark thread's
@@ -486,11 +489,33 @@ class Engine:
                     if (stamp, batch) <= newest or not isinstance(ms, int | float) or ms < 0:
                         continue
                     newest, total = (stamp, batch), total + ms / 1000.0
+                    spent[0] += ms / 1000.0
+                    read = report.get("numInputRows")
+                    if isinstance(read, int) and not isinstance(read, bool) and read > 0:
+                        rows[0] += read
                 busy[name] = (newest, total)
                 out[name] = total
             return out
 
         return await self._call(ask)
+
+    def input_readers(self) -> list[tuple[str, str]]:
+        """(stream, reader) of every input this engine's queries and lane read."""
+        readers = [r for running in list(self.running.values()) for r in running.readers]
+        readers.extend((stream, LANE_READER) for stream in list(self.lane.streams))
+        return readers
+
+    def busy_total(self) -> float:
+        """Seconds the micro-batches counted by :meth:`busy_seconds` took, all queries and
+        the lane together, cumulative while this engine runs (an elastic participant's useful
+        time, peer.elastic.figures)."""
+        return float(self.__dict__.get("_busy_total", [0.0])[0])
+
+    def rows_read(self) -> int:
+        """Input rows the micro-batches counted by :meth:`busy_seconds` have read, all queries
+        and the lane together, cumulative while this engine runs (an elastic participant's
+        processed rate, peer.elastic.figures)."""
+        return int(self.__dict__.get("_rows_read", [0])[0])
 
     def _input_age_s(self, readers: list[tuple[str, str]]) -> float | None:
         """Seconds since the newest input batch a query has taken (planned into a micro-batch)

@@ -172,6 +172,7 @@ class MoveReceiver:
         if catalog.find_query(name) is not None:
             raise Conflict(f"a query named {name} runs here already", query=name)
         spools, hosted = site.spools, self.fed.hosting.hosted
+        reading = site.streams_read(besides=name)
         for stream, info in checked_manifest["inputs"].items():
             if info["mode"] == "copy" and stream in spools:
                 raise Conflict(f"this peer holds stream {stream} already", stream=stream)
@@ -180,6 +181,13 @@ class MoveReceiver:
             ):
                 raise Conflict(
                     f"this peer holds no copy of stream {stream} with the sender's offsets",
+                    stream=stream,
+                )
+            if info["mode"] == "local" and stream not in hosted and stream in reading:
+                # a copy kept for another fragment here: the two could then move on only
+                # together (peer.move.candidates.why_not), so a drain could not empty this peer
+                raise Conflict(
+                    f"this peer's copy of stream {stream} is read by another fragment here",
                     stream=stream,
                 )
         for stream in checked_manifest["outputs"]:

@@ -76,6 +76,13 @@ class PeerConfig:
     # utilisation is lower by balance_margin over two brain rounds (peer.elastic.siblings).
     balance: bool = True
     balance_margin: float = 0.2
+    # Growing and shrinking (peer.elastic.leader): --elastic MIN:MAX, how peers are started
+    # (--provisioner: "local" or a command template), the options launched peers share, and
+    # for a launched peer its name in the burst leader's plan (--launched-as).
+    elastic: tuple[int, int] | None = None
+    provisioner: str = "local"
+    launch_args: tuple[str, ...] = ()
+    launched_as: str | None = None
     # Replication (issue 11): a seat in the control plane, and the defaults of new streams.
     voter: bool = False  # a seat in the control plane whatever the count (--voter)
     volunteer: bool = False  # take an open seat (peer join's default; --no-voter: off)

@@ -29,7 +29,7 @@ from peer.federation.service import StatusPart
 from peer.fetch.server import FetchServer, advertised_host, remote_input
 from peer.node.client_service import ClientService
 from peer.node.config import PeerConfig
-from peer.node.ports import BrainPort, FederationDoor
+from peer.node.ports import BrainPort, ElasticPort, FederationDoor
 from peer.node.replication import PlaneRoom, RoleDoor, build_room
 from peer.protocol import replies
 from peer.protocol.link import Raw
@@ -45,6 +45,8 @@ if TYPE_CHECKING:
     from overlay.identity import NodeIdentity, TrustStore
     from overlay.node import Overlay
     from peer.brain import Brain
+    from peer.elastic.drain import Drainer
+    from peer.elastic.leader import BurstLeader
     from peer.engine.forks import Availability
     from peer.engine.runner import Engine
     from peer.move import Mover
@@ -70,6 +72,9 @@ class Peer:
         self.room: PlaneRoom | None = None  # the replication room (the control plane's peer)
         self.mover: Mover | None = None
         self.brain: Brain | None = None
+        self.leader: BurstLeader | None = None  # an elastic participant's (--elastic)
+        self.drainer: Drainer | None = None  # a launched peer's (--launched-as)
+        self._figures: dict[str, float] = {}  # what this peer gossiped last
         self.http: HttpServer | None = None
         self.fetch: FetchServer | None = None
         # with ``http``, the observer is made first: the parts that feed it get it when made
@@ -85,6 +90,8 @@ class Peer:
             self._seams.report_results_to(self.observer.result)
         self._stopping = asyncio.Event()
         self._cpu_mark = (clock(), time.process_time())
+        # (when, the engine's rows read, its busy seconds then): gossip's tps and busy
+        self._work_mark = (clock(), 0, 0.0)
 
     @property
     def budget(self) -> DecodeBudget:
@@ -303,6 +310,9 @@ class Peer:
         else:
             fed.router.register("offer", _no_offers)
         await overlay.start()
+        if (config.elastic or config.launched_as) and site.engine is not None:
+            self._make_elastic(fed, mover)  # after the overlay starts: its port is known
+            self._status_parts["elastic"] = self._elastic_status
         await fed.start()
         self._service.serve(fed)
         await self.mover.recover()
@@ -347,7 +357,14 @@ class Peer:
             accept_margin=config.accept_margin,
         )
         capacity = config.capacity or float(os.cpu_count() or 1)
-        port = BrainPort(
+        port = self._brain_port(fed, mover)
+        siblings = None
+        if config.balance:
+            siblings = SiblingBalancer(fed.node_id, book.me, margin=config.balance_margin)
+        return Brain(port, book, bpm, capacity, siblings=siblings)
+
+    def _brain_port(self, fed: Federation, mover: Mover) -> BrainPort:
+        return BrainPort(
             fed,
             data_dir=self.data_dir,
             mover=mover,
@@ -355,10 +372,49 @@ class Peer:
             move=self.move_fragment,
             replicated=self.room.fragments if self.room is not None else None,
         )
-        siblings = None
-        if config.balance:
-            siblings = SiblingBalancer(fed.node_id, book.me, margin=config.balance_margin)
-        return Brain(port, book, bpm, capacity, siblings=siblings)
+
+    def _make_elastic(self, fed: Federation, mover: Mover) -> None:
+        """The burst leader (--elastic) and, on a launched peer, its drain (peer.elastic)."""
+        from peer.elastic.drain import Drainer
+        from peer.elastic.leader import BurstLeader
+        from peer.elastic.provision import LaunchSpec, make_provisioner
+        from peer.elastic.sizing import SizingPolicy
+
+        config, room = self.config, self.room
+        assert room is not None and fed.overlay is not None
+        port = ElasticPort(fed, self._brain_port(fed, mover), room)
+        participant = fed.overlay.identity.participant
+        if config.launched_as is not None:
+            self.drainer = Drainer(port, participant, config.launched_as, self.stop)
+        if config.elastic is None:
+            return
+        minimum, maximum = config.elastic
+        overlay_host = config.overlay_host or config.host
+        spec = LaunchSpec(
+            participant,
+            bootstrap=f"{overlay_host}:{fed.overlay.port}",
+            elastic=f"{minimum}:{maximum}",
+            key=None if config.key_path is None else config.key_path.resolve(),
+            trust=None if config.trust_dir is None else config.trust_dir.resolve(),
+            extra=config.launch_args,
+        )
+        base = self.data_dir.resolve().parent
+        self.leader = BurstLeader(
+            node=fed.node_id.hex(),
+            participant=participant,
+            policy=SizingPolicy(minimum, maximum),
+            control=port,
+            figures=lambda: port.participant_figures(self._figures),
+            is_live=port.is_live,
+            provisioner=make_provisioner(config.provisioner, base, spec),
+            record=self.data_dir / "elastic.jsonl",
+            clock=self.clock,
+        )
+
+    def _elastic_status(self) -> dict[str, Any]:
+        leader = {} if self.leader is None else self.leader.status()
+        drain = {} if self.drainer is None else self.drainer.status()
+        return {**leader, **drain}
 
     async def _on_offer(self, message: Raw, sender: str) -> dict[str, Any]:
         assert self.brain is not None
@@ -413,6 +469,10 @@ class Peer:
                     tg.create_task(self.fed.run())
                     if self.brain is not None:
                         tg.create_task(self.brain.run())
+                    if self.leader is not None:
+                        tg.create_task(self.leader.run())
+                    if self.drainer is not None:
+                        tg.create_task(self.drainer.run())
                 if self.observer is not None:
                     tg.create_task(self.observer.run())
                 if self.mover is not None:  # moves left in doubt are resolved there
@@ -460,21 +520,40 @@ class Peer:
 
     async def _maintenance(self) -> None:
         if self.overlay is not None:
-            self.overlay.set_load(self._load_figures())
+            site = self.site
+            lag = 0 if site is None else await asyncio.to_thread(site.input_backlog_rows)
+            self._figures = self._load_figures(lag)
+            self.overlay.set_load(self._figures)
         if self.site is not None:
             await self.site.maintain()
 
-    def _load_figures(self) -> dict[str, float]:
+    def _load_figures(self, lag: int = 0) -> dict[str, float]:
         """What this peer gossips about its load: the share of one core its process used
-        since the last round, and how many streams and queries it holds."""
+        since the last round, how many streams and queries it holds, and for an elastic
+        participant's sizing (peer.elastic.figures) the rows/s its engine read since the last
+        round (``tps``), the share of that time its micro-batches ran (``busy``, at most 1)
+        and the rows waiting in its queries' inputs (``lag``)."""
         now, cpu = self.clock(), time.process_time()
         last = self._cpu_mark
         self._cpu_mark = (now, cpu)
         share = (cpu - last[1]) / (now - last[0]) if now > last[0] else 0.0
         assert self.site is not None
         brain = {} if self.brain is None else self.brain.load_figures()
+        engine = self.site.engine
+        rows = 0 if engine is None else engine.rows_read()
+        spent = 0.0 if engine is None else engine.busy_total()
+        then, rows_before, spent_before = self._work_mark
+        self._work_mark = (now, rows, spent)
+        dt = now - then
+        tps = max(0, rows - rows_before) / dt if dt > 0 else 0.0
+        busy = min(1.0, max(0.0, spent - spent_before) / dt) if dt > 0 else 0.0
+        draining = {} if self.drainer is None else self.drainer.figures()
         return {
             **brain,
+            **draining,
+            "tps": round(tps, 1),
+            "busy": round(busy, 4),
+            "lag": float(lag),
             "cpu": round(share, 3),
             "streams": float(len(self.fed.hosting.hosted) if self.fed is not None else 0),
             "queries": float(len(self.site.catalog.query_names())),

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from overlay.node import OverlayError
 from peer.errors import Conflict, FedstreamError
 from peer.federation import Federation
+from peer.federation.mirror import MIRROR_PREFIX
 from peer.move import SIBLING
 from peer.protocol.link import Raw
 
@@ -18,7 +19,9 @@ if TYPE_CHECKING:
     from overlay.membership import Event, MemberInfo
     from peer.federation.router import Router
     from peer.move import Mover
+    from peer.node.replication import PlaneRoom
     from peer.observe import Observer
+    from peer.replication.bursts import BurstState, ClaimBurst, PlanBurst
     from peer.replication.fragment_failover import FragmentHandOver
 
 
@@ -138,3 +141,90 @@ class BrainPort:
                 raise Conflict(f"fragment {name} is replicated: it moves to a peer of ours only")
             return dict(await replicated.hand_over(name, target.hex()))
         return await self._move(name, target, contract=contract, load=load, price=price)
+
+
+class ElasticPort:
+    """What an elastic participant's burst leader and a launched peer's drain use of the peer
+    (peer.elastic.leader.BurstControl, peer.elastic.drain.DrainPort)."""
+
+    def __init__(self, fed: Federation, brain: BrainPort, room: PlaneRoom) -> None:
+        self._fed = fed
+        self._brain = brain
+        self._room = room
+
+    # the control plane
+    async def read_burst(self, participant: str) -> BurstState | None:
+        return await self._room.plane.client.read_burst(participant)
+
+    async def submit(self, command: ClaimBurst | PlanBurst) -> Mapping[str, Any]:
+        return await self._room.plane.client.submit(command)
+
+    # the participant's peers
+    def participant_figures(self, own: Mapping[str, float]) -> dict[str, Mapping[str, object]]:
+        """Node id hex -> gossiped figures of the live engine peers of this participant, this
+        peer's own (``own``) included."""
+        me, participant = self._fed.node_id, self._fed.overlay.identity.participant
+        out: dict[str, Mapping[str, object]] = {me.hex(): dict(own)}
+        for member in self._fed.overlay.live_members():
+            if member.participant == participant and member.engine and member.node_id != me:
+                out[member.node_id.hex()] = dict(member.load)
+        return out
+
+    def is_live(self, node: str) -> bool:
+        try:
+            node_id = bytes.fromhex(node)
+        except ValueError:
+            return False
+        return node_id == self._fed.node_id or self._fed.overlay.is_live(node_id)
+
+    def siblings(self) -> list[bytes]:
+        me, participant = self._fed.node_id, self._fed.overlay.identity.participant
+        found = []
+        for member in self._fed.overlay.live_members():
+            if member.participant != participant or not member.engine or member.node_id == me:
+                continue
+            if member.load.get("drain"):
+                continue
+            util = member.load.get("util")
+            found.append((util if isinstance(util, int | float) else 0.0, member.node_id))
+        return [node for _, node in sorted(found)]
+
+    # what this peer holds
+    def led_streams(self) -> list[tuple[str, tuple[str, ...]]]:
+        return self._room.plane.replicas.led()
+
+    async def hand_over_stream(self, name: str, to: str) -> object:
+        return await self._room.plane.replicas.hand_over(name, to)
+
+    def movable_fragments(self) -> Sequence[tuple[str, tuple[str, ...]]]:
+        return self._brain.movable_fragments()
+
+    def handover_fragments(self) -> Sequence[tuple[str, tuple[str, ...], frozenset[bytes]]]:
+        return self._brain.handover_fragments()
+
+    async def move_fragment(
+        self, name: str, target: bytes, *, contract: str, load: float, price: float
+    ) -> Mapping[str, object]:
+        return await self._brain.move_fragment(
+            name, target, contract=contract, load=load, price=price
+        )
+
+    def unmovable(self) -> list[str]:
+        """What keeps this peer from leaving: fragments that can neither move nor be handed
+        over, and streams hosted here without another copy."""
+        from peer.move.candidates import why_not
+
+        site, hosted = self._fed.site, self._fed.hosting.hosted
+        handed = {name for name, _, _ in self._brain.handover_fragments()}
+        out = []
+        for name in site.catalog.query_names():
+            why = None if name in handed else why_not(site, hosted, name)
+            if why is not None:
+                out.append(why)
+        replicas = self._room.plane.replicas
+        for stream in sorted(hosted):
+            if stream.startswith(MIRROR_PREFIX):
+                continue  # a copy of a stream held elsewhere
+            if not replicas.is_replicated(stream):
+                out.append(f"stream {stream} is hosted here without replicas")
+        return out

@@ -186,6 +186,19 @@ COLLECTED: tuple[Family, ...] = (
         "Executors registered with the peer's Spark driver on a cluster master (0: the engine "
         "waits for executors; its queries resume when a Worker returns)",
     ),
+    _f(
+        "elastic_launched_peers",
+        "gauge",
+        "Peers the burst leader's plan has launched for this elastic participant",
+    ),
+    _f("elastic_leader", "gauge", "1 if this peer is its elastic participant's burst leader"),
+    _f(
+        "elastic_decisions_total",
+        "counter",
+        "The burst leader's decisions on this peer, by outcome (lead, grow, shrink, refused)",
+        "outcome",
+    ),
+    _f("elastic_draining", "gauge", "1 while this launched peer drains before it leaves"),
     _f("brain_utilisation_ratio", "gauge", "The brain's last measured utilisation (load/capacity)"),
     _f("brain_load_cores", "gauge", "The brain's last measured load, in cores"),
     _f("brain_capacity_cores", "gauge", "Cores this peer offers (its capacity)"),
@@ -307,6 +320,7 @@ def build(snapshot: Snapshot) -> list[Metric]:
     if isinstance(executors, Mapping) and executors.get("checked"):
         add("engine_executors", [], executors.get("live"))
     _brain(status.get("brain") or {}, add)
+    _elastic(status.get("elastic") or {}, add)
     for (direction, outcome), n in sorted(snapshot.offers.items()):
         add("offers_total", [direction, outcome], n)
     for (direction, outcome), n in sorted(snapshot.moves.items()):
@@ -342,6 +356,19 @@ def _replication(replication: Mapping[str, Any], add: Any) -> None:
         if isinstance(lag, dict):
             for node, n in sorted(lag.items()):
                 add("replication_lag_batches", [str(stream), str(node)], n)
+
+
+def _elastic(elastic: Mapping[str, Any], add: Any) -> None:
+    if "leading" in elastic:
+        launched = elastic.get("launched")
+        add("elastic_launched_peers", [], len(launched) if isinstance(launched, list) else None)
+        add("elastic_leader", [], 1 if elastic.get("leading") else 0)
+        counts = elastic.get("counts")
+        if isinstance(counts, Mapping):
+            for action, n in sorted(counts.items()):
+                add("elastic_decisions_total", [str(action)], n)
+    if "draining" in elastic:
+        add("elastic_draining", [], 1 if elastic.get("draining") else 0)
 
 
 def _brain(brain: Mapping[str, Any], add: Any) -> None:

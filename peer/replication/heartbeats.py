@@ -31,7 +31,7 @@ from typing import Any
 
 from peer.errors import FedstreamError, Unavailable
 from peer.protocol.link import Frame
-from peer.replication.control import Command, StreamState
+from peer.replication.control import BurstState, Command, StreamState
 from peer.replication.link_messages import (
     ControlHeartbeat,
     ControlJoin,
@@ -41,7 +41,7 @@ from peer.replication.link_messages import (
     state_from_wire,
 )
 from peer.replication.ports import Links
-from peer.replication.raft import command_to_wire
+from peer.replication.raft import burst_from_wire, command_to_wire
 from peer.timing import MONOTONIC, Clock, every
 
 log = logging.getLogger(__name__)
@@ -204,6 +204,15 @@ class ControlClient:
             return None
         self.learn(state_from_wire(raw))
         return self.states.get(stream)
+
+    async def read_burst(self, participant: str) -> BurstState | None:
+        """``participant``'s burst state, from the control plane's leader if it answers
+        (a follower may not have applied the newest claim yet); None if it has none."""
+        _voter, reply = await self._ask_voters(
+            ControlRead("", burst=participant), HEARTBEAT_TIMEOUT_S, f"burst {participant}"
+        )
+        raw = reply.get("burst")
+        return None if raw is None else burst_from_wire(raw)
 
     async def state_of(self, stream: str, *, fresh: bool = False) -> StreamState | None:
         if not fresh:

@@ -335,17 +335,23 @@ class ControlJoin:
 
 @dataclass(frozen=True)
 class ControlRead:
-    """Peer -> voter: the control plane's state of ``stream`` (and who the voters are)."""
+    """Peer -> voter: the control plane's state of ``stream`` (and who the voters are); with
+    ``burst``, also that participant's burst state (an elastic participant's leader)."""
 
     OP: ClassVar[str] = "control_read"
     stream: str
+    burst: str | None = None
 
     def to_wire(self) -> Frame:
-        return {"op": self.OP, "stream": self.stream}
+        burst = {} if self.burst is None else {"burst": self.burst}
+        return {"op": self.OP, "stream": self.stream, **burst}
 
     @classmethod
     def from_wire(cls, frame: Frame) -> ControlRead:
-        return cls(_field(frame, "stream", str, "control_read"))
+        return cls(
+            _field(frame, "stream", str, "control_read"),
+            _opt(frame, "burst", str, "control_read"),
+        )
 
 
 @dataclass(frozen=True)

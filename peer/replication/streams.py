@@ -295,6 +295,16 @@ class ReplicatedStreams:
         if replica is not None:
             await replica.close()
 
+    def led(self) -> list[tuple[str, tuple[str, ...]]]:
+        """The streams led here, each with its other in-sync replicas (those it can be handed
+        over to)."""
+        out = []
+        for name, replica in sorted(self.streams.items()):
+            known = replica.known
+            if replica.primary is not None and known is not None and known.primary == self.me:
+                out.append((name, tuple(n for n in known.in_sync if n != self.me)))
+        return out
+
     # ----------------------------------------------------------------------- requests
     async def hand_over(self, name: str, to: str, *, timeout_s: float = HAND_OVER_S) -> StreamState:
         """Hand the primary role of ``name``, led here, to ``to``, one of its in-sync

@@ -57,7 +57,7 @@ from peer.replication.link_messages import (
     RaftFrame,
     state_to_wire,
 )
-from peer.replication.raft import ControlMachine, command_from_wire
+from peer.replication.raft import ControlMachine, burst_to_wire, command_from_wire
 from peer.timing import MONOTONIC, Clock, OwnedTasks, every, wait_until
 
 log = logging.getLogger(__name__)
@@ -158,7 +158,11 @@ class Voter:
 
     async def on_read(self, message: ControlRead, _sender: str) -> Frame:
         state = self.machine.stream(message.stream) if message.stream else None
-        return {"stream": None if state is None else state_to_wire(state), **self.describe()}
+        reply = {"stream": None if state is None else state_to_wire(state), **self.describe()}
+        if message.burst is not None:
+            burst = self.machine.burst(message.burst)
+            reply["burst"] = None if burst is None else burst_to_wire(burst)
+        return reply
 
     async def on_join(self, message: ControlJoin, _sender: str) -> Frame:
         async with self._admitting:

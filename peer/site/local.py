@@ -35,6 +35,7 @@ from peer.protocol.link_replies import MirrorAppendReply
 from peer.site.ports import NoReplicaLogs, Reachable, ReplicaLogs, always_reachable
 from peer.site.store import SiteConfig, SiteStore
 from peer.site.subscribe import follow
+from peer.storage import spool_format as fmt
 from peer.storage.catalog import QueryEntry
 from peer.storage.feed import open_tentative
 from peer.storage.spool import Spool
@@ -467,6 +468,27 @@ class LocalSite:
                 with contextlib.suppress(KeyError, ValueError, OSError):
                     spool = self.spools.get(stream)
                     total += max(0, spool.latest - spool.committed(reader))
+        return total
+
+    def input_backlog_rows(self, most_files: int = 64) -> int:
+        """Rows waiting in the inputs of this peer's own streaming queries (and the lane's):
+        for each reader, the rows of the spool files it has not committed, counted in at most
+        ``most_files`` files per reader and extrapolated from their mean beyond. Blocking."""
+        if self.engine is None:
+            return 0
+        readers = self.engine.input_readers()
+        total = 0
+        for stream, reader in readers:
+            with contextlib.suppress(KeyError, ValueError, OSError, fmt.TrimmedError):
+                spool = self.spools.get(stream)
+                first, last = spool.committed(reader) + 1, spool.latest
+                if last < first:
+                    continue
+                counted = [
+                    fmt.file_rows(fmt.offset_path(spool.directory, o))
+                    for o in range(max(first, last - most_files + 1), last + 1)
+                ]
+                total += round(sum(counted) / len(counted) * (last - first + 1))
         return total
 
     async def engine_busy_seconds(self) -> dict[str, float]:

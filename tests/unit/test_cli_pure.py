@@ -188,3 +188,67 @@ def test_status_shows_standbys_their_lag_and_promotions(
     for shown in ("standby", "ticks", "3 batches", "0.2 s", "14", "9"):
         assert shown in row, (shown, row)
     assert "standby promotions here: 1" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "why"),
+    [
+        (["--elastic", "3"], "MIN:MAX"),
+        (["--elastic", "a:b"], "MIN:MAX"),
+        (["--elastic", "3:1"], "1 <= MIN <= MAX"),
+        (["--elastic", "0:2"], "1 <= MIN <= MAX"),
+        (["--elastic", "1:3"], "--participant and --key"),
+        (["--launched-as", "x"], "goes with --elastic"),
+        (["--participant", "acme", "--key", "k", "--elastic", "1:3", "--provisioner", "go"],
+         "must use {name}"),
+        (["--participant", "acme", "--key", "k", "--elastic", "1:3", "--provisioner",
+          "go {name} {zone}"], "unknown field {zone}"),
+    ],
+)  # fmt: skip
+def test_join_refuses_bad_elastic_options_naming_them(argv: list[str], why: str) -> None:
+    from peer.cli.join import elastic_options
+
+    args = build_parser().parse_args(["join", *argv])
+    with pytest.raises(UsageError) as raised:
+        elastic_options(args)
+    assert why in str(raised.value)
+
+
+def test_join_elastic_options_parse_and_launched_peers_share_what_they_must() -> None:
+    from peer.cli.join import elastic_options, launch_args
+
+    argv = ["join", "--participant", "acme", "--key", "k", "--elastic", " 1:3 ",
+            "--capacity", "0.5", "--no-lane"]  # fmt: skip
+    args = build_parser().parse_args(argv)
+    assert elastic_options(args) == (1, 3)
+    assert launch_args(args) == (
+        "--capacity", "0.5", "--no-lane", "--replicas", "3", "--min-insync", "2"
+    )  # fmt: skip
+    assert elastic_options(build_parser().parse_args(["join"])) is None
+
+
+def test_status_shows_the_burst_leader_its_decisions_and_a_drain(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from peer.cli.render import print_status
+
+    monkeypatch.setenv("COLUMNS", "300")
+    base = {"peer": "127.0.0.1:7700", "engine": "local[*]", "uptime_s": 1, "data_dir": "d"}
+    base = {**base, "queries": [], "streams": []}
+    grow = {
+        "t": 1.7e9, "action": "grow", "term": 2, "current": 1, "size": 3,
+        "reason": "needs 4 peers at 70% utilisation; held at MAX (3)",
+        "offered": 24000.0, "true_rate": 10000.0, "launched": ["acme-e1", "acme-e2"],
+    }  # fmt: skip
+    elastic = {"participant": "acme", "min": 1, "max": 3, "leader": "ab" * 20, "leading": True,
+               "term": 2, "launched": ["acme-e1", "acme-e2"], "counts": {"grow": 1},
+               "decisions": [grow], "launched_as": "acme-e3", "draining": True,
+               "left": ["fragment q9 runs in the shared lane"]}  # fmt: skip
+    print_status({**base, "elastic": elastic})
+    out = capsys.readouterr().out
+    assert "elastic acme 1:3: leader abababababab (this peer), term 2" in out
+    assert "launched acme-e1, acme-e2" in out
+    row = next(line for line in out.splitlines() if "grow" in line)
+    for shown in ("1 -> 3", "24,000", "10,000", "held at MAX (3)"):
+        assert shown in row, (shown, row)
+    assert "launched as acme-e3: draining; waiting on: fragment q9 runs in the shared lane" in out

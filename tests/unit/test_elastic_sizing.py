@@ -132,3 +132,34 @@ def test_the_size_never_falls_as_the_load_rises(
     smaller = decide_size(current, peers, low, 0, policy)
     larger = decide_size(current, peers, high, 0, policy)
     assert smaller is not None and larger is not None and smaller.size <= larger.size
+
+
+def test_an_idle_participant_shrinks_to_min_and_an_unmeasured_load_decides_nothing() -> None:
+    idle = decide_size(3, [], 0, 0, SizingPolicy(1, 3))
+    assert idle is not None and idle.size == 1
+    held = decide_size(3, [], 0, 0, SizingPolicy(2, 3))
+    assert held is not None and held.size == 2 and "held at MIN (2)" in held.reason
+    assert decide_size(1, [], 0, 0, SizingPolicy(1, 3)).size == 1  # type: ignore[union-attr]
+    assert decide_size(2, [], 500, 0, SizingPolicy(1, 3)) is None
+
+
+def test_a_trickle_does_not_grow_on_extrapolated_rates_and_its_busy_time_shrinks_it() -> None:
+    policy = SizingPolicy(1, 3)
+    # three peers, each busy 30 % on 10 tuples/s (micro-batches' fixed cost): the true rate
+    # says 33 per busy second, so 30/s "needs" ceil(30 / 23.3) = 2 peers, while 0.9 peers'
+    # worth of busy time fits ceil(0.9 / 0.7) = 2 and, busy 45 % then, ceil(0.9 / 0.5) = 2 < 3
+    peers = busy((10, 0.3), (10, 0.3), (10, 0.3))
+    decision = decide_size(3, peers, 30, 0, policy)
+    assert decision is not None and decision.size == 2
+    # one peer 87 % busy on a trickle it keeps up with is not overloaded: it stays one
+    alone = decide_size(1, busy((15, 0.87)), 15, 0, policy)
+    assert alone is not None and alone.size == 1
+    # the same peer with its backlog growing is: it grows on its true rate
+    behind = decide_size(1, busy((15, 0.87)), 30, 0, policy)
+    assert behind is not None and behind.size == 3
+
+
+def test_busy_time_shrinks_a_participant_whose_rates_look_low() -> None:
+    # two peers, 15 % busy each, keeping up: work 0.3 fits one peer at 70 %
+    decision = decide_size(2, busy((5, 0.15), (5, 0.15)), 10, 0, SizingPolicy(1, 3))
+    assert decision is not None and decision.size == 1 and "busy time fits 1" in decision.reason

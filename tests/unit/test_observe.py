@@ -73,6 +73,14 @@ def status() -> dict[str, Any]:
             "contracts": [{"partner": "globex", "price": 20.0, "valid": True}],
             "ledger": [],
         },
+        # an elastic participant's burst leader that is also a launched peer draining
+        "elastic": {
+            "leading": True,
+            "launched": ["acme-e1"],
+            "counts": {"lead": 1, "grow": 1},
+            "launched_as": "acme-e2",
+            "draining": True,
+        },
     }
 
 
@@ -189,6 +197,10 @@ def test_the_figures_are_the_peers() -> None:
     assert value("fedstream_watermark_lag_seconds", fragment="win") == 30
     assert value("fedstream_state_bytes", fragment="win") == 4096
     assert value("fedstream_contract_price", participant="globex") == 20
+    assert value("fedstream_elastic_launched_peers") == 1
+    assert value("fedstream_elastic_leader") == 1
+    assert value("fedstream_elastic_decisions", outcome="grow") == 1
+    assert value("fedstream_elastic_draining") == 1
     assert value("fedstream_refused_requests", code="unavailable") == 1
     assert value("fedstream_moves", direction="out", outcome="ok") == 1
     assert value("fedstream_fragment_tentative", fragment="win") == 1

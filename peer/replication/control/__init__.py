@@ -8,11 +8,13 @@ elsewhere and call in."""
 from __future__ import annotations
 
 from peer.replication.control.commands import (
+    ClaimBurst,
     Command,
     CreateStream,
     DropStream,
     Elect,
     ExpandIsr,
+    PlanBurst,
     SetReplicas,
     SetStandby,
     ShrinkIsr,
@@ -32,17 +34,20 @@ from peer.replication.control.seats import (
     may_volunteer,
     seats_for,
 )
-from peer.replication.control.state import Applied, ControlState, StreamState
+from peer.replication.control.state import Applied, BurstState, ControlState, StreamState
 
 __all__ = [
     "NO_CONTROL_PLANE",
     "Applied",
+    "BurstState",
+    "ClaimBurst",
     "Command",
     "ControlState",
     "CreateStream",
     "DropStream",
     "Elect",
     "ExpandIsr",
+    "PlanBurst",
     "SetReplicas",
     "SetStandby",
     "ShrinkIsr",

@@ -5,6 +5,10 @@ applied later by every voter in log order; :meth:`peer.replication.control.state
 turns a command decided on stale knowledge into a no-op. Constructors check every field and name the
 first wrong one, so a malformed command never reaches the log.
 
+``ClaimBurst`` and ``PlanBurst`` are not about streams: they name a participant's burst leader
+(the one of its peers that grows and shrinks it, issue 28) and the peers that leader has
+launched (:mod:`peer.elastic.leader`).
+
 A stream created with an ``anchor`` (the name of another stream) fails over with it: the
 failover decisions (:mod:`peer.replication.control.failover`) keep its primary on its anchor's
 primary. ``DropStream`` removes a stream from the state.
@@ -15,11 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "BurstCommand",
+    "ClaimBurst",
     "Command",
     "CreateStream",
     "DropStream",
     "Elect",
     "ExpandIsr",
+    "PlanBurst",
     "SetReplicas",
     "SetStandby",
     "ShrinkIsr",
@@ -161,4 +168,61 @@ class SetStandby:
             _check_name("SetStandby", "standby", self.standby)
 
 
-Command = CreateStream | DropStream | Elect | ShrinkIsr | ExpandIsr | SetReplicas | SetStandby
+@dataclass(frozen=True)
+class ClaimBurst:
+    """``node`` becomes ``participant``'s burst leader in term ``term + 1``: decided in term
+    ``term`` (0: the participant has none yet), a no-op in any other, so of two peers claiming
+    on what they both saw, one wins. ``minimum`` and ``maximum`` are the claimant's
+    ``--elastic MIN:MAX``: the bounds its plans are held to."""
+
+    participant: str
+    node: str
+    term: int
+    minimum: int
+    maximum: int
+
+    def __post_init__(self) -> None:
+        _check_name("ClaimBurst", "participant", self.participant)
+        _check_name("ClaimBurst", "node", self.node)
+        _check_int("ClaimBurst", "term", self.term, 0)
+        _check_int("ClaimBurst", "minimum", self.minimum, 1)
+        _check_int("ClaimBurst", "maximum", self.maximum, self.minimum)
+
+
+@dataclass(frozen=True)
+class PlanBurst:
+    """``participant``'s launched peers are to be ``launched`` (names its provisioner starts):
+    decided by the leader of ``term`` at ``version``, a no-op at any other (a deposed leader's
+    plan never holds), and held under ``maximum - 1`` names (the participant keeps at least
+    one peer started by hand)."""
+
+    participant: str
+    term: int
+    version: int
+    launched: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        _check_name("PlanBurst", "participant", self.participant)
+        _check_int("PlanBurst", "term", self.term, 1)
+        _check_int("PlanBurst", "version", self.version, 1)
+        if not isinstance(self.launched, tuple):
+            raise ValueError(f"PlanBurst.launched must be a tuple, not {self.launched!r}")
+        for name in self.launched:
+            _check_name("PlanBurst", "launched[]", name)
+        if len(set(self.launched)) != len(self.launched):
+            raise ValueError(f"PlanBurst.launched names a peer twice: {self.launched}")
+
+
+BurstCommand = ClaimBurst | PlanBurst
+
+Command = (
+    CreateStream
+    | DropStream
+    | Elect
+    | ShrinkIsr
+    | ExpandIsr
+    | SetReplicas
+    | SetStandby
+    | ClaimBurst
+    | PlanBurst
+)

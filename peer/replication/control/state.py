@@ -39,6 +39,13 @@ is a no-op with a reason (:class:`Applied`):
   the primary (or None). A standby that leaves the ISR, or becomes primary, is no longer one:
   every change that does so clears it.
 
+Beside the streams, the state holds each elastic participant's :class:`BurstState`: its burst
+leader, in a ``term`` that rises with every claim, the ``--elastic MIN:MAX`` bounds the leader
+claimed with, and the names of the peers its leaders have launched. ``ClaimBurst`` holds only
+in the term it was decided in (two peers claiming on what they both saw: one wins);
+``PlanBurst`` only in its term and at its version, and with at most ``maximum - 1`` names. A
+deposed leader's plan is thus a no-op: two leaders cannot both act.
+
 Invariants (tests/unit/test_control_state.py): the primary is in the ISR; the ISR is drawn from
 the replicas; the standby, if any, is an ISR member other than the primary; while a stream
 exists, its epoch and version never fall.
@@ -50,17 +57,20 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
 from peer.replication.control.commands import (
+    BurstCommand,
+    ClaimBurst,
     Command,
     CreateStream,
     DropStream,
     Elect,
     ExpandIsr,
+    PlanBurst,
     SetReplicas,
     SetStandby,
     ShrinkIsr,
 )
 
-__all__ = ["Applied", "ControlState", "StreamState"]
+__all__ = ["Applied", "BurstState", "ControlState", "StreamState"]
 
 
 @dataclass(frozen=True)
@@ -100,6 +110,19 @@ class StreamState:
 
 
 @dataclass(frozen=True)
+class BurstState:
+    """One elastic participant's burst leader, and the peers its leaders have launched."""
+
+    participant: str
+    leader: str
+    term: int
+    minimum: int
+    maximum: int
+    launched: tuple[str, ...] = ()
+    version: int = 1  # rises by one with every change
+
+
+@dataclass(frozen=True)
 class Applied:
     """What applying one command did: ``ok`` if it changed the state, else ``reason``."""
 
@@ -113,13 +136,18 @@ class ControlState:
 
     def __init__(self) -> None:
         self._streams: dict[str, StreamState] = {}
+        self._bursts: dict[str, BurstState] = {}
         self.applied = 0  # commands applied (no-ops included): the log index reached
 
     @classmethod
-    def restore(cls, streams: Iterable[StreamState], applied: int) -> ControlState:
-        """The state a snapshot holds: exactly ``streams``, after ``applied`` commands."""
+    def restore(
+        cls, streams: Iterable[StreamState], applied: int, bursts: Iterable[BurstState] = ()
+    ) -> ControlState:
+        """The state a snapshot holds: exactly ``streams`` and ``bursts``, after ``applied``
+        commands."""
         state = cls()
         state._streams = {s.name: s for s in streams}
+        state._bursts = {b.participant: b for b in bursts}
         state.applied = applied
         return state
 
@@ -132,12 +160,21 @@ class ControlState:
             yield self._streams[name]
 
     def snapshot(self) -> tuple[StreamState, ...]:
-        """The whole state, comparable between voters."""
+        """Every stream's state, comparable between voters."""
         return tuple(self.streams())
+
+    def burst(self, participant: str) -> BurstState | None:
+        return self._bursts.get(participant)
+
+    def bursts(self) -> tuple[BurstState, ...]:
+        """Every elastic participant's burst state, by participant."""
+        return tuple(self._bursts[p] for p in sorted(self._bursts))
 
     def apply(self, command: Command) -> Applied:
         """Apply one committed command; a stale or inapplicable one changes nothing."""
         self.applied += 1
+        if isinstance(command, ClaimBurst | PlanBurst):
+            return self._burst(command)
         if isinstance(command, CreateStream):
             return self._create(command)
         current = self._streams.get(command.name)
@@ -166,6 +203,38 @@ class ControlState:
         return Applied(command, True)
 
     # ----------------------------------------------------------------------- commands
+
+    def _burst(self, command: BurstCommand) -> Applied:
+        current = self._bursts.get(command.participant)
+        term = 0 if current is None else current.term
+        if command.term != term:
+            return Applied(
+                command, False, f"decided in term {command.term}; {command.participant!r}"
+                f" is in term {term}",
+            )  # fmt: skip
+        if isinstance(command, ClaimBurst):
+            launched = () if current is None else current.launched
+            version = 0 if current is None else current.version
+            self._bursts[command.participant] = BurstState(
+                command.participant, command.node, term + 1, command.minimum,
+                command.maximum, launched, version + 1,
+            )  # fmt: skip
+            return Applied(command, True)
+        assert current is not None  # term >= 1 was checked against it
+        if command.version != current.version:
+            return Applied(
+                command, False, f"decided at version {command.version};"
+                f" {command.participant!r} is at version {current.version}",
+            )  # fmt: skip
+        if len(command.launched) > current.maximum - 1:
+            return Applied(
+                command, False, f"{len(command.launched)} launched peers and the one started"
+                f" by hand exceed {command.participant!r}'s maximum {current.maximum}",
+            )  # fmt: skip
+        self._bursts[command.participant] = replace(
+            current, launched=command.launched, version=current.version + 1
+        )
+        return Applied(command, True)
 
     def _create(self, command: CreateStream) -> Applied:
         if command.name in self._streams:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from peer.replication.raft.codec import (
     MAX_COMMAND_BYTES,
+    burst_from_wire,
+    burst_to_wire,
     command_from_wire,
     command_to_wire,
     state_from_streams,
@@ -38,6 +40,8 @@ __all__ = [
     "RaftTimings",
     "SendFn",
     "TransportFactory",
+    "burst_from_wire",
+    "burst_to_wire",
     "check_log_command",
     "command_from_wire",
     "command_to_wire",

@@ -20,12 +20,15 @@ import msgpack
 
 from peer.errors import InvalidInput
 from peer.replication.control import (
+    BurstState,
+    ClaimBurst,
     Command,
     ControlState,
     CreateStream,
     DropStream,
     Elect,
     ExpandIsr,
+    PlanBurst,
     SetReplicas,
     SetStandby,
     ShrinkIsr,
@@ -35,6 +38,8 @@ from peer.replication.control import (
 __all__ = [
     "DUMP_FORMAT",
     "MAX_COMMAND_BYTES",
+    "burst_from_wire",
+    "burst_to_wire",
     "check_node_id",
     "command_from_wire",
     "command_to_wire",
@@ -64,10 +69,12 @@ _COMMANDS: dict[str, type[Command]] = {
     "expand_isr": ExpandIsr,
     "set_replicas": SetReplicas,
     "set_standby": SetStandby,
+    "claim_burst": ClaimBurst,
+    "plan_burst": PlanBurst,
 }
 _TYPE_OF: dict[type[Any], str] = {cls: name for name, cls in _COMMANDS.items()}
-_STR_FIELDS = {"name", "primary", "node"}
-_INT_FIELDS = {"epoch", "version", "min_insync"}
+_STR_FIELDS = {"name", "primary", "node", "participant"}
+_INT_FIELDS = {"epoch", "version", "min_insync", "term", "minimum", "maximum"}
 # absent from the wire form when None (as older voters wrote): field -> its type
 _OPTIONAL_FIELDS: dict[str, type] = {"anchor": str, "wanted": int, "standby": str}
 
@@ -216,9 +223,41 @@ def stream_from_wire(value: object) -> StreamState:
     )
 
 
-def state_from_streams(streams: Sequence[StreamState], applied: int) -> ControlState:
-    """A ControlState holding exactly ``streams`` (a snapshot read back)."""
-    return ControlState.restore(streams, applied)
+def burst_to_wire(burst: BurstState) -> list[Any]:
+    """A participant's burst state as a plain list: participant, leader, term, minimum,
+    maximum, launched, version."""
+    return [
+        burst.participant, burst.leader, burst.term, burst.minimum, burst.maximum,
+        list(burst.launched), burst.version,
+    ]  # fmt: skip
+
+
+def burst_from_wire(value: object) -> BurstState:
+    """The inverse of :func:`burst_to_wire`, checking every field."""
+    if not isinstance(value, list) or len(value) != 7:
+        raise InvalidInput(f"a burst state must be a list of 7, not {value!r:.80}")
+    participant = _wire_str("burst.participant", value[0])
+    what = f"burst {participant!r}"
+    leader = _wire_str(f"{what} leader", value[1])
+    term = wire_int(f"{what} term", value[2])
+    minimum = wire_int(f"{what} minimum", value[3])
+    maximum = wire_int(f"{what} maximum", value[4])
+    launched = _wire_strs(f"{what} launched", value[5])
+    version = wire_int(f"{what} version", value[6])
+    if not participant or not leader or term < 1 or version < 1:
+        raise InvalidInput(f"{what}: empty participant or leader, or term/version below 1")
+    if not 1 <= minimum <= maximum or len(launched) > maximum - 1:
+        raise InvalidInput(f"{what}: bounds {minimum}:{maximum} or {len(launched)} launched")
+    if not all(launched) or len(set(launched)) != len(launched):
+        raise InvalidInput(f"{what}: launched names must be distinct and not empty")
+    return BurstState(participant, leader, term, minimum, maximum, launched, version)
+
+
+def state_from_streams(
+    streams: Sequence[StreamState], applied: int, bursts: Sequence[BurstState] = ()
+) -> ControlState:
+    """A ControlState holding exactly ``streams`` and ``bursts`` (a snapshot read back)."""
+    return ControlState.restore(streams, applied, bursts)
 
 
 def check_node_id(what: str, node_id: object) -> str:

@@ -63,9 +63,11 @@ from pysyncobj import FAIL_REASON, SyncObj, replicated
 from pysyncobj.node import Node
 
 from peer.errors import InvalidInput, Unavailable
-from peer.replication.control import Applied, Command, ControlState, StreamState
+from peer.replication.control import Applied, BurstState, Command, ControlState, StreamState
 from peer.replication.raft.codec import (
     DUMP_FORMAT,
+    burst_from_wire,
+    burst_to_wire,
     check_node_id,
     command_from_wire,
     command_to_wire,
@@ -203,6 +205,10 @@ class ControlMachine(SyncObj):  # type: ignore[misc]
         with self._control_lock:
             return self._control.stream(name)
 
+    def burst(self, participant: str) -> BurstState | None:
+        with self._control_lock:
+            return self._control.burst(participant)
+
     def applied_count(self) -> int:
         """Commands applied here (no-ops included), as ControlState counts them."""
         with self._control_lock:
@@ -318,10 +324,12 @@ class ControlMachine(SyncObj):  # type: ignore[misc]
         last, prev, cluster = raft
         with self._control_lock:
             streams = [stream_to_wire(s) for s in self._control.snapshot()]
+            bursts = [burst_to_wire(b) for b in self._control.bursts()]
             applied = self._control.applied
         body = {
             "format": DUMP_FORMAT,
             "streams": streams,
+            "bursts": bursts,
             "applied": applied,
             "last": list(last),
             "prev": list(prev),
@@ -343,11 +351,14 @@ class ControlMachine(SyncObj):  # type: ignore[misc]
         states = [stream_from_wire(s) for s in streams]
         if len({s.name for s in states}) != len(states):
             raise InvalidInput(f"{path}: a stream appears twice")
+        bursts = [burst_from_wire(b) for b in dump_list(path, body.get("bursts", []))]
+        if len({b.participant for b in bursts}) != len(bursts):
+            raise InvalidInput(f"{path}: a participant's burst state appears twice")
         applied = wire_int(f"{path}: applied", body.get("applied"))
         last, prev = dump_entry(path, body.get("last")), dump_entry(path, body.get("prev"))
         members = dump_list(path, body.get("cluster"))
         cluster = [Node(check_node_id(f"{path}: cluster[]", n)) for n in members]
-        state = state_from_streams(states, applied)
+        state = state_from_streams(states, applied, bursts)
         with self._control_lock:
             self._control = state
         snapshot = state.snapshot()
