@@ -46,7 +46,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -104,13 +104,14 @@ class LaneMember:
     origin: str
     first_batch: int  # lane batches before this one were planned before the member joined
     rows_out: int = 0
+    rows_by_stream: dict[str, int] = field(default_factory=dict)  # rows_out by result stream
     # A windowed aggregate: its per-tuple part, and its open windows and watermark.
     prefix: CheckedQuery | None = None
     window: WindowState | None = None
 
     @classmethod
     def make(cls, checked: CheckedQuery, origin: str, first_batch: int) -> LaneMember:
-        member = cls(checked, origin, first_batch)
+        member = cls(checked, origin, first_batch, rows_by_stream=dict.fromkeys(checked.outputs, 0))
         box = window_box(checked)
         if box is not None:
             assert isinstance(box.spec, AggregateSpec)
@@ -128,6 +129,10 @@ class LaneMember:
     @property
     def outputs(self) -> list[tuple[str, Schema]]:
         return [(s, self.checked.stream_schemas[s]) for s in self.checked.outputs]
+
+    def wrote(self, stream: str, rows: int) -> None:
+        self.rows_out += rows
+        self.rows_by_stream[stream] = self.rows_by_stream.get(stream, 0) + rows
 
 
 class Lane:
@@ -327,13 +332,13 @@ class Lane:
                 if closed is not None:
                     out = member.checked.outputs[0]
                     self.spools.get(out).append(closed, origin=member.origin, seq=batch_id)
-                    member.rows_out += closed.num_rows
+                    member.wrote(out, closed.num_rows)
                 continue
             for k, (stream, _) in enumerate(member.outputs):
                 part = _member_output(table, j, k, slots[j][k])
                 if part is not None:
                     self.spools.get(stream).append(part, origin=member.origin, seq=batch_id)
-                    member.rows_out += part.num_rows
+                    member.wrote(stream, part.num_rows)
         if windows:
             self._save_windows(batch_id, windows)
         self.batches += 1
@@ -417,6 +422,15 @@ class Lane:
     def member_names(self) -> list[str]:
         with self._lock:
             return list(self.members)
+
+    def stream_rows(self) -> dict[str, int]:
+        """Rows each stream got from the members so far (no JVM call): safe on any thread."""
+        out: dict[str, int] = {}
+        with self._lock:
+            for member in self.members.values():
+                for stream, rows in list(member.rows_by_stream.items()):
+                    out[stream] = out.get(stream, 0) + rows
+        return out
 
     def describe(self, name: str) -> dict[str, Any] | None:
         """Counters only (no JVM call): safe on any thread."""

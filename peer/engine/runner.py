@@ -22,7 +22,7 @@ import logging
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -71,6 +71,7 @@ class RunningQuery:
     handle: StreamingQuery
     readers: list[tuple[str, str]]  # (stream, reader id)
     checked: CheckedQuery
+    rows_by_stream: dict[str, int] = field(default_factory=dict)  # rows_out by result stream
     batches: int = 0
     rows_out: int = 0
     last_batch_s: float = 0.0
@@ -338,7 +339,8 @@ class Engine:
             table = df.toArrow()
             if before_emit is not None:
                 before_emit(table.num_rows)
-            for stream, part in split_outputs(compiled, table).items():
+            parts = split_outputs(compiled, table)
+            for stream, part in parts.items():
                 if tentative:
                     spool = self.spools.get(stream)
                     at = spool.append(part, origin=origin, seq=batch_id, status=status)
@@ -349,6 +351,10 @@ class Engine:
             if running is not None:
                 running.batches += 1
                 running.rows_out += table.num_rows
+                for stream, part in parts.items():
+                    running.rows_by_stream[stream] = (
+                        running.rows_by_stream.get(stream, 0) + part.num_rows
+                    )
                 running.last_batch_s = self.clock() - started
             # push to result: the seconds since the newest input batch it had taken was
             # appended here, after a micro-batch put result rows in its output spools
@@ -365,7 +371,9 @@ class Engine:
             .foreachBatch(sink)
         )
         handle = writer.start()
-        running = RunningQuery(name, incarnation, compiled, handle, readers, checked)
+        # every result stream counted from zero: one that got nothing yet has a rate of 0
+        written = {stream: 0 for stream, _ in compiled.outputs}
+        running = RunningQuery(name, incarnation, compiled, handle, readers, checked, written)
         return running
 
     async def stop_query(self, name: str, *, forks: bool = True) -> None:
@@ -539,6 +547,15 @@ class Engine:
             info = self.lane.describe(name)
             if info is not None:
                 out[name] = {k: float(info[k]) for k in ("batches", "rows_out", "last_batch_s")}
+        return out
+
+    def stream_rows(self) -> dict[str, int]:
+        """Result rows each stream got from the queries running here so far (counted as
+        :meth:`counters` are; a query that stops or leaves takes its rows with it)."""
+        out = self.lane.stream_rows()
+        for query in list(self.running.values()):
+            for stream, rows in list(query.rows_by_stream.items()):
+                out[stream] = out.get(stream, 0) + rows
         return out
 
     async def progress(self, newest: dict[str, tuple[str, int]]) -> dict[str, list[dict[str, Any]]]:

@@ -4,6 +4,8 @@
   time from a snapshot; pure.
 * :mod:`peer.observe.samples`: Spark progress reports to fragment figures, counters to chart
   points; pure.
+* :mod:`peer.observe.diagram`: each query as boxes and arrows, marked with the peers that run
+  them and the rates of their streams; pure.
 * :mod:`peer.observe.observer`: :class:`Observer`, the per-peer registry, the hooks the node
   calls, the sampler and the federation view (asked of every peer over peer links).
 * :mod:`peer.observe.port`: :class:`PeerPort`, what the observer reads of the peer.

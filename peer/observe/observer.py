@@ -18,6 +18,7 @@ lacks, just before each scrape.
 The dashboard shows the whole federation from any peer: :meth:`federation` asks every live
 member over its peer link (:class:`~peer.protocol.link.ObservePeer`) for its :meth:`view` and
 puts the answers side by side; a member that does not answer in time is shown with the reason.
+From the same answers it draws each query as boxes and arrows (:mod:`peer.observe.diagram`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
 
 from peer.errors import FedstreamError
+from peer.observe.diagram import query_diagram
 from peer.observe.families import HISTOGRAMS, PREFIX, Snapshot, SnapshotCollector
 from peer.observe.samples import HISTORY_POINTS, SAMPLE_S, FragmentFigures, Reading, point
 from peer.protocol.link import ObservePeer
@@ -54,6 +56,10 @@ class Observed(Protocol):
     async def status(self) -> dict[str, Any]: ...
 
     def engine_counters(self) -> dict[str, dict[str, float]]: ...
+
+    def stream_rows(self) -> dict[str, int]:
+        """Result rows each stream got from this peer's fragments so far."""
+        ...
 
     async def engine_progress(
         self, marks: dict[str, tuple[str, int]]
@@ -168,6 +174,7 @@ class Observer:
             self.wall(),
             dict(self.records_in),
             {q: int(c.get("rows_out", 0)) for q, c in counters.items()},
+            self.peer.stream_rows(),
         )
         status = await self.peer.status()
         brain = status.get("brain") or {}
@@ -244,8 +251,13 @@ class Observer:
             except FedstreamError as exc:
                 return {"node_id": node.hex(), "error": exc.message}
 
-        views = await asyncio.gather(*(one(n) for n in others))
-        return {"t": round(self.wall(), 3), "self": own["node_id"], "peers": [own, *views]}
+        views = [own, *await asyncio.gather(*(one(n) for n in others))]
+        return {
+            "t": round(self.wall(), 3),
+            "self": own["node_id"],
+            "peers": views,
+            "diagram": query_diagram(views),
+        }
 
     async def handle_observe(self, message: ObservePeer, _sender: str) -> dict[str, Any]:
         """The peer-link request of another peer's dashboard."""

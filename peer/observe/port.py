@@ -58,6 +58,10 @@ class PeerPort:
         engine = self._engine
         return {} if engine is None else engine.counters()
 
+    def stream_rows(self) -> dict[str, int]:
+        engine = self._engine
+        return {} if engine is None else engine.stream_rows()
+
     async def engine_progress(
         self, marks: dict[str, tuple[str, int]]
     ) -> dict[str, list[dict[str, Any]]]:

@@ -11,10 +11,11 @@ them here.
   and bytes are those of the newest report, and each batch's duration is handed back for the
   histogram. The mark of the newest report read (trigger start, batch id) is kept per
   fragment, as :meth:`~peer.engine.runner.Engine.busy_seconds` keeps its own.
-* Cumulative counters (tuples in per stream, result tuples per query) and the latencies seen
-  since the last sample. :func:`point` turns two successive readings into one chart point:
-  rates per second over the interval, mean latency, the last batch time, backlog. The history
-  of points is a bounded deque: the last minutes, no more.
+* Cumulative counters (tuples in per stream, result tuples per query and per stream) and the
+  latencies seen since the last sample. :func:`point` turns two successive readings into one
+  chart point: rates per second over the interval (tuples pushed per stream, result tuples
+  per fragment and per stream the fragments write), mean latency, the last batch time,
+  backlog. The history of points is a bounded deque: the last minutes, no more.
 
 A counter that went down (a query re-created, a peer restarted) restarts its rate from zero
 rather than showing a negative rate.
@@ -138,8 +139,9 @@ class Reading:
     """Cumulative counters at one instant (unix seconds)."""
 
     t: float
-    records_in: Mapping[str, int]
-    records_out: Mapping[str, int]
+    records_in: Mapping[str, int]  # per stream, pushed through this peer
+    records_out: Mapping[str, int]  # per fragment
+    stream_rows: Mapping[str, int] = field(default_factory=dict)  # per stream, made here
 
 
 def _rates(before: Mapping[str, int], now: Mapping[str, int], dt: float) -> dict[str, float]:
@@ -168,6 +170,7 @@ def point(
         "t": round(now.t, 3),
         "in_rate": _rates(before.records_in if before else empty, now.records_in, dt),
         "out_rate": _rates(before.records_out if before else empty, now.records_out, dt),
+        "stream_rate": _rates(before.stream_rows if before else empty, now.stream_rows, dt),
         "records_in": dict(now.records_in),
         "records_out": dict(now.records_out),
         "latency_s": {q: round(sum(v) / len(v), 4) for q, v in latencies.items() if v},

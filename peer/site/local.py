@@ -531,6 +531,16 @@ class LocalSite:
         for name in names:
             entry = self.catalog.query(name)
             info: dict[str, Any] = {"name": name, "status": entry.status}
+            # its boxes and arrows, for the dashboard's query diagram (peer.observe.diagram)
+            info["boxes"] = [
+                {
+                    "name": b.name,
+                    "type": b.type,
+                    "inputs": list(b.inputs),
+                    "outputs": list(b.outputs),
+                }
+                for b in entry.query.boxes
+            ]
             unbounded = unbounded_state(entry.query)
             if unbounded:  # a join without a time bound (docs/sql.md, NEXMark q3)
                 info["unbounded_state"] = list(unbounded)

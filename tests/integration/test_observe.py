@@ -165,6 +165,27 @@ def test_metrics_status_and_the_federation_view(peers: list[PeerThread]) -> None
                 assert alpha_view["dashboard"] == url(alpha, "/")
                 assert alpha_view["samples"], "alpha keeps samples for the charts"
 
+                async def written() -> dict[str, Any] | None:
+                    # a sample of alpha's over an interval in which its fragment wrote results
+                    got = json.loads(await get_text(http, url(beta, "/api/federation?history=1")))
+                    (alpha_now,) = [p for p in got["peers"] if p["node_id"] == ids[0].hex()]
+                    rates = [s["stream_rate"].get("watched_out", 0) for s in alpha_now["samples"]]
+                    return got if any(r > 0 for r in rates) else None
+
+                view = await wait_until(
+                    written, "alpha's samples show the rate of watched_out", WAIT_S, every_s=0.5
+                )
+                # the query diagram: the box marked with alpha, arrows from source to result
+                (graph,) = view["diagram"]["queries"]
+                assert graph["query"] == "watched"
+                assert [(b["box"], b["node_id"], b["participant"]) for b in graph["boxes"]] == [
+                    ("keep", ids[0].hex(), "alpha")
+                ]
+                assert {(a["source"], a["target"]) for a in graph["arrows"]} == {
+                    (f"stream:{source}", "box:keep"),
+                    ("box:keep", "stream:watched_out"),
+                }
+
                 async with http.get(url(beta, "/events")) as events:
                     assert events.headers["Content-Type"].startswith("text/event-stream")
                     first = await read_event(events)

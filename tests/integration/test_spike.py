@@ -8,8 +8,9 @@ Issue 13's browser test rides on the same run (one federation started, not two):
 prints each peer's dashboard URL and, with ``--hold``, keeps the peers up after its check.
 Headless Chromium, driven by Selenium, opens alpha's dashboard while the spike runs and waits
 for live data: every peer's node id, a running fragment, a tuple count and rate that grow while
-the pushes run, and a move out of alpha after the spike. A screenshot is saved in the test's
-temporary directory. Without Chromium (``scripts/test`` installs it where it can), the spike's
+the pushes run, a move out of alpha after the spike, and (issue 28) the moved fragment's boxes
+drawn in the query diagram marked with beta. A screenshot is saved in the test's temporary
+directory. Without Chromium (``scripts/test`` installs it where it can), the spike's
 checks still run and the browser part is reported as skipped.
 """
 
@@ -100,6 +101,7 @@ def test_a_load_spike_moves_boxes_to_the_contract_partner_only(tmp_path: Path) -
             "installs them when it runs as root)"
         )
     assert moved & set(seen["moves"]), seen  # the page showed a move the ledger has
+    assert moved & drawn_on(seen, "beta"), seen  # and drew the moved boxes on beta
 
 
 def dashboards(out: Path, demo: subprocess.Popen[bytes], deadline: float) -> dict[str, str]:
@@ -131,6 +133,7 @@ def watch_dashboard(
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     seen: dict[str, Any] = {"nodes": set(), "running": set(), "counts": [], "rates": []}
     seen["moves"] = set()
+    seen["drawn"] = set()  # (fragment, participant) of each box the query diagram showed
     settled: float | None = None
     try:
         driver.set_page_load_timeout(60)
@@ -144,12 +147,14 @@ def watch_dashboard(
                 seen["counts"].append(page["count"])
             seen["rates"].append(page["rate"] or 0)
             seen["moves"] |= set(page["moves"])
+            seen["drawn"] |= {(f, p) for f, p in page["boxes"]}
             if (
                 members <= seen["nodes"]
                 and seen["running"]
                 and grew(seen["counts"])
                 and max(seen["rates"]) > 0
                 and seen["moves"]
+                and drawn_on(seen, "beta") & seen["moves"]
             ):
                 break
             if summary.exists():  # the check is over: the page gets a last half minute
@@ -167,7 +172,13 @@ def watch_dashboard(
     assert grew(seen["counts"]), seen["counts"]
     assert max(seen["rates"]) > 0, seen["rates"]
     assert seen["moves"], "no move shown"
+    assert drawn_on(seen, "beta") & seen["moves"], ("no moved box drawn on beta", seen["drawn"])
     return seen
+
+
+def drawn_on(seen: dict[str, Any], participant: str) -> set[str]:
+    """The fragments whose boxes the query diagram showed marked with ``participant``."""
+    return {f for f, p in seen["drawn"] if p == participant}
 
 
 def grew(counts: list[float]) -> bool:
@@ -192,11 +203,14 @@ const rates = [...document.querySelectorAll('#streams td.rate')]
   .map(e => Number(e.dataset.value || 0));
 const moves = [...document.querySelectorAll('#moves tr.move[data-direction="out"][data-ok="true"]')]
   .map(e => e.dataset.fragment);
+const boxes = [...document.querySelectorAll('#diagram g.box[data-fragment]')]
+  .map(e => [e.dataset.fragment, e.dataset.participant || ""]);
 return {
   nodes: nodes,
   running: running,
   count: counts.length ? counts.reduce((a, b) => a + b, 0) : null,
   rate: rates.length ? Math.max(...rates) : 0,
   moves: moves,
+  boxes: boxes,
 };
 """

@@ -35,6 +35,9 @@ def status() -> dict[str, Any]:
                 "status": "RUNNING",
                 "active": True,
                 "rows_out": 9,
+                "boxes": [
+                    {"name": "w", "type": "aggregate", "inputs": ["ticks"], "outputs": ["out"]}
+                ],
                 "availability": {
                     "tentative": True,
                     "tentative_since": 1.0,
@@ -97,6 +100,9 @@ class FakePeer:
 
     def engine_counters(self) -> dict[str, dict[str, float]]:
         return {f: {"batches": 3, "rows_out": 9, "last_batch_s": 0.2} for f in self.fragments}
+
+    def stream_rows(self) -> dict[str, int]:
+        return {"out": 9}
 
     async def engine_progress(
         self, marks: dict[str, tuple[str, int]]
@@ -241,6 +247,11 @@ def test_the_federation_view_asks_every_other_member() -> None:
     assert [p["node_id"] for p in view["peers"]] == [NODE.hex(), OTHER.hex()]
     assert view["peers"][1]["history"] is True
     assert len(view["peers"][0]["samples"]) == 1
+    # the query diagram: this peer's box (the other answered no status: nothing of it drawn)
+    (graph,) = view["diagram"]["queries"]
+    assert [(b["box"], b["node_id"], b["participant"]) for b in graph["boxes"]] == [
+        ("w", NODE.hex(), "acme")
+    ]
 
 
 def test_fragment_figures_count_each_report_once() -> None:
@@ -258,10 +269,11 @@ def test_fragment_figures_count_each_report_once() -> None:
 
 
 def test_chart_points_are_rates_over_the_interval() -> None:
-    first = Reading(100.0, {"s": 10}, {"q": 0})
-    second = Reading(102.0, {"s": 30}, {"q": 4})
+    first = Reading(100.0, {"s": 10}, {"q": 0}, {"o": 0})
+    second = Reading(102.0, {"s": 30}, {"q": 4}, {"o": 3, "p": 1})
     p = point(first, second, latencies={"q": [1.0, 2.0]}, batch_s={}, backlog={}, utilisation=0.5)
     assert p["in_rate"] == {"s": 10.0} and p["out_rate"] == {"q": 2.0}
+    assert p["stream_rate"] == {"o": 1.5, "p": 0.5}
     assert p["latency_s"] == {"q": 1.5}
     restarted = Reading(104.0, {"s": 4}, {"q": 4})  # a counter that went down: from zero
     p = point(second, restarted, latencies={}, batch_s={}, backlog={}, utilisation=None)

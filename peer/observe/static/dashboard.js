@@ -1,7 +1,9 @@
 // fedstream dashboard: one page, no build step. It follows /events (Server-Sent Events):
 // each event is the federation as this peer sees it, every peer's status and newest
 // samples; the first carries each peer's history (the last minutes), so the charts start
-// full. Everything shown is written into the DOM with data-* attributes a test can read.
+// full. Each query is drawn as boxes and arrows (SVG) from the event's "diagram", redrawn on
+// every event, so a box that moved shows its new peer. Everything shown is written into the
+// DOM with data-* attributes a test can read.
 "use strict";
 
 const HISTORY = 150;
@@ -76,6 +78,95 @@ function chart(title, samples, key, unit) {
     el("div", {class: "title"}, `${title} (max ${num(top / 1.1, 2)} ${unit})`), svg, legend);
 }
 
+// -- queries as boxes and arrows (the federation view's "diagram", peer/observe/diagram.py) ---
+const SVG = "http://www.w3.org/2000/svg";
+const BOX_W = 170, BOX_H = 50, END_W = 130, END_H = 30, COL_W = 250, ROW_H = 74, PAD = 14;
+
+function svg(tag, attrs, ...children) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value !== undefined && value !== null) node.setAttribute(key, String(value));
+  }
+  for (const child of children) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+// one colour per peer, the same on every page and every refresh (from its node id)
+function peerColor(nodeId) {
+  const n = parseInt(String(nodeId || "").slice(0, 8), 16);
+  return COLORS[(Number.isNaN(n) ? 0 : n) % COLORS.length];
+}
+function clip(text, chars) { text = String(text); return text.length > chars ? text.slice(0, chars - 1) + "…" : text; }
+function peerName(box) { return `${box.participant || "?"} · ${box.peer}`; }
+
+function queryGraph(graph) {
+  const width = Math.max(1, graph.columns) * COL_W - (COL_W - BOX_W) + 2 * PAD;
+  const height = Math.max(1, graph.rows) * ROW_H - (ROW_H - BOX_H) + 2 * PAD;
+  const place = new Map(); // node id -> {x, y, w, h}: where the arrows start and end
+  const marker = `arrowhead-${graph.query.replace(/[^A-Za-z0-9_-]/g, "_")}`;
+  const drawing = svg("svg", {width, height, class: "graph", "data-query": graph.query},
+    svg("defs", {}, svg("marker", {id: marker, viewBox: "0 0 10 10", refX: 10, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse"},
+      svg("path", {d: "M 0 0 L 10 5 L 0 10 z", class: "head"}))));
+  const at = (node, w, h) => {
+    const x = PAD + node.column * COL_W + (BOX_W - w) / 2, y = PAD + node.row * ROW_H + (BOX_H - h) / 2;
+    place.set(node.id, {x, y, w, h});
+    return {x, y};
+  };
+  const shapes = [];
+  for (const end of graph.streams || []) {
+    const {x, y} = at(end, END_W, END_H);
+    shapes.push(svg("g", {class: `stream ${end.role}`, "data-stream": end.stream, "data-role": end.role},
+      svg("title", {}, `${end.role} stream ${end.stream}`),
+      svg("rect", {x, y, width: END_W, height: END_H, rx: END_H / 2}),
+      svg("text", {x: x + END_W / 2, y: y + END_H / 2 + 4, "text-anchor": "middle"}, clip(end.stream, 18))));
+  }
+  for (const box of graph.boxes || []) {
+    const {x, y} = at(box, BOX_W, BOX_H);
+    const color = peerColor(box.node_id);
+    shapes.push(svg("g", {class: "box", "data-box": box.box, "data-fragment": box.fragment, "data-operator": box.operator,
+      "data-node": box.node_id, "data-participant": box.participant, "data-running": box.running},
+      svg("title", {}, `${box.operator} box ${box.box} (fragment ${box.fragment}) runs on ${box.participant || "?"} ${box.node_id}${box.running ? "" : ", not running"}`),
+      svg("rect", {x, y, width: BOX_W, height: BOX_H, rx: 4, stroke: color, fill: `${color}18`, class: box.running ? "running" : "idle"}),
+      svg("rect", {x, y, width: 6, height: BOX_H, fill: color}),
+      svg("text", {x: x + 14, y: y + 20, class: "operator"}, clip(`${box.operator} ${box.box}`, 22)),
+      svg("text", {x: x + 14, y: y + 38, class: "peer-mark", style: `fill:${color}`}, clip(peerName(box), 24))));
+  }
+  const lines = [];
+  for (const arrow of graph.arrows || []) {
+    const a = place.get(arrow.source), b = place.get(arrow.target);
+    if (!a || !b) continue;
+    const x1 = a.x + a.w, y1 = a.y + a.h / 2;
+    let d, lx, ly;
+    if (arrow.source === arrow.target) { // a box feeding itself: a loop over its top
+      d = `M ${x1} ${y1} C ${x1 + 40} ${a.y - 40}, ${a.x - 40} ${a.y - 40}, ${a.x} ${y1}`;
+      lx = a.x + a.w / 2; ly = a.y - 24;
+    } else {
+      const x2 = b.x, y2 = b.y + b.h / 2, bend = Math.max(30, Math.abs(x2 - x1) / 2);
+      d = `M ${x1} ${y1} C ${x1 + bend} ${y1}, ${x2 - bend} ${y2}, ${x2} ${y2}`;
+      lx = (x1 + x2) / 2; ly = (y1 + y2) / 2 - 6;
+    }
+    const rate = arrow.rate === null || arrow.rate === undefined ? null : Number(arrow.rate);
+    lines.push(svg("g", {class: "arrow", "data-stream": arrow.stream, "data-source": arrow.source, "data-target": arrow.target, "data-rate": rate === null ? "" : rate},
+      svg("title", {}, `${arrow.stream}: ${rate === null ? "rate not measured" : num(rate) + " tuples/s"}`),
+      svg("path", {d, "marker-end": `url(#${marker})`}),
+      svg("text", {x: lx, y: ly, "text-anchor": "middle", class: "rate"}, rate === null ? "–" : `${num(rate)}/s`)));
+  }
+  drawing.append(...lines, ...shapes); // boxes over the arrows
+  return el("div", {class: "query-graph", "data-query": graph.query}, el("h3", {}, graph.query), drawing);
+}
+
+function drawDiagram(diagram, peers) {
+  const graphs = ((diagram && diagram.queries) || []).filter((g) => g && g.query);
+  const legend = el("div", {class: "peer-legend"}, ...peers.filter((p) => p.status).map((p) =>
+    el("span", {"data-node": p.node_id, style: `color:${peerColor(p.node_id)}`},
+      `■ ${((p.status || {}).overlay || {}).participant || "?"} · ${short(p.node_id)}`)));
+  document.getElementById("diagram").replaceChildren(
+    legend, ...(graphs.length ? graphs.map(queryGraph) : [el("p", {}, "no queries")]));
+}
+
 // -- sections ---------------------------------------------------------------------------------
 function peersOf(view) { return (view.peers || []).filter((p) => p && p.node_id); }
 
@@ -103,6 +194,9 @@ function render(view) {
       td(m.state, {class: `state-${m.state}`}), td(util === undefined ? "–" : num(util * 100, 0) + " %", {class: "num"}),
       td(num((m.load || {}).cpu, 2), {class: "num"}), td(queries, {class: "num"}), td(hosted), td(link));
   }));
+
+  // queries: boxes marked with the peer running them, arrows with their stream's rate
+  drawDiagram(view.diagram, peers);
 
   // streams: who hosts each one, its replicas, its rate and backlog
   const streams = new Map();
