@@ -230,7 +230,15 @@ class Elastic:
     # -- the view -------------------------------------------------------------------------------
     def _table(self) -> Table:
         elapsed = time.monotonic() - self.started
-        table = Table(title=f"elastic acme 1:{MAXIMUM}: {self.phase} ({elapsed:.0f} s)")
+        elastic = self.status.get("elastic") or {}
+        lines = [
+            f"{d.get('action')}: {d.get('current')} -> {d.get('size')} peers ({d.get('reason')})"
+            for d in (elastic.get("decisions") or [])[-4:]
+        ]
+        table = Table(
+            title=f"elastic acme 1:{MAXIMUM}: {self.phase} ({elapsed:.0f} s)",
+            caption="\n".join(lines) or None,
+        )
         for col in ("peer", "launched", "busy", "rows/s", "backlog rows", "state"):
             table.add_column(col)
         members = (self.status.get("overlay") or {}).get("members", [])
@@ -244,12 +252,6 @@ class Elastic:
                 f"{load.get('lag', 0):,.0f}",
                 "draining" if load.get("drain") else str(m.get("state", "")),
             )
-        elastic = self.status.get("elastic") or {}
-        lines = [
-            f"{d.get('action')}: {d.get('current')} -> {d.get('size')} peers ({d.get('reason')})"
-            for d in (elastic.get("decisions") or [])[-4:]
-        ]
-        table.caption = "\n".join(lines) or None
         return table
 
     async def _view(self) -> None:

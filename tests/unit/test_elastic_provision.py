@@ -7,7 +7,6 @@ import itertools
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -21,6 +20,7 @@ from peer.elastic.provision import (
     launch_names,
     make_provisioner,
 )
+from peer.timing import wait_until_sync
 
 SPEC = LaunchSpec("acme", "127.0.0.1:7701", "1:3", key=Path("/k/acme.key"), extra=("--no-lane",))
 
@@ -46,10 +46,7 @@ def test_a_local_name_is_started_once_while_it_runs(tmp_path: Path) -> None:
     assert done.startswith("started acme-e1")
     pid = int((tmp_path / "peers" / "acme-e1" / "launch.pid").read_text())
     try:
-        deadline = time.monotonic() + 10
-        while not prov.running("acme-e1") and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert prov.running("acme-e1")
+        wait_until_sync(lambda: prov.running("acme-e1") or None, "the launched process", 10)
         assert prov.start("acme-e1") == "acme-e1 runs already"
         assert os.getsid(pid) == pid  # its own session: it outlives the leader
         assert prov.used() == {"acme-e1"}
