@@ -173,12 +173,15 @@ class MoveReceiver:
             raise Conflict(f"a query named {name} runs here already", query=name)
         spools, hosted = site.spools, self.fed.hosting.hosted
         reading = site.streams_read(besides=name)
+        sibling = checked_manifest["contract"] == SIBLING
         for stream, info in checked_manifest["inputs"].items():
             if info["mode"] == "copy" and stream in spools:
                 raise Conflict(f"this peer holds stream {stream} already", stream=stream)
-            if info["mode"] == "local" and stream not in hosted and stream in reading:
-                # a copy kept for another fragment here: the two could then move on only
-                # together (peer.move.candidates.why_not), so a drain could not empty this peer
+            if sibling and info["mode"] == "local" and stream not in hosted and stream in reading:
+                # inside a participant, a copy kept for another fragment here takes no second
+                # reader: the two could then move on only together (peer.move.candidates.
+                # why_not), and a launched peer could never drain (peer.elastic.drain). A
+                # partner under a contract may take it (the copy does not travel again).
                 raise Conflict(
                     f"this peer's copy of stream {stream} is read by another fragment here",
                     stream=stream,

@@ -40,7 +40,7 @@ def test_the_burst_leader_killed_mid_decision_is_replaced_and_max_holds(tmp_path
     acme = [
         *participant_args("acme", keys["acme"], trust),
         "--elastic", "3:3",
-        "--elastic-interval", "5",
+        "--elastic-interval", "3",
         "--spark-master", "local[1]",
         "--http", "off",
         *FAST,

@@ -66,12 +66,16 @@ def test_catalog_reads_survive_thirty_percent_killed(cluster: list[PeerProcess])
     rng = random.Random(11)
     names = [f"s{i}" for i in range(10)]
 
-    async def write() -> None:
-        for i, name in enumerate(names):
-            async with Client("127.0.0.1", rng.choice(cluster).port, timeout_s=60) as client:
-                schema = {"name": f"schema{i}", "fields": [{"name": "x", "type": "int"}]}
-                await client.create_schema(schema)
-                await client.create_stream(name, f"schema{i}")
+    async def write_one(i: int, name: str, port: int) -> None:
+        async with Client("127.0.0.1", port, timeout_s=60) as client:
+            schema = {"name": f"schema{i}", "fields": [{"name": "x", "type": "int"}]}
+            await client.create_schema(schema)
+            await client.create_stream(name, f"schema{i}")
+
+    async def write() -> None:  # through ten random peers at once
+        ports = [rng.choice(cluster).port for _ in names]
+        pairs = enumerate(zip(names, ports, strict=True))
+        await asyncio.gather(*(write_one(i, name, port) for i, (name, port) in pairs))
 
     asyncio.run(asyncio.wait_for(write(), 300))
     victims = rng.sample(cluster, KILLED)
@@ -85,15 +89,18 @@ def test_catalog_reads_survive_thirty_percent_killed(cluster: list[PeerProcess])
 
     asyncio.run(detected())
 
-    async def read() -> list[tuple[str, str, Any]]:
-        results = []
-        for p in rng.sample(survivors, 30):
-            async with Client("127.0.0.1", p.port, timeout_s=60) as client:
-                i = rng.randrange(len(names))
-                schema = await client.lookup_object(f"schema{i}")
-                stream = await client.lookup_object(names[i])
-                results.append((schema["kind"], stream["kind"], stream["schema"]["name"]))
-                assert stream["schema"]["name"] == f"schema{i}"
+    async def read_one(port: int, i: int) -> tuple[str, str, Any]:
+        async with Client("127.0.0.1", port, timeout_s=60) as client:
+            schema = await client.lookup_object(f"schema{i}")
+            stream = await client.lookup_object(names[i])
+            assert stream["schema"]["name"] == f"schema{i}"
+            return (schema["kind"], stream["kind"], stream["schema"]["name"])
+
+    async def read() -> list[tuple[str, str, Any]]:  # thirty survivors, ten at a time
+        asks = [(p.port, rng.randrange(len(names))) for p in rng.sample(survivors, 30)]
+        results: list[tuple[str, str, Any]] = []
+        for at in range(0, len(asks), 10):
+            results += await asyncio.gather(*(read_one(p, i) for p, i in asks[at : at + 10]))
         return results
 
     results = asyncio.run(asyncio.wait_for(read(), 300))

@@ -326,28 +326,45 @@ def test_a_name_already_here_is_a_conflict(receiver: tuple[Mover, str]) -> None:
     assert not mover.busy
 
 
-def test_a_copy_another_fragment_here_reads_takes_no_second_reader(
+def test_inside_a_participant_a_copy_another_fragment_reads_takes_no_second_reader(
     receiver: tuple[Mover, str],
 ) -> None:
-    """A fragment whose input this peer holds as a copy for another fragment is refused: the
-    two could then move on only together, and a drained peer could never empty itself."""
-    mover, cid = receiver
+    """A peer of the sender's own participant refuses a fragment whose input it holds as a
+    copy for another fragment: the two could then move on only together, and a launched peer
+    could never drain. A partner under contract takes it (the copy does not travel again)."""
+    mover, _cid = receiver
     from peer.model.query import parse_query
     from peer.model.schema import parse_schema, to_arrow_schema
 
     mover.site.spools.create("src", to_arrow_schema(parse_schema(SCHEMA)))
     other = {**DEFINITION, "name": "other"}
     mover.site.catalog.add_query(parse_query(other), "ef01ab23")
-    local = manifest(cid)
-    local["inputs"]["src"]["mode"] = "local"
+    sibling = manifest(SIBLING)
+    sibling["inputs"]["src"]["mode"] = "local"
     with pytest.raises(Conflict) as err:
-        run(mover.handle({"op": "move_begin", "manifest": local}, "alpha"))
+        run(mover.handle({"op": "move_begin", "manifest": sibling}, "beta"))
     assert "read by another fragment here" in err.value.message
     assert not mover.busy
     # a stream this peer hosts may have many readers
     mover.fed.hosting.hosted.add("src")
-    reply = run(mover.handle({"op": "move_begin", "manifest": local}, "alpha"))
+    reply = run(mover.handle({"op": "move_begin", "manifest": sibling}, "beta"))
     assert reply["ready"] and mover.busy
+
+
+def test_under_a_contract_a_second_reader_of_a_copy_is_taken(
+    receiver: tuple[Mover, str],
+) -> None:
+    mover, cid = receiver
+    from peer.model.query import parse_query
+    from peer.model.schema import parse_schema, to_arrow_schema
+
+    mover.site.spools.create("src", to_arrow_schema(parse_schema(SCHEMA)))
+    mover.site.catalog.add_query(parse_query({**DEFINITION, "name": "other"}), "ef01ab23")
+    local = manifest(cid)
+    local["inputs"]["src"]["mode"] = "local"
+    with pytest.raises(Conflict) as err:  # refused only because the copy is not aligned
+        run(mover.handle({"op": "move_begin", "manifest": local}, "alpha"))
+    assert "offsets" in err.value.message
 
 
 def test_a_copy_here_shorter_than_the_senders_is_refused_and_nothing_installed(
