@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from peer.demo.examples import Example
@@ -19,8 +19,31 @@ from peer.testing.cluster import PeerProcess
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.table import Table
 
 LATEST = 4  # latest output tuples shown per stream
+
+
+async def show_table(
+    console: Console, table: Callable[[], Table], *, live: bool, what: str
+) -> None:
+    """Show ``table()`` until cancelled: redrawn in place twice a second on a terminal,
+    printed every 5 s otherwise (a log)."""
+    from rich.live import Live
+
+    from peer.timing import every
+
+    async def show() -> None:
+        console.print(table())
+
+    if not live:
+        await every(5.0, show, what=what)
+    with Live(table(), console=console, refresh_per_second=2) as shown:
+
+        async def refresh() -> None:
+            shown.update(table())
+
+        await every(0.5, refresh, what=what)
 
 
 def print_dashboards(console: Console, procs: Mapping[str, PeerProcess]) -> None:

@@ -36,12 +36,11 @@ from typing import Any
 
 import psutil
 from rich.console import Console
-from rich.live import Live
 from rich.table import Table
 
+from peer.demo.board import show_table
 from peer.examples.keyed_window import keyed_window_query, keyed_window_schema, keyed_window_sums
 from peer.testing.cluster import LocalFederation, collect, make_participants, participant_args
-from peer.timing import every
 
 __all__ = ["Elastic", "kill_launched", "launched_pids"]
 
@@ -255,17 +254,7 @@ class Elastic:
         return table
 
     async def _view(self) -> None:
-        async def show() -> None:
-            self.console.print(self._table())
-
-        if not self.live:
-            await every(10.0, show, what="the elastic demo's table")
-        with Live(self._table(), console=self.console, refresh_per_second=2) as live:
-
-            async def refresh() -> None:
-                live.update(self._table())
-
-            await every(0.5, refresh, what="the elastic demo's live table")
+        await show_table(self.console, self._table, live=self.live, what="the elastic demo's table")
 
     # -- checking -------------------------------------------------------------------------------
     async def _check(self, grew: bool, moved: bool, shrank: bool) -> int:

@@ -30,10 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.live import Live
 from rich.table import Table
 
-from peer.demo.board import hold, print_dashboards
+from peer.demo.board import hold, print_dashboards, show_table
 from peer.examples.keyed_window import keyed_window_query, keyed_window_sums
 from peer.testing.cluster import (
     LocalFederation,
@@ -262,17 +261,7 @@ class Spike:
         return table
 
     async def _view(self) -> None:
-        async def show() -> None:
-            self.console.print(self._table())
-
-        if not self.live:
-            await every(5.0, show, what="the spike's table")
-        with Live(self._table(), console=self.console, refresh_per_second=2) as live:
-
-            async def refresh() -> None:
-                live.update(self._table())
-
-            await every(0.5, refresh, what="the spike's live table")
+        await show_table(self.console, self._table, live=self.live, what="the spike's table")
 
     # -- checking -----------------------------------------------------------------------------
     async def _check(self) -> int:

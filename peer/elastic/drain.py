@@ -25,17 +25,25 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 from peer.errors import FedstreamError
 from peer.move import SIBLING
 from peer.replication.bursts import BurstState
 
-__all__ = ["DrainPort", "Drainer"]
+__all__ = ["DrainPort", "DrainStatus", "Drainer"]
 
 log = logging.getLogger(__name__)
 
 ROUND_S = 2.0
+
+
+class DrainStatus(TypedDict):
+    """A launched peer's part of ``peer status``."""
+
+    launched_as: str
+    draining: bool
+    left: list[str]  # what kept the last drain pass from finishing
 
 
 class DrainPort(Protocol):
@@ -142,5 +150,5 @@ class Drainer:
         except FedstreamError as exc:
             left.append(f"{what}: {exc}")
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> DrainStatus:
         return {"launched_as": self.name, "draining": self.draining, "left": list(self.left)}

@@ -43,7 +43,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 from peer.elastic.figures import Arrivals, participant_load
 from peer.elastic.provision import Provisioner, launch_names
@@ -52,7 +52,7 @@ from peer.errors import FedstreamError
 from peer.replication.bursts import BurstState, ClaimBurst, PlanBurst
 from peer.timing import MONOTONIC, Clock
 
-__all__ = ["BurstControl", "BurstLeader", "Decision"]
+__all__ = ["BurstControl", "BurstLeader", "Decision", "LeaderStatus"]
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,21 @@ class Decision:
     offered: float | None = None  # rows/s, backlog included
     true_rate: float | None = None  # rows per busy second of one peer
     launched: tuple[str, ...] = ()
+
+
+class LeaderStatus(TypedDict):
+    """An elastic peer's part of ``peer status``: its participant's leader and plan, and the
+    last decisions this peer made as leader (each a :class:`Decision` as a map)."""
+
+    participant: str
+    min: int
+    max: int
+    leader: str | None
+    leading: bool
+    term: int | None
+    launched: list[str]
+    counts: dict[str, int]
+    decisions: list[dict[str, Any]]
 
 
 class BurstLeader:
@@ -266,7 +281,7 @@ class BurstLeader:
             with self.record.open("a", encoding="utf-8") as f:
                 f.write(line + "\n")
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> LeaderStatus:
         """``peer status``'s ``elastic`` section."""
         state = self.state
         return {

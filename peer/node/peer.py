@@ -415,9 +415,13 @@ class Peer:
         )
 
     def _elastic_status(self) -> dict[str, Any]:
-        leader = {} if self.leader is None else self.leader.status()
-        drain = {} if self.drainer is None else self.drainer.status()
-        return {**leader, **drain}
+        """The leader's and, on a launched peer, the drain's status, side by side."""
+        part: dict[str, Any] = {}
+        if self.leader is not None:
+            part.update(self.leader.status())
+        if self.drainer is not None:
+            part.update(self.drainer.status())
+        return part
 
     async def _on_offer(self, message: Raw, sender: str) -> dict[str, Any]:
         assert self.brain is not None
