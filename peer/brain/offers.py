@@ -52,6 +52,7 @@ __all__ = [
     "offer_frame",
     "parse_offer",
     "pause_s",
+    "sent_bytes",
     "valid_at",
 ]
 
@@ -120,6 +121,12 @@ def pause_s(result: object) -> float | None:
     if isinstance(pause, int | float) and not isinstance(pause, bool) and math.isfinite(pause):
         return float(pause)
     return None
+
+
+def sent_bytes(result: object, key: str) -> int | None:
+    """What a move sent (``bytes``: during the pause, ``precopy_bytes``: before it)."""
+    sent = result.get(key) if isinstance(result, Mapping) else None
+    return sent if isinstance(sent, int) and not isinstance(sent, bool) and sent >= 0 else None
 
 
 def names(boxes: Sequence[Box]) -> str:

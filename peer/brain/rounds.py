@@ -38,6 +38,7 @@ from peer.brain.offers import (
     offer_frame,
     parse_offer,
     pause_s,
+    sent_bytes,
     valid_at,
 )
 from peer.brain.status import BrainStatus, brain_status, load_figures
@@ -358,6 +359,8 @@ class Brain:
                 "load": box.load,
                 "price": price,
                 "pause_s": pause_s(result),
+                "bytes": sent_bytes(result, "bytes"),
+                "precopy_bytes": sent_bytes(result, "precopy_bytes"),
                 "ok": error is None,
             }
             if reason is not None:

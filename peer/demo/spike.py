@@ -310,9 +310,11 @@ class Spike:
         for what, passed in checks.items():
             self.console.print(f"{'ok  ' if passed else 'FAIL'} {what}")
         pauses = [e.get("pause_s") for e in moves]
+        sent = [(e.get("precopy_bytes"), e.get("bytes")) for e in moves]
         self.console.print(
             f"alpha utilisation: peak {peak:.2f}, end {alpha_util:.2f}; "
-            f"{len(moves)} move(s), pauses {pauses} s"
+            f"{len(moves)} move(s), pauses {pauses} s, bytes (pre-copied, during the pause) "
+            f"{sent}"
         )
         summary = {
             "checks": checks,

@@ -10,6 +10,10 @@ it re-runs carries the same batch id, which the result spool drops as a replay.
 
 The sender P, holding the move lock (one move in or out at a time):
 
+0. pre-copies while the fragment still runs (as a live migration does): the batch files of
+   each input that travels that the fragment has yet to read, and of each result spool, as
+   they are now, go to Q as a first tar (``move_chunk`` with ``part: pre``); batch files are
+   immutable, so this copy stays valid, and the pause then ships only what came after it;
 1. stops the fragment's streaming query: the *pause* starts;
 2. for each input that is a replica of a stream hosted by U: refuses further mirrored appends
    (and waits for those landing), then asks U to stop mirroring to P (``unmirror``), which
@@ -22,13 +26,16 @@ The sender P, holding the move lock (one move in or out at a time):
 5. exports into a staging directory: the checkpoint; each input's uncommitted spool files
    (after the fragment's committed offset) with the fragment's reader offsets and the replay
    memory; each result spool whole (what late subscribers may still read) with the mirror
-   readers, and the origin its mirrors used;
+   readers, and the origin its mirrors used; of the batch files, only those the pre-copy did
+   not carry;
 6. ships it as one tar over the peer link in chunks (``move_begin``, ``move_chunk``...,
-   ``move_install``), with a manifest (definition, incarnation, streams, schemas, contract);
+   ``move_install``, which names the pre-copy's size and hash too), with a manifest
+   (definition, incarnation, streams, schemas, contract);
 7. Q checks the sender's contract covers every box type of the fragment (a peer of Q's own
    participant needs none: its manifest names the contract ``SIBLING``), and that its own
    copy of each input it holds already reaches as far as P's spool did at the stop (``holds``:
-   Spark re-runs the batch it had planned, which may end there), adopts the spools and
+   Spark re-runs the batch it had planned, which may end there), unpacks the pre-copy and
+   then the final tar over it (both checked against their hashes), adopts the spools and
    the checkpoint, enters the streams and the query in its catalog, starts the query from the
    checkpoint (the pause ends), hosts the result streams (their mirrors carry on under the old
    origin, so downstream replay memory still applies) and claims their leases;
@@ -36,7 +43,8 @@ The sender P, holding the move lock (one move in or out at a time):
    writes a short handover lease naming Q for each result stream, records where the fragment
    went (requests for it are forwarded), and drops what it no longer needs.
 
-A failure before P asks Q to install undoes steps 2-4 and restarts the fragment at P. From
+A failure during the pre-copy stops nothing: P tells Q to drop the move. A failure before P
+asks Q to install undoes steps 2-4 and restarts the fragment at P. From
 that request on, Q alone decides, once and durably, whether the move happened (it installed,
 or it aborts when P asks about a move it has not installed); P journals what it did so that it
 can undo or finish the move after a crash, and stays *in doubt* (the fragment stopped) while Q

@@ -44,6 +44,49 @@ class Incoming:
     size: int = 0
     digest: Any = field(default_factory=hashlib.sha256)
     touched: float = field(default_factory=time.monotonic)
+    pre_size: int = 0  # the pre-copy's tar, sent while the fragment still ran (pre.tar)
+    pre_digest: Any = field(default_factory=hashlib.sha256)
+
+    @property
+    def pre_path(self) -> Path:
+        return self.path.parent / "pre.tar"
+
+
+def export_precopy(
+    site: LocalSite,
+    stage: Path,
+    manifest: dict[str, Any],
+    readers: dict[str, list[str]],
+) -> dict[str, Any]:
+    """The pre-copy (issue 28), taken while the fragment runs: the batch files of each input
+    that travels that the fragment has yet to read, and of each result spool, as they are
+    now, in the directories of the final tar; written as ``stage/pre.tar``. Returns its size
+    and hash, and for each stream the offset through which its files are in it (the final
+    export leaves those out: :func:`export_fragment`'s ``present``)."""
+    spools = site.spools
+    tree = stage / "tree"
+    tree.mkdir(parents=True)
+    present: dict[str, int] = {}
+    for stream, info in manifest["inputs"].items():
+        if info["mode"] != "copy":
+            continue
+        spool = spools.get(stream)
+        floor = min((spool.committed(r) for r in readers.get(stream, [])), default=spool.latest)
+        present[stream], _ = spool.export_files(tree / info["dir"], after=floor)
+    for stream, info in manifest["outputs"].items():
+        present[stream], _ = spools.get(stream).export_files(tree / info["dir"], after=-1)
+    return {**_pack(tree, stage / "pre.tar"), "present": present}
+
+
+def _pack(tree: Path, tar_path: Path) -> dict[str, Any]:
+    with tarfile.open(tar_path, "w") as tar:
+        tar.add(tree, arcname="tree")
+    digest = hashlib.sha256()
+    with tar_path.open("rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    shutil.rmtree(tree)
+    return {"size": tar_path.stat().st_size, "sha256": digest.hexdigest()}
 
 
 def export_fragment(
@@ -55,9 +98,12 @@ def export_fragment(
     hosted_inputs: list[str],
     own_origin: dict[str, str],
     target: bytes,
+    present: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """Write the tar; what ``move_install`` says besides it (size, hash, reader offsets
-    of the inputs the target holds already)."""
+    of the inputs the target holds already). A stream's batch files through
+    ``present[stream]`` are left out: the pre-copy carried them."""
+    present = present or {}
     spools = site.spools
     assert site.engine is not None
     tree = stage / "tree"
@@ -80,20 +126,22 @@ def export_fragment(
             write_reader_offset(
                 spool.directory, MIRROR_PREFIX + target.hex(), through, fsync=spool.fsync
             )
-        spool.export(tree / info["dir"], after=floor, through=through, readers=ids, seqs=seqs)
+        spool.export(
+            tree / info["dir"],
+            after=floor,
+            through=through,
+            readers=ids,
+            seqs=seqs,
+            present=present.get(stream, -1),
+        )
     for stream, info in manifest["outputs"].items():
         spool = spools.get(stream)
         mirror_readers = [r for r in spool.readers() if r.startswith(MIRROR_PREFIX)]
-        spool.export(tree / info["dir"], after=-1, readers=mirror_readers)
+        spool.export(
+            tree / info["dir"], after=-1, readers=mirror_readers, present=present.get(stream, -1)
+        )
         (tree / info["dir"] / ORIGIN_FILE).write_text(own_origin[stream])
-    tar_path = stage / "move.tar"
-    with tarfile.open(tar_path, "w") as tar:
-        tar.add(tree, arcname="tree")
-    digest = hashlib.sha256()
-    with tar_path.open("rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return {"size": tar_path.stat().st_size, "sha256": digest.hexdigest(), "offsets": offsets}
+    return {**_pack(tree, stage / "move.tar"), "offsets": offsets}
 
 
 def append_chunk(path: Path, data: bytes) -> None:
@@ -197,6 +245,17 @@ def check_install(frame: dict[str, Any], incoming: Incoming) -> dict[str, Any]:
         or not all(isinstance(o, int) and not isinstance(o, bool) for o in holds.values())
     ):
         raise InvalidInput("move_install: holds must map each input held here to an offset")
+    pre = frame.get("pre")
+    if pre is not None:
+        pre_size, pre_digest = (
+            (pre.get("size"), pre.get("sha256")) if isinstance(pre, dict) else (0, 0)
+        )
+        if not isinstance(pre_size, int) or isinstance(pre_size, bool) or pre_size <= 0:
+            raise InvalidInput("move_install: pre.size must be a positive byte count")
+        if not isinstance(pre_digest, str):
+            raise InvalidInput("move_install: pre.sha256 must be a hex string")
+        if pre_size != incoming.pre_size or pre_digest != incoming.pre_digest.hexdigest():
+            raise InvalidInput("move_install: the pre-copy does not match the announced hash")
     for stream, readers in offsets.items():
         if not isinstance(readers, dict) or not all(
             isinstance(r, str)
@@ -207,4 +266,4 @@ def check_install(frame: dict[str, Any], incoming: Incoming) -> dict[str, Any]:
             for r, o in readers.items()
         ):
             raise InvalidInput(f"move_install: offsets.{stream} must map reader ids to offsets")
-    return {"size": size, "sha256": digest, "offsets": offsets, "holds": holds}
+    return {"size": size, "sha256": digest, "offsets": offsets, "holds": holds, "pre": pre}

@@ -99,9 +99,17 @@ class MoveReceiver:
             data = frame.get("data")
             if not isinstance(data, bytes) or not data:
                 raise InvalidInput("move_chunk: data must be non-empty bytes")
-            if incoming.size + len(data) > MAX_MOVE_BYTES:
+            part = frame.get("part", "final")
+            if part not in ("pre", "final"):
+                raise InvalidInput("move_chunk: part must be pre or final")
+            if incoming.size + incoming.pre_size + len(data) > MAX_MOVE_BYTES:
                 self._drop_incoming(move_id)
                 raise InvalidInput(f"move_chunk: a move carries at most {MAX_MOVE_BYTES} bytes")
+            if part == "pre":  # sent while the fragment still runs at the sender
+                await asyncio.to_thread(append_chunk, incoming.pre_path, data)
+                incoming.pre_digest.update(data)
+                incoming.pre_size += len(data)
+                return {"move": move_id, "received": incoming.pre_size}
             await asyncio.to_thread(append_chunk, incoming.path, data)
             incoming.digest.update(data)
             incoming.size += len(data)
@@ -243,6 +251,8 @@ class MoveReceiver:
         started = self.clock()
         name = manifest["fragment"]
         where = incoming.path.parent
+        if sealed["pre"] is not None:  # the pre-copy first: the final tar adds the rest
+            await asyncio.to_thread(extract, incoming.pre_path, where)
         await asyncio.to_thread(extract, incoming.path, where)
         tree = where / "tree"
         catalog, spools = site.catalog, site.spools

@@ -16,7 +16,7 @@ from peer.federation import Federation
 from peer.model.query import query_to_dict
 from peer.move.candidates import input_modes, why_not, why_not_there
 from peer.move.journal import Intent, Journal
-from peer.move.package import CHUNK_BYTES, export_fragment
+from peer.move.package import CHUNK_BYTES, export_fragment, export_precopy
 from peer.protocol.link import Raw, StartMirror, StopMirror
 from peer.site import LocalSite
 from peer.timing import MONOTONIC, WALL, Clock
@@ -149,12 +149,19 @@ class MoveSender:
         # the target, most is sent before the stop, the rest during the pause.
         held = [s for s in checked.inputs if modes[s] == "local"]
         mirrored = [s for s in held if s not in replicas]
+        # The pre-copy: the backlog and result files as they are now travel while the
+        # fragment runs; the pause then ships only what came after (as a live migration).
+        precopy_started = self.clock()
         try:
             await self._mirrors_caught_up({s: spools.get(s).latest - 16 for s in mirrored}, target)
+            pre = await asyncio.to_thread(export_precopy, site, stage, manifest, readers)
+            await self._send_chunks(target, stage / "pre.tar", part="pre")
             await asyncio.to_thread(self.journal.write_intent, intent)  # from here, undoable
         except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
             await self._tell_target(intent)
             raise
+        precopy_s = self.clock() - precopy_started
         started = self.clock()
         try:
             await engine.stop_query(name)  # the pause starts
@@ -181,6 +188,7 @@ class MoveSender:
                 hosted_inputs,
                 own_origin,
                 target,
+                pre["present"],
             )
             await self._send_chunks(target, stage / "move.tar")
             intent.phase = "installing"  # the target may install from now on: in doubt
@@ -195,9 +203,9 @@ class MoveSender:
             raise
         try:
             async with asyncio.timeout(INSTALL_TIMEOUT_S):
-                reply = await fed.router.call(
-                    target, Raw("move_install", {"move": intent.id, **sealed, "holds": holds})
-                )
+                pre_sealed = {"size": pre["size"], "sha256": pre["sha256"]}
+                install = {"move": intent.id, **sealed, "holds": holds, "pre": pre_sealed}
+                reply = await fed.router.call(target, Raw("move_install", install))
         except (FedstreamError, OSError, TimeoutError) as exc:
             reply = await self._after_lost_install(intent, exc)
         finally:
@@ -210,6 +218,8 @@ class MoveSender:
             "to": target.hex(),
             "pause_s": round(pause_s, 3),
             "bytes": sealed["size"],
+            "precopy_bytes": pre["size"],
+            "precopy_s": round(precopy_s, 3),
             "resume_s": reply.get("resume_s"),
             "epoch": intent.epoch,
         }
@@ -322,12 +332,13 @@ class MoveSender:
                     f"{MIRROR_CATCHUP_S:.0f} s"
                 ) from None
 
-    async def _send_chunks(self, target: bytes, tar_path: Path) -> None:
+    async def _send_chunks(self, target: bytes, tar_path: Path, *, part: str = "final") -> None:
         router = self.fed.router
         move_id = tar_path.parent.name.removeprefix("out-")
         with tar_path.open("rb") as f:
             while block := await asyncio.to_thread(f.read, CHUNK_BYTES):
-                await router.call(target, Raw("move_chunk", {"move": move_id, "data": block}))
+                chunk = {"move": move_id, "data": block, "part": part}
+                await router.call(target, Raw("move_chunk", chunk))
 
     async def _undo(self, intent: Intent) -> None:
         """The target did not install the fragment: run it here again (also after a

@@ -520,10 +520,12 @@ class Spool:
         through: int | None = None,
         readers: list[str] | None = None,
         seqs: dict[str, int] | None = None,
+        present: int = -1,
     ) -> int:
         """Write a copy of this spool to the new directory ``dest`` for another peer
-        (``copy_spool``): the files in ``(after, through]`` (to the latest by default), the
-        given readers (all by default), the replay memory plus ``seqs``. Returns ``through``."""
+        (``copy_spool``): the files in ``(after, through]`` (to the latest by default) but
+        those up to ``present`` (sent before: :meth:`export_files`), the given readers (all
+        by default), the replay memory plus ``seqs``. Returns ``through``."""
         with self._lock:
             through = self._end if through is None else min(through, self._end)
             after = max(after, self._earliest - 1)
@@ -531,8 +533,25 @@ class Spool:
         for origin, seq in (seqs or {}).items():
             memory[origin] = max(memory.get(origin, -1), seq)
         readers = self.readers() if readers is None else readers
-        fmt.copy_spool(self.directory, dest, after, through, readers, memory, fsync=self.fsync)
+        fmt.copy_spool(
+            self.directory,
+            dest,
+            after,
+            through,
+            readers,
+            memory,
+            fsync=self.fsync,
+            present=present,
+        )
         return through
+
+    def export_files(self, dest: Path, *, after: int) -> tuple[int, int]:
+        """Copy this spool's batch files after offset ``after`` (from the earliest at most)
+        to the latest into ``dest``, while appends go on; (the latest offset copied, bytes)."""
+        with self._lock:
+            through = self._end
+            after = max(after, self._earliest - 1)
+        return through, fmt.copy_files(self.directory, dest, after, through)
 
     # ----------------------------------------------------------------------- listeners
 

@@ -356,15 +356,18 @@ def copy_spool(
     seqs: dict[str, int],
     *,
     fsync: bool,
+    present: int = -1,
 ) -> None:
     """Write to the new directory ``dest`` a spool holding ``source``'s files in
     ``(after, through]``, the offset files of ``readers``, and a state file that keeps the
     offsets where they are (its next append gets ``through + 1``) with replay memory ``seqs``.
-    Files are immutable once written, so copying them while appends go on is safe."""
+    Files are immutable once written, so copying them while appends go on is safe. The files
+    at offsets up to ``present`` are left out: the copy's reader has them already (a move's
+    pre-copy, :func:`copy_files`)."""
     dest.mkdir(parents=True)
     (dest / READERS_DIR).mkdir()
     shutil.copy2(source / SCHEMA_FILE, dest / SCHEMA_FILE)
-    for offset in range(after + 1, through + 1):
+    for offset in range(max(after, present) + 1, through + 1):
         shutil.copy2(offset_path(source, offset), offset_path(dest, offset))
     for reader_id in readers:
         with contextlib.suppress(FileNotFoundError):
@@ -372,6 +375,20 @@ def copy_spool(
     # trimmed_through = after: the copy's latest is ``through`` even with no file in it
     state = {"trimmed_through": min(after, through), "seqs": seqs}
     atomic_write(dest / STATE_FILE, json.dumps(state).encode(), fsync=fsync)
+
+
+def copy_files(source: Path, dest: Path, after: int, through: int) -> int:
+    """Copy ``source``'s batch files in ``(after, through]`` into ``dest`` (made if needed),
+    skipping those trimmed meanwhile (a copy needs none below the source's earliest); the
+    bytes copied. The first part of a move sent while its fragment runs: the rest goes with
+    :func:`copy_spool` and ``present = through``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    copied = 0
+    for offset in range(after + 1, through + 1):
+        with contextlib.suppress(FileNotFoundError):
+            shutil.copy2(offset_path(source, offset), offset_path(dest, offset))
+            copied += offset_path(dest, offset).stat().st_size
+    return copied
 
 
 def missing_file_error(

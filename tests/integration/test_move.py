@@ -227,6 +227,8 @@ def test_a_fragment_moves_with_its_state_and_the_output_stays_exact(
     moved, rows, seen = asyncio.run(scenario())
     print("move:", moved, "test took", round(time.monotonic() - started, 1), "s")
     assert moved["to"] == b_id.hex() and moved["pause_s"] > 0
+    # the result spool (and any backlog) went ahead while the fragment ran: the pre-copy
+    assert moved["precopy_bytes"] > 0 and moved["precopy_s"] > 0
     # A let go of it, B runs it with the state it had
     assert site_of(a).catalog.find_query("mover") is None
     assert site_of(a).catalog.moved() == {"mover": b_id.hex()}

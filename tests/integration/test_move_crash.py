@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 from collections import Counter
 from typing import Any
 
@@ -98,10 +99,29 @@ def test_a_move_cut_short_at_any_step_leaves_one_running_copy(
         asyncio.run(set_up(a.port, 2, source, query(source)))
         asyncio.run(push(a.port, source, batches[:n], 0))
 
-        # 1. the sender dies with the tar shipped, before asking for the install
+        # 0. the sender fails while it pre-copies: nothing stopped, nothing journalled
         sender = a.peer.mover.sender if a.peer.mover else None
         assert sender is not None
-        sender._send_chunks = crash  # type: ignore[method-assign]
+        send_chunks = sender._send_chunks
+
+        async def crash_at(when: str, target: bytes, tar: Any, **kw: Any) -> None:
+            if kw.get("part", "final") == when:
+                raise Crash
+            await send_chunks(target, tar, **kw)
+
+        sender._send_chunks = functools.partial(crash_at, "pre")  # type: ignore[method-assign]
+        with pytest.raises(Crash):
+            move(a, b_id)
+        assert Journal(a.config.data_dir).intents() == [] and runs(a)
+        wait_until_sync(
+            lambda: not (b.peer.mover and b.peer.mover.busy),
+            "the target's move lock freed after the failed pre-copy",
+            90,
+            every_s=0.2,
+        )
+
+        # 1. the sender dies with the tar shipped, before asking for the install
+        sender._send_chunks = functools.partial(crash_at, "final")  # type: ignore[method-assign]
         sender._undo = nothing  # type: ignore[method-assign]
         with pytest.raises(Crash):
             move(a, b_id)

@@ -458,3 +458,41 @@ def test_a_move_older_than_the_fragments_last_arrival_is_refused(
     assert "epoch 2 is stale" in err.value.message and not mover.busy
     reply = run(mover.handle({"op": "move_begin", "manifest": manifest(cid, epoch=3)}, "alpha"))
     assert reply["ready"] and mover.busy
+
+
+def test_a_pre_copy_that_does_not_match_or_a_bad_part_is_refused(
+    receiver: tuple[Mover, str],
+) -> None:
+    """The pre-copy (sent while the fragment still runs) is checked as the final tar is: a
+    chunk of an unknown part, or an install whose pre-copy hash or size is not what arrived,
+    is refused and installs nothing."""
+    mover, cid = receiver
+    m = manifest(cid)
+    body = b"final part"
+    good = {"size": len(body), "sha256": hashlib.sha256(body).hexdigest(), "offsets": {}}
+
+    async def go() -> None:
+        await mover.handle({"op": "move_begin", "manifest": m}, "alpha")
+        with pytest.raises(InvalidInput, match="part"):
+            chunk = {"op": "move_chunk", "move": m["id"], "data": b"x", "part": "side"}
+            await mover.handle(chunk, "alpha")
+        pre = {"op": "move_chunk", "move": m["id"], "data": b"pre-copied", "part": "pre"}
+        await mover.handle(pre, "alpha")
+        await mover.handle({"op": "move_chunk", "move": m["id"], "data": body}, "alpha")
+        for bad in (
+            {"size": 10, "sha256": hashlib.sha256(b"other").hexdigest()},
+            {"size": 3, "sha256": hashlib.sha256(b"pre-copied").hexdigest()},
+            {"size": "10", "sha256": hashlib.sha256(b"pre-copied").hexdigest()},
+            [1, 2],
+        ):
+            with pytest.raises(InvalidInput, match="pre"):
+                install = {"op": "move_install", "move": m["id"], **good, "holds": {}, "pre": bad}
+                await mover.handle(install, "alpha")
+            assert not mover.busy
+            await mover.handle({"op": "move_begin", "manifest": m}, "alpha")
+            await mover.handle(pre, "alpha")
+            await mover.handle({"op": "move_chunk", "move": m["id"], "data": body}, "alpha")
+
+    run(go())
+    catalog = mover.site.catalog
+    assert catalog.find_query("frag") is None and catalog.stream_names() == []

@@ -419,3 +419,35 @@ class SpoolModel(RuleBasedStateMachine):
 
 SpoolModel.TestCase.settings = settings(max_examples=60, stateful_step_count=25, deadline=None)
 test_spool_model = SpoolModel.TestCase
+
+
+def test_a_copy_made_of_a_pre_copy_and_the_rest_reads_as_the_source(tmp_path: Path) -> None:
+    """A move's pre-copy (issue 28): the reader's backlog is copied while appends go on; the
+    final export leaves those files out; the two merged are the spool a one-shot export
+    makes, and a trim between the two leaves files the copy ignores."""
+    spool = Spool(tmp_path / "s", SCHEMA, fsync=False)
+    for k in range(6):
+        spool.append(batch(k))
+    spool.register_reader("frag")
+    fmt.write_reader_offset(spool.directory, "frag", 1, fsync=False)  # read through 1
+    merged = tmp_path / "merged"
+    through, copied = spool.export_files(merged, after=spool.committed("frag"))
+    assert through == 5 and copied > 0
+    assert fmt.list_offsets(merged) == [2, 3, 4, 5]
+    for k in range(6, 9):  # the fragment runs on: more batches, and it reads further
+        spool.append(batch(k))
+    fmt.write_reader_offset(spool.directory, "frag", 3, fsync=False)
+    spool.trim()
+    final = tmp_path / "final"
+    spool.export(final, after=spool.committed("frag"), readers=["frag"], present=through)
+    assert fmt.list_offsets(final) == [6, 7, 8]  # only what came after the pre-copy
+    for path in final.rglob("*"):  # what the receiver's second extract does: add the rest
+        if path.is_file():
+            (merged / path.relative_to(final)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, merged / path.relative_to(final))
+    whole = tmp_path / "whole"
+    spool.export(whole, after=spool.committed("frag"), readers=["frag"])
+    copy, reference = Spool(merged, SCHEMA, fsync=False), Spool(whole, SCHEMA, fsync=False)
+    assert (copy.earliest, copy.latest) == (reference.earliest, reference.latest) == (4, 8)
+    assert ks(copy, 3) == ks(reference, 3) == ks(spool, 3)
+    assert copy.committed("frag") == 3
