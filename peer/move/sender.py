@@ -165,6 +165,7 @@ class MoveSender:
         started = self.clock()
         try:
             await engine.stop_query(name)  # the pause starts
+            steps = {"stop_s": self.clock() - started}
             holds = {s: spools.get(s).latest for s in held}
             await self._mirrors_caught_up({s: holds[s] for s in mirrored}, target, strict=True)
             for stream in replica_inputs:
@@ -178,6 +179,7 @@ class MoveSender:
             for stream in outputs:
                 await fed.mirrors.pause(stream)
             own_origin = {s: fed.mirrors.origin(s) for s in hosted_inputs + outputs}
+            steps["detach_s"] = self.clock() - started - sum(steps.values())
             sealed = await asyncio.to_thread(
                 export_fragment,
                 site,
@@ -190,7 +192,9 @@ class MoveSender:
                 target,
                 pre["present"],
             )
+            steps["export_s"] = self.clock() - started - sum(steps.values())
             await self._send_chunks(target, stage / "move.tar")
+            steps["send_s"] = self.clock() - started - sum(steps.values())
             intent.phase = "installing"  # the target may install from now on: in doubt
             await asyncio.to_thread(self.journal.write_intent, intent)
         except BaseException as exc:
@@ -211,8 +215,15 @@ class MoveSender:
         finally:
             shutil.rmtree(stage, ignore_errors=True)
         pause_s = self.clock() - started
+        steps["install_s"] = pause_s - sum(steps.values())
         await self._commit(intent)
-        log.info("fragment %s moved to %s (pause %.2f s)", name, target.hex()[:12], pause_s)
+        log.info(
+            "fragment %s moved to %s (pause %.2f s: %s)",
+            name,
+            target.hex()[:12],
+            pause_s,
+            ", ".join(f"{k.removesuffix('_s')} {v:.2f}" for k, v in steps.items()),
+        )
         return {
             "fragment": name,
             "to": target.hex(),
@@ -221,6 +232,7 @@ class MoveSender:
             "precopy_bytes": pre["size"],
             "precopy_s": round(precopy_s, 3),
             "resume_s": reply.get("resume_s"),
+            "steps": {k: round(v, 3) for k, v in steps.items()},  # the pause, step by step
             "epoch": intent.epoch,
         }
 
