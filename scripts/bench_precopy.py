@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -35,7 +33,6 @@ from bench_common import header, load_average, md_table, new_results
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 600
-MOVED = re.compile(r"moved to [0-9a-f]+ \(pause ([0-9.]+) s(?:: ([^)]*))?\)")
 
 
 def unpack(commit: str, where: Path) -> Path:
@@ -52,12 +49,8 @@ def run_demo(code: Path, work: Path, duration: int) -> dict[str, Any]:
     """One ``peer demo --spike`` with the code in ``code``; its moves out of alpha."""
     work.mkdir(parents=True)
     summary = work / "summary.json"
-    kept = work / "tmp"  # the demo's work directory lands here (--keep): its peers' logs
-    kept.mkdir()
     env = dict(os.environ, PYTHONPATH=str(code), PYTHONUNBUFFERED="1", COLUMNS="200")
-    env["TMPDIR"] = str(kept)
-    command = [sys.executable, "-m", "peer.cli", "demo", "--spike", "--keep"]
-    command += ["--duration", str(duration)]
+    command = [sys.executable, "-m", "peer.cli", "demo", "--spike", "--duration", str(duration)]
     started = time.monotonic()
     with (work / "demo.out").open("wb") as out:
         done = subprocess.run(
@@ -70,17 +63,11 @@ def run_demo(code: Path, work: Path, duration: int) -> dict[str, Any]:
             check=False,
         )
     took = time.monotonic() - started
-    steps = []  # each move's pause, step by step, as alpha's log says it (the new code)
-    for log in sorted(kept.rglob("*.log")):
-        for line in log.read_text(errors="replace").splitlines():
-            if (found := MOVED.search(line)) is not None:
-                steps.append({"pause_s": float(found[1]), "steps": found[2]})
-    shutil.rmtree(kept, ignore_errors=True)
     if not summary.exists():
-        return {"ok": False, "exit": done.returncode, "took_s": took, "moves": [], "steps": steps}
+        return {"ok": False, "exit": done.returncode, "took_s": took, "moves": []}
     found = json.loads(summary.read_text())
     moves = [
-        {k: m.get(k) for k in ("fragment", "pause_s", "bytes", "precopy_bytes", "ok")}
+        {k: m.get(k) for k in ("fragment", "pause_s", "bytes", "precopy_bytes", "pause_steps")}
         for m in found.get("moves", [])
     ]
     return {
@@ -90,7 +77,6 @@ def run_demo(code: Path, work: Path, duration: int) -> dict[str, Any]:
         "exact": found.get("exact"),
         "alpha_util_peak": found.get("alpha_util_peak"),
         "moves": moves,
-        "steps": steps,
     }
 
 
@@ -130,11 +116,14 @@ def report(results: dict[str, Any]) -> str:
         )
     )
     lines.append("")
-    lines.append("Each pause, step by step (alpha's log; the code before says only the total):")
+    lines.append("Each pause, step by step (alpha's ledger; the code before has no steps):")
     for run in results["runs"]:
-        for move in run["steps"]:
-            detail = move["steps"] or "-"
-            lines.append(f"- {run['code']} run {run['run']}: {move['pause_s']:.2f} s ({detail})")
+        for move in run["moves"]:
+            steps = move.get("pause_steps") or {}
+            detail = ", ".join(f"{k.removesuffix('_s')} {v:.2f}" for k, v in steps.items())
+            lines.append(
+                f"- {run['code']} run {run['run']}: {move['pause_s']:.2f} s ({detail or '-'})"
+            )
     lines.append("")
     for code in ("before", "after"):
         pauses = [m["pause_s"] for r in results["runs"] if r["code"] == code for m in r["moves"]]

@@ -52,6 +52,7 @@ __all__ = [
     "offer_frame",
     "parse_offer",
     "pause_s",
+    "pause_steps",
     "sent_bytes",
     "valid_at",
 ]
@@ -121,6 +122,18 @@ def pause_s(result: object) -> float | None:
     if isinstance(pause, int | float) and not isinstance(pause, bool) and math.isfinite(pause):
         return float(pause)
     return None
+
+
+def pause_steps(result: object) -> dict[str, float]:
+    """The pause of a move step by step, from the move's report (peer.move.sender)."""
+    steps = result.get("steps") if isinstance(result, Mapping) else None
+    if not isinstance(steps, Mapping):
+        return {}
+    return {
+        k: float(v)
+        for k, v in steps.items()
+        if isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
+    }
 
 
 def sent_bytes(result: object, key: str) -> int | None:

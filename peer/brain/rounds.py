@@ -38,6 +38,7 @@ from peer.brain.offers import (
     offer_frame,
     parse_offer,
     pause_s,
+    pause_steps,
     sent_bytes,
     valid_at,
 )
@@ -361,6 +362,7 @@ class Brain:
                 "pause_s": pause_s(result),
                 "bytes": sent_bytes(result, "bytes"),
                 "precopy_bytes": sent_bytes(result, "precopy_bytes"),
+                "pause_steps": pause_steps(result),
                 "ok": error is None,
             }
             if reason is not None:

@@ -254,6 +254,7 @@ class MoveReceiver:
         if sealed["pre"] is not None:  # the pre-copy first: the final tar adds the rest
             await asyncio.to_thread(extract, incoming.pre_path, where)
         await asyncio.to_thread(extract, incoming.path, where)
+        steps = {"unpack_s": self.clock() - started}
         tree = where / "tree"
         catalog, spools = site.catalog, site.spools
         query = parse_query(manifest["definition"])
@@ -308,7 +309,9 @@ class MoveReceiver:
         await asyncio.to_thread(self.journal.write_arrival, move_id, arrival)
         try:
             await asyncio.to_thread(land)
+            steps["land_s"] = self.clock() - started - sum(steps.values())
             await site.set_query_status_here(name, "RUNNING")
+            steps["start_s"] = self.clock() - started - sum(steps.values())
             # the commit point: from here the fragment is ours, whatever happens
             await asyncio.to_thread(
                 self.journal.decide,
@@ -333,7 +336,8 @@ class MoveReceiver:
             except (ValueError, OSError) as exc:
                 log.error("ledger entry for arriving fragment %s not written: %s", name, exc)
         log.info("fragment %s arrived from %s and resumed", name, incoming.sender)
-        return {"fragment": name, "resume_s": round(resume_s, 3)}
+        steps = {k: round(v, 3) for k, v in steps.items()}
+        return {"fragment": name, "resume_s": round(resume_s, 3), "steps": steps}
 
     def _serve_arrived(self, manifest: dict[str, Any]) -> None:
         """Host the result streams of a fragment that arrived and pump their mirrors."""

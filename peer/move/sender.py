@@ -216,6 +216,11 @@ class MoveSender:
             shutil.rmtree(stage, ignore_errors=True)
         pause_s = self.clock() - started
         steps["install_s"] = pause_s - sum(steps.values())
+        there = reply.get("steps")  # the target's own account of the install
+        if isinstance(there, dict):
+            for key in ("unpack_s", "land_s", "start_s"):
+                if isinstance(there.get(key), int | float):
+                    steps[f"target_{key}"] = float(there[key])
         await self._commit(intent)
         log.info(
             "fragment %s moved to %s (pause %.2f s: %s)",

@@ -13,7 +13,8 @@ An entry is a flat map: ``t`` (unix time of the move), ``direction`` (``out`` or
 ``fragment``, ``partner`` (participant), ``peer`` (the other peer's node id in hex, or None),
 ``contract``, ``load`` (cores), ``price`` (per core), ``pause_s`` (moves out: how long the
 fragment did not run), ``bytes`` and ``precopy_bytes`` (moves out: what was sent while it was
-stopped, and before, while it still ran), ``ok`` and, for a failed move, ``error``.
+stopped, and before, while it still ran), ``pause_steps`` (moves out: the pause step by step,
+peer.move.sender), ``ok`` and, for a failed move, ``error``.
 
 How long the partner has been running a fragment is not stored: :func:`with_durations`
 derives it from the entries, up to the next move of the same fragment in the other direction
@@ -64,6 +65,7 @@ class LedgerEntry(TypedDict):
     pause_s: NotRequired[float | None]
     bytes: NotRequired[int | None]  # sent during the pause
     precopy_bytes: NotRequired[int | None]  # sent before it, while the fragment ran
+    pause_steps: NotRequired[dict[str, float]]  # stop_s, detach_s, export_s, send_s, install_s
     error: NotRequired[str]
     reason: NotRequired[str]  # why a fragment went to a peer of its own participant
     duration_s: NotRequired[float | None]
