@@ -80,7 +80,7 @@ from peer.timing import MONOTONIC, Clock
 
 __all__ = ["SIBLING", "ArrivalHook", "Mover"]
 
-MOVE_OPS = ("move_begin", "move_chunk", "move_install", "move_resolve")
+MOVE_OPS = ("move_begin", "move_chunk", "move_precopied", "move_install", "move_resolve")
 
 
 class Mover:

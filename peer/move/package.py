@@ -46,6 +46,7 @@ class Incoming:
     touched: float = field(default_factory=time.monotonic)
     pre_size: int = 0  # the pre-copy's tar, sent while the fragment still ran (pre.tar)
     pre_digest: Any = field(default_factory=hashlib.sha256)
+    pre_unpacked: bool = False  # checked and unpacked on ``move_precopied``: no more pre chunks
 
     @property
     def pre_path(self) -> Path:
@@ -225,6 +226,17 @@ def check_manifest(manifest: Any) -> dict[str, Any]:
     return manifest
 
 
+def check_pre(pre: Any, incoming: Incoming, op: str) -> None:
+    """The pre-copy's size and hash, as ``op`` announces them, are what arrived."""
+    size, digest = (pre.get("size"), pre.get("sha256")) if isinstance(pre, dict) else (0, 0)
+    if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        raise InvalidInput(f"{op}: the pre-copy's size must be a positive byte count")
+    if not isinstance(digest, str):
+        raise InvalidInput(f"{op}: the pre-copy's sha256 must be a hex string")
+    if size != incoming.pre_size or digest != incoming.pre_digest.hexdigest():
+        raise InvalidInput(f"{op}: the pre-copy does not match the announced hash")
+
+
 def check_install(frame: dict[str, Any], incoming: Incoming) -> dict[str, Any]:
     """size, sha256, reader offsets and held offsets of a ``move_install``; InvalidInput if
     mistyped."""
@@ -247,15 +259,7 @@ def check_install(frame: dict[str, Any], incoming: Incoming) -> dict[str, Any]:
         raise InvalidInput("move_install: holds must map each input held here to an offset")
     pre = frame.get("pre")
     if pre is not None:
-        pre_size, pre_digest = (
-            (pre.get("size"), pre.get("sha256")) if isinstance(pre, dict) else (0, 0)
-        )
-        if not isinstance(pre_size, int) or isinstance(pre_size, bool) or pre_size <= 0:
-            raise InvalidInput("move_install: pre.size must be a positive byte count")
-        if not isinstance(pre_digest, str):
-            raise InvalidInput("move_install: pre.sha256 must be a hex string")
-        if pre_size != incoming.pre_size or pre_digest != incoming.pre_digest.hexdigest():
-            raise InvalidInput("move_install: the pre-copy does not match the announced hash")
+        check_pre(pre, incoming, "move_install")
     for stream, readers in offsets.items():
         if not isinstance(readers, dict) or not all(
             isinstance(r, str)

@@ -31,6 +31,7 @@ from peer.move.package import (
     append_chunk,
     check_install,
     check_manifest,
+    check_pre,
     extract,
 )
 from peer.site import LocalSite
@@ -106,6 +107,8 @@ class MoveReceiver:
                 self._drop_incoming(move_id)
                 raise InvalidInput(f"move_chunk: a move carries at most {MAX_MOVE_BYTES} bytes")
             if part == "pre":  # sent while the fragment still runs at the sender
+                if incoming.pre_unpacked:
+                    raise InvalidInput("move_chunk: the pre-copy was closed already")
                 await asyncio.to_thread(append_chunk, incoming.pre_path, data)
                 incoming.pre_digest.update(data)
                 incoming.pre_size += len(data)
@@ -114,6 +117,14 @@ class MoveReceiver:
             incoming.digest.update(data)
             incoming.size += len(data)
             return {"move": move_id, "received": incoming.size}
+        if op == "move_precopied":  # the pre-copy is whole: check and unpack it now
+            if incoming.pre_unpacked:
+                raise InvalidInput("move_precopied: the pre-copy was closed already")
+            check_pre(frame, incoming, "move_precopied")
+            await asyncio.to_thread(extract, incoming.pre_path, incoming.path.parent)
+            incoming.pre_unpacked = True
+            incoming.pre_path.unlink()
+            return {"move": move_id, "unpacked": incoming.pre_size}
         if op == "move_install":
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._installing[move_id] = done
@@ -251,7 +262,9 @@ class MoveReceiver:
         started = self.clock()
         name = manifest["fragment"]
         where = incoming.path.parent
-        if sealed["pre"] is not None:  # the pre-copy first: the final tar adds the rest
+        if sealed["pre"] is not None and not incoming.pre_unpacked:
+            # the pre-copy first (unpacked already if announced whole): the final tar adds
+            # the rest
             await asyncio.to_thread(extract, incoming.pre_path, where)
         await asyncio.to_thread(extract, incoming.path, where)
         steps = {"unpack_s": self.clock() - started}

@@ -156,6 +156,8 @@ class MoveSender:
             await self._mirrors_caught_up({s: spools.get(s).latest - 16 for s in mirrored}, target)
             pre = await asyncio.to_thread(export_precopy, site, stage, manifest, readers)
             await self._send_chunks(target, stage / "pre.tar", part="pre")
+            sealed_pre = {"move": intent.id, "size": pre["size"], "sha256": pre["sha256"]}
+            await fed.router.call(target, Raw("move_precopied", sealed_pre))  # unpacked there
             await asyncio.to_thread(self.journal.write_intent, intent)  # from here, undoable
         except BaseException:
             shutil.rmtree(stage, ignore_errors=True)

@@ -496,3 +496,38 @@ def test_a_pre_copy_that_does_not_match_or_a_bad_part_is_refused(
     run(go())
     catalog = mover.site.catalog
     assert catalog.find_query("frag") is None and catalog.stream_names() == []
+
+
+def test_a_pre_copy_announced_whole_is_checked_then_closed(
+    receiver: tuple[Mover, str], tmp_path: Path
+) -> None:
+    """``move_precopied`` unpacks the pre-copy while the sender's fragment still runs, once
+    its hash matches; after it no pre chunk is taken, and a wrong hash is refused."""
+    mover, cid = receiver
+    m = manifest(cid)
+    tree = tmp_path / "tree" / "in0"
+    tree.mkdir(parents=True)
+    (tree / "00000000000000000001.arrow").write_bytes(b"batch")
+    pre_tar = tmp_path / "pre.tar"
+    with tarfile.open(pre_tar, "w") as tar:
+        tar.add(tmp_path / "tree", arcname="tree")
+    body = pre_tar.read_bytes()
+    sealed = {"size": len(body), "sha256": hashlib.sha256(body).hexdigest()}
+
+    async def go() -> None:
+        await mover.handle({"op": "move_begin", "manifest": m}, "alpha")
+        chunk = {"op": "move_chunk", "move": m["id"], "data": body, "part": "pre"}
+        await mover.handle(chunk, "alpha")
+        with pytest.raises(InvalidInput, match="hash"):
+            wrong = {**sealed, "sha256": hashlib.sha256(b"x").hexdigest()}
+            await mover.handle({"op": "move_precopied", "move": m["id"], **wrong}, "alpha")
+        reply = await mover.handle({"op": "move_precopied", "move": m["id"], **sealed}, "alpha")
+        assert reply["unpacked"] == len(body)
+        where = mover.receiver.root / f"in-{m['id']}"
+        assert (where / "tree" / "in0" / "00000000000000000001.arrow").read_bytes() == b"batch"
+        with pytest.raises(InvalidInput, match="closed"):
+            await mover.handle(chunk, "alpha")
+        with pytest.raises(InvalidInput, match="closed"):
+            await mover.handle({"op": "move_precopied", "move": m["id"], **sealed}, "alpha")
+
+    run(go())
