@@ -529,7 +529,9 @@ class LocalSite:
         engine_info = await self.engine.describe(names) if self.engine is not None else {}
         queries = []
         for name in names:
-            entry = self.catalog.query(name)
+            entry = self.catalog.find_query(name)
+            if entry is None:  # moved away or deleted while the engine answered
+                continue
             info: dict[str, Any] = {"name": name, "status": entry.status}
             # its boxes and arrows, for the dashboard's query diagram (peer.observe.diagram)
             info["boxes"] = [
@@ -557,7 +559,11 @@ class LocalSite:
         for n in self.catalog.stream_names():
             q = quarantined.get(n)
             if q is None:
-                streams.append({"name": n, "latest_offset": self.spools.get(n).latest})
+                try:
+                    latest = self.spools.get(n).latest
+                except KeyError:  # dropped meanwhile (a move lets go of it in a thread)
+                    continue
+                streams.append({"name": n, "latest_offset": latest})
             else:
                 streams.append({"name": n, "latest_offset": None, "quarantined": q.reason})
         return replies.StatusReply(

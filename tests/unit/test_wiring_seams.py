@@ -174,3 +174,41 @@ def test_the_role_door_refuses_a_role_until_opened_then_tells_its_listener_in_or
         door.open(lambda stream, primary: None)
     door.on_role("u", True)  # the first listener still hears
     assert told[-1] == ("u", True)
+
+
+def test_a_status_taken_while_a_query_moves_away_leaves_it_out(tmp_path: Path) -> None:
+    """The engine answers ``describe`` while the loop goes on: a fragment that moved away (or
+    was deleted) meanwhile is left out of the status, which does not fail."""
+    from peer.model.query import parse_query
+
+    site = LocalSite(SiteConfig(data_dir=tmp_path))
+    query = {
+        "name": "gone",
+        "boxes": [
+            {
+                "name": "f",
+                "type": "filter",
+                "inputs": ["kv_in"],
+                "outputs": ["kv_out"],
+                "params": {"expression.0": "k > 0"},
+            }
+        ],
+    }
+
+    class MovingEngine:  # what describe() sees: the move let go of the query meanwhile
+        executors = None
+
+        async def describe(self, names: list[str]) -> dict[str, dict[str, Any]]:
+            site.catalog.remove_query("gone")
+            return {n: {"active": True} for n in names}
+
+    async def go() -> dict[str, Any]:
+        await site.create_schema(KV)
+        await site.create_stream("kv_in", "kv")
+        site.catalog.add_query(parse_query(query), "i1")
+        assert site.catalog.query_names() == ["gone"]
+        site.engine = cast(Any, MovingEngine())
+        return (await site.status()).to_wire()
+
+    found = asyncio.run(go())
+    assert found["queries"] == [] and [s["name"] for s in found["streams"]] == ["kv_in"]
