@@ -24,9 +24,11 @@ from typing import TYPE_CHECKING, Any
 from peer.cli.options import UsageError, parse_addr
 from peer.errors import Unavailable
 from peer.model.limits import DEFAULT_LIMITS, ContentLimits
+from peer.storage.datadir import hold
 
 if TYPE_CHECKING:
     from overlay.node import NotAdmitted
+    from peer.node import Peer, PeerConfig
 
 
 async def cmd_join(args: argparse.Namespace) -> int:
@@ -98,7 +100,15 @@ async def cmd_join(args: argparse.Namespace) -> int:
         launched_as=args.launched_as,
         elastic_interval_s=args.elastic_interval,
     )
-    node = Peer(config)
+    held = hold(config.data_dir)  # one peer per data directory (peer.storage.datadir)
+    try:
+        return await run_peer(Peer(config), config, args, host)
+    finally:
+        held.release()
+
+
+async def run_peer(node: Peer, config: PeerConfig, args: argparse.Namespace, host: str) -> int:
+    """Start ``node``, say where it listens (``DATA_DIR/peer.json``), run it until stopped."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, node.stop)

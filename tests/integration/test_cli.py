@@ -288,3 +288,20 @@ def test_time_units_round_trip_and_subscribe_prints_any_stored_timestamp(
         (4, "2023-11-14T22:13:20.123000+00:00", None),
         (6, 2**62, None),
     ]
+
+
+def test_a_second_peer_on_the_same_data_directory_is_refused(peer: PeerProcess) -> None:
+    """One process per data directory (peer.storage.datadir): a second `peer join` on it exits
+    at once naming the directory and the running peer's pid; the first serves on."""
+    second = cli(
+        None, "join", "--no-engine", "--data-dir", str(peer.data_dir), "--listen", "127.0.0.1:0"
+    )
+    assert second.returncode == 1, second.stderr
+    assert str(peer.data_dir) in second.stderr and "in use by another peer" in second.stderr
+    assert peer.proc is not None and f"pid {peer.proc.pid}" in second.stderr
+
+    async def still_serving() -> None:
+        async with Client("127.0.0.1", peer.port, timeout_s=30) as c:
+            assert peer.proc is not None and (await c.status())["pid"] == peer.proc.pid
+
+    asyncio.run(still_serving())
