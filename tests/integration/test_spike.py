@@ -50,7 +50,7 @@ def test_a_load_spike_moves_boxes_to_the_contract_partner_only(tmp_path: Path) -
                 "demo",
                 "--spike",
                 "--duration",
-                "25",
+                "35",
                 "--summary",
                 str(summary),
                 "--hold",
