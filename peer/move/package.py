@@ -53,12 +53,28 @@ class Incoming:
         return self.path.parent / "pre.tar"
 
 
+@dataclass(frozen=True)
+class Packed:
+    """A tar written for a move: its size and SHA-256 (what the target checks)."""
+
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class PreCopy:
+    """The pre-copy's tar, and for each stream the offset through which its files are in it."""
+
+    tar: Packed
+    present: dict[str, int]
+
+
 def export_precopy(
     site: LocalSite,
     stage: Path,
     manifest: dict[str, Any],
     readers: dict[str, list[str]],
-) -> dict[str, Any]:
+) -> PreCopy:
     """The pre-copy (issue 28), taken while the fragment runs: the batch files of each input
     that travels that the fragment has yet to read, and of each result spool, as they are
     now, in the directories of the final tar; written as ``stage/pre.tar``. Returns its size
@@ -76,10 +92,10 @@ def export_precopy(
         present[stream], _ = spool.export_files(tree / info["dir"], after=floor)
     for stream, info in manifest["outputs"].items():
         present[stream], _ = spools.get(stream).export_files(tree / info["dir"], after=-1)
-    return {**_pack(tree, stage / "pre.tar"), "present": present}
+    return PreCopy(_pack(tree, stage / "pre.tar"), present)
 
 
-def _pack(tree: Path, tar_path: Path) -> dict[str, Any]:
+def _pack(tree: Path, tar_path: Path) -> Packed:
     with tarfile.open(tar_path, "w") as tar:
         tar.add(tree, arcname="tree")
     digest = hashlib.sha256()
@@ -87,7 +103,7 @@ def _pack(tree: Path, tar_path: Path) -> dict[str, Any]:
         while block := f.read(1 << 20):
             digest.update(block)
     shutil.rmtree(tree)
-    return {"size": tar_path.stat().st_size, "sha256": digest.hexdigest()}
+    return Packed(tar_path.stat().st_size, digest.hexdigest())
 
 
 def export_fragment(
@@ -142,7 +158,8 @@ def export_fragment(
             tree / info["dir"], after=-1, readers=mirror_readers, present=present.get(stream, -1)
         )
         (tree / info["dir"] / ORIGIN_FILE).write_text(own_origin[stream])
-    return {**_pack(tree, stage / "move.tar"), "offsets": offsets}
+    packed = _pack(tree, stage / "move.tar")
+    return {"size": packed.size, "sha256": packed.sha256, "offsets": offsets}
 
 
 def append_chunk(path: Path, data: bytes) -> None:

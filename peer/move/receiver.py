@@ -267,7 +267,12 @@ class MoveReceiver:
             # the rest
             await asyncio.to_thread(extract, incoming.pre_path, where)
         await asyncio.to_thread(extract, incoming.path, where)
-        steps = {"unpack_s": self.clock() - started}
+        steps: dict[str, float] = {}
+
+        def lap(step: str) -> None:  # the install, step by step
+            steps[step] = self.clock() - started - sum(steps.values())
+
+        lap("unpack_s")
         tree = where / "tree"
         catalog, spools = site.catalog, site.spools
         query = parse_query(manifest["definition"])
@@ -322,9 +327,9 @@ class MoveReceiver:
         await asyncio.to_thread(self.journal.write_arrival, move_id, arrival)
         try:
             await asyncio.to_thread(land)
-            steps["land_s"] = self.clock() - started - sum(steps.values())
+            lap("land_s")
             await site.set_query_status_here(name, "RUNNING")
-            steps["start_s"] = self.clock() - started - sum(steps.values())
+            lap("start_s")
             # the commit point: from here the fragment is ours, whatever happens
             await asyncio.to_thread(
                 self.journal.decide,
@@ -349,8 +354,8 @@ class MoveReceiver:
             except (ValueError, OSError) as exc:
                 log.error("ledger entry for arriving fragment %s not written: %s", name, exc)
         log.info("fragment %s arrived from %s and resumed", name, incoming.sender)
-        steps = {k: round(v, 3) for k, v in steps.items()}
-        return {"fragment": name, "resume_s": round(resume_s, 3), "steps": steps}
+        rounded = {k: round(v, 3) for k, v in steps.items()}
+        return {"fragment": name, "resume_s": round(resume_s, 3), "steps": rounded}
 
     def _serve_arrived(self, manifest: dict[str, Any]) -> None:
         """Host the result streams of a fragment that arrived and pump their mirrors."""

@@ -156,8 +156,10 @@ class MoveSender:
             await self._mirrors_caught_up({s: spools.get(s).latest - 16 for s in mirrored}, target)
             pre = await asyncio.to_thread(export_precopy, site, stage, manifest, readers)
             await self._send_chunks(target, stage / "pre.tar", part="pre")
-            sealed_pre = {"move": intent.id, "size": pre["size"], "sha256": pre["sha256"]}
-            await fed.router.call(target, Raw("move_precopied", sealed_pre))  # unpacked there
+            pre_sealed = {"size": pre.tar.size, "sha256": pre.tar.sha256}
+            await fed.router.call(  # the target checks and unpacks it now
+                target, Raw("move_precopied", {"move": intent.id, **pre_sealed})
+            )
             await asyncio.to_thread(self.journal.write_intent, intent)  # from here, undoable
         except BaseException:
             shutil.rmtree(stage, ignore_errors=True)
@@ -166,8 +168,13 @@ class MoveSender:
         precopy_s = self.clock() - precopy_started
         started = self.clock()
         try:
+            steps: dict[str, float] = {}
+
+            def lap(step: str) -> None:  # the pause, step by step
+                steps[step] = self.clock() - started - sum(steps.values())
+
             await engine.stop_query(name)  # the pause starts
-            steps = {"stop_s": self.clock() - started}
+            lap("stop_s")
             holds = {s: spools.get(s).latest for s in held}
             await self._mirrors_caught_up({s: holds[s] for s in mirrored}, target, strict=True)
             for stream in replica_inputs:
@@ -181,7 +188,7 @@ class MoveSender:
             for stream in outputs:
                 await fed.mirrors.pause(stream)
             own_origin = {s: fed.mirrors.origin(s) for s in hosted_inputs + outputs}
-            steps["detach_s"] = self.clock() - started - sum(steps.values())
+            lap("detach_s")
             sealed = await asyncio.to_thread(
                 export_fragment,
                 site,
@@ -192,11 +199,11 @@ class MoveSender:
                 hosted_inputs,
                 own_origin,
                 target,
-                pre["present"],
+                pre.present,
             )
-            steps["export_s"] = self.clock() - started - sum(steps.values())
+            lap("export_s")
             await self._send_chunks(target, stage / "move.tar")
-            steps["send_s"] = self.clock() - started - sum(steps.values())
+            lap("send_s")
             intent.phase = "installing"  # the target may install from now on: in doubt
             await asyncio.to_thread(self.journal.write_intent, intent)
         except BaseException as exc:
@@ -209,7 +216,6 @@ class MoveSender:
             raise
         try:
             async with asyncio.timeout(INSTALL_TIMEOUT_S):
-                pre_sealed = {"size": pre["size"], "sha256": pre["sha256"]}
                 install = {"move": intent.id, **sealed, "holds": holds, "pre": pre_sealed}
                 reply = await fed.router.call(target, Raw("move_install", install))
         except (FedstreamError, OSError, TimeoutError) as exc:
@@ -236,7 +242,7 @@ class MoveSender:
             "to": target.hex(),
             "pause_s": round(pause_s, 3),
             "bytes": sealed["size"],
-            "precopy_bytes": pre["size"],
+            "precopy_bytes": pre.tar.size,
             "precopy_s": round(precopy_s, 3),
             "resume_s": reply.get("resume_s"),
             "steps": {k: round(v, 3) for k, v in steps.items()},  # the pause, step by step
