@@ -92,11 +92,11 @@ class BrainHost(Protocol):
         ...
 
     async def engine_busy_seconds(self) -> Mapping[str, float]:
-        """For each fragment's streaming query running here, the seconds it has spent in
-        micro-batches since it started (cumulative; a query that restarts starts again from
-        zero), and the shared lane's under a key no fragment has: it takes part in the split
-        of CPU, never in an offer. Empty when the peer runs no engine. May raise: the round is
-        then skipped."""
+        """For each fragment running here, the seconds it has spent in micro-batches since it
+        started (cumulative; a query that restarts starts again from zero): a member of the
+        shared lane an equal share of the lane's; a lane without members under a key no
+        fragment has (it takes part in the split of CPU, never in an offer). Empty when the
+        peer runs no engine. May raise: the round is then skipped."""
         ...
 
     def input_backlog(self) -> int:

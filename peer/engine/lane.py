@@ -37,6 +37,15 @@ output is appended tagged (member incarnation, lane batch id), so the spool keep
 A member that is stopped misses the tuples that arrive while it is stopped, as a consumer
 detached from a live stream would (a windowed member also drops its open windows); a
 restarted peer resumes the lane, with all its members, from its checkpoint.
+
+A member moves to another peer (``peer.move``) without stopping Spark: :meth:`Lane.hold`
+waits for the batch under way to end and keeps the next one from starting, then says where
+the member stands (:class:`MemberCut`: for each input, the spool offset through which it has
+taken every tuple, read from the offset log of the last batch it took, and its windows).
+:meth:`Lane.release` lets the lane go on, with the member (the move failed: it lost nothing)
+or without it. On the new peer the member joins that lane with its windows (a *seed* file
+under ``arrived/``, kept while it runs there, so a crash before its first saved batch keeps
+them), and the lane starts its inputs where the move put their reader offsets.
 """
 
 from __future__ import annotations
@@ -77,6 +86,22 @@ log = logging.getLogger(__name__)
 
 READER = "lane"
 MEMBER = "__member"
+ARRIVED = "arrived"  # seeds: the windows of members that moved here (see the module docstring)
+
+
+@dataclass(frozen=True)
+class MemberCut:
+    """A member held at a batch boundary (:meth:`Lane.hold`): for each of its inputs, the
+    spool offset through which it has taken every tuple, and its windows' state (None: a
+    per-tuple member)."""
+
+    positions: dict[str, int]
+    window: dict[str, Any] | None
+    reader: str = READER  # the lane's reader id in each input spool
+
+
+def seed_name(name: str, incarnation: str) -> str:
+    return f"{name}.{incarnation}.msgpack"
 
 
 def error_line(exc: BaseException) -> str:
@@ -108,6 +133,7 @@ class LaneMember:
     # A windowed aggregate: its per-tuple part, and its open windows and watermark.
     prefix: CheckedQuery | None = None
     window: WindowState | None = None
+    seed: dict[str, Any] | None = None  # the windows it arrived with (a move), until saved
 
     @classmethod
     def make(cls, checked: CheckedQuery, origin: str, first_batch: int) -> LaneMember:
@@ -184,6 +210,11 @@ class Lane:
         self._windows_loaded = False
         self._windows_batch = -1
         self._state_paths: list[Path] = []  # the state files on disk, oldest first
+        # Held while a batch runs in the sink, and by ``hold`` while a member moves out.
+        self._gate = threading.Lock()
+        self._held: str | None = None  # the member held for a move: no batch includes it
+        self._holding = False  # whether ``hold`` has the gate (a stop takes it back)
+        self._done_batch = -1  # the last batch whose sink ended (or was committed at start)
 
     def add(
         self, spark: SparkSession, checked: CheckedQuery, incarnation: str, *, resume: bool = False
@@ -192,8 +223,15 @@ class Lane:
         restart takes every batch, since a re-run batch may hold its unsaved output."""
         name = checked.query.name
         first = 0 if resume else self._planned() + 1
+        member = LaneMember.make(checked, f"query:{name}:{incarnation}", first)
+        seed = self.seed_path(name, incarnation)
+        if member.window is not None and seed.is_file():  # it moved here with its windows
+            import msgpack
+
+            member.seed = msgpack.unpackb(seed.read_bytes(), strict_map_key=False)
+            member.window.load(member.seed)
         with self._lock:
-            self.members[name] = LaneMember.make(checked, f"query:{name}:{incarnation}", first)
+            self.members[name] = member
         needed = self._needed()
         if self.handle is None or not set(needed) <= set(self.streams):
             try:
@@ -203,13 +241,31 @@ class Lane:
                 raise
 
     def remove(self, name: str) -> bool:
+        """Stop member ``name`` (a stopped windowed member drops its windows, its seed too)."""
         with self._lock:
             member = self.members.pop(name, None)
+        if member is not None:
+            self._forget_seed(member)
         if member is not None and not self.members:
             self.stop(release=True)
         return member is not None
 
+    def _forget_seed(self, member: LaneMember) -> None:
+        incarnation = member.origin.rsplit(":", 1)[-1]
+        name = member.checked.query.name
+        (self.root / ARRIVED / seed_name(name, incarnation)).unlink(missing_ok=True)
+
+    def seed_path(self, name: str, incarnation: str) -> Path:
+        """Where a member arriving with its windows finds them (``peer.move`` writes it)."""
+        return self.root / ARRIVED / seed_name(name, incarnation)
+
     def stop(self, *, release: bool = False) -> None:
+        if self._holding:
+            # A held sink would keep Spark's stop waiting: let batches run again, without
+            # the held member (it is on its way out; should the move fail after all, it
+            # misses these batches, as a member stopped meanwhile would).
+            self._holding = False
+            self._gate.release()
         if self.handle is not None:
             try:
                 self.handle.stop()
@@ -224,11 +280,70 @@ class Lane:
 
     def _planned(self) -> int:
         """The last batch id Spark planned (it writes offsets/N before running batch N)."""
-        offsets = self.root / "checkpoint" / "offsets"
+        return self._logged("offsets")
+
+    def _logged(self, log_name: str) -> int:
+        """The newest batch id in the checkpoint's ``offsets`` or ``commits`` log (-1: none)."""
+        directory = self.root / "checkpoint" / log_name
         ids = (
-            [int(p.name) for p in offsets.iterdir() if p.name.isdigit()] if offsets.is_dir() else []
+            [int(p.name) for p in directory.iterdir() if p.name.isdigit()]
+            if directory.is_dir()
+            else []
         )
         return max(ids, default=-1)
+
+    # ------------------------------------------------------------------ moving a member out
+    def hold(self, name: str, timeout_s: float) -> MemberCut:
+        """Wait (at most ``timeout_s``) for the batch under way to end, keep the next from
+        starting until :meth:`release`, and say where member ``name`` stands. Any thread.
+        TimeoutError if the batch did not end; KeyError if no such member (nothing held)."""
+        if not self._gate.acquire(timeout=timeout_s):
+            raise TimeoutError(f"the lane's batch did not end within {timeout_s:.0f} s")
+        try:
+            with self._lock:
+                member = self.members[name]
+            if member.window is not None and not self._windows_loaded:
+                self._load_windows(self._done_batch + 1)  # as the next batch would find them
+            cut = max(self._done_batch, member.first_batch - 1)
+            positions = self._positions(cut, list(member.checked.inputs))
+            window = member.window.to_state() if member.window is not None else None
+        except BaseException:
+            self._gate.release()
+            raise
+        self._held, self._holding = name, True
+        return MemberCut(positions, window)
+
+    def release(self, name: str, *, drop: bool) -> None:
+        """End :meth:`hold`: the lane goes on with member ``name`` (``drop``: without it, it
+        moved away). On the engine's Spark thread (dropping the last member stops the lane)."""
+        if drop:
+            with self._lock:
+                member = self.members.pop(name, None)
+            if member is not None:
+                self._forget_seed(member)
+        if self._held == name:
+            self._held = None
+            if self._holding:
+                self._holding = False
+                self._gate.release()
+        if drop and not self.members:
+            self.stop(release=True)
+
+    def _positions(self, batch_id: int, streams: list[str]) -> dict[str, int]:
+        """Each stream's offset at the end of lane batch ``batch_id`` (its offset log), or,
+        for a stream that batch did not read, where the lane would start it: its reader's
+        committed offset."""
+        named: dict[str, Any] = {}
+        path = self.root / "checkpoint" / "offsets" / str(batch_id)
+        if batch_id >= 0 and path.is_file():
+            # Spark's offset log: a version line, the batch's metadata, then one offset per
+            # source (the lane has one: {"o": {stream: N}})
+            lines = path.read_text().splitlines()
+            named = json.loads(lines[-1]).get("o", {}) if len(lines) >= 3 else {}
+        return {
+            s: int(named[s]) if s in named else self.spools.get(s).committed(READER)
+            for s in streams
+        }
 
     def _needed(self) -> list[str]:
         with self._lock:
@@ -254,6 +369,7 @@ class Lane:
                 }
             )
         self.root.mkdir(parents=True, exist_ok=True)
+        self._done_batch = self._logged("commits")
         spec_path = self.root / "spec.json"
         spec_path.write_text(json.dumps(spec))
         self.layout = {
@@ -286,13 +402,20 @@ class Lane:
         raise KeyError(stream)
 
     def _sink(self, df: DataFrame, batch_id: int) -> None:
+        with self._gate:  # (``hold`` keeps the batch from starting while a member moves out)
+            self._run_batch(df, batch_id)
+            self._done_batch = batch_id
+
+    def _run_batch(self, df: DataFrame, batch_id: int) -> None:
         started = self.clock()
         layout = self.layout
         with self._lock:
             members = [
                 m
                 for m in self.members.values()
-                if set(m.checked.inputs) <= set(layout) and batch_id >= m.first_batch
+                if set(m.checked.inputs) <= set(layout)
+                and batch_id >= m.first_batch
+                and m.checked.query.name != self._held
             ]
         if not members:
             return
@@ -392,6 +515,8 @@ class Lane:
             member.window.reset()
             if member.origin in states:
                 member.window.load(states[member.origin])
+            elif member.seed is not None:  # it arrived after that batch, with these windows
+                member.window.load(member.seed)
         self._windows_loaded = True
         self._windows_batch = batch_id - 1
         log.info("lane: windowed state of batch %d restored", batch_id - 1)

@@ -34,7 +34,7 @@ from peer.engine.compile import (
 )
 from peer.engine.executors import ExecutorWatch
 from peer.engine.lane import READER as LANE_READER
-from peer.engine.lane import Lane, error_line, lane_kind
+from peer.engine.lane import Lane, MemberCut, error_line, lane_kind
 from peer.engine.lane_source import register_lane_source
 from peer.engine.seams import EngineSeams
 from peer.errors import EngineError
@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 # The lane's entry in busy_seconds: object names start with a letter, digit or underscore.
 LANE_BUSY = "(lane)"
+HOLD_TIMEOUT_S = 60.0  # a lane batch that runs longer than this fails a member's move out
 
 
 def query_key(name: str, incarnation: str) -> str:
@@ -400,6 +401,24 @@ class Engine:
         await self._call(stop)
         log.info("query %s stopped", name)
 
+    async def hold_member(self, name: str) -> MemberCut:
+        """Hold the lane at a batch boundary for moving member ``name`` out, and say where it
+        stands (``Lane.hold``); :meth:`release_member` ends the hold."""
+        return await asyncio.to_thread(self.lane.hold, name, HOLD_TIMEOUT_S)
+
+    async def release_member(self, name: str, *, moved: bool) -> None:
+        """The lane goes on, with member ``name`` or (``moved``) without it."""
+        await self._call(lambda: self.lane.release(name, drop=moved))
+
+    @property
+    def lane_reader(self) -> str:
+        """The reader id the lane reads its input spools under (one for all its members)."""
+        return LANE_READER
+
+    def lane_seed(self, name: str, incarnation: str) -> Path:
+        """Where a lane member arriving by a move leaves its windows (``Lane.add`` loads it)."""
+        return self.lane.seed_path(name, incarnation)
+
     async def drop_query(self, name: str, incarnation: str) -> None:
         """Stop the query and remove its checkpoint and its spool reader registrations (found
         by their ids, ``<query key>-<n>``, so those of a query stopped earlier go too)."""
@@ -448,11 +467,12 @@ class Engine:
         return await self._call(ask)
 
     async def busy_seconds(self) -> dict[str, float]:
-        """Seconds each query with its own streaming query has spent running micro-batches,
-        cumulative while this engine runs (the brain's load per fragment, peer.load). The lane
-        counts as one more entry, under :data:`LANE_BUSY` (no query can have that name): its
-        members cannot move, but the time it takes is time no movable fragment used, so the
-        brain must not charge it to them.
+        """Seconds each query has spent running micro-batches, cumulative while this engine
+        runs (the brain's load per fragment, peer.load). A query with its own streaming query
+        has its own batches; the lane's batches are shared equally among the members it has
+        when they are counted (the lane runs them all in one statement, and Spark reports the
+        statement's time, not each member's). A lane without members counts under
+        :data:`LANE_BUSY` (no query can have that name): time no fragment used.
 
         Spark keeps the last ``spark.sql.streaming.numRecentProgressUpdates`` (100) progress
         reports per query; each trigger's ``triggerExecution`` time is added once, the newest
@@ -466,6 +486,8 @@ class Engine:
         busy: dict[str, tuple[tuple[str, int], float]] = self.__dict__.setdefault("_busy", {})
         rows: list[int] = self.__dict__.setdefault("_rows_read", [0])  # see rows_read()
         spent: list[float] = self.__dict__.setdefault("_busy_total", [0.0])  # see busy_total()
+        # the lane's seconds counted so far ("" key), and each member's share of them
+        shares: dict[str, float] = self.__dict__.setdefault("_lane_shares", {"": 0.0})
 
         def ask() -> dict[str, float]:
             if self.lane.handle is not None:  # the lane is the Spark thread's
@@ -495,9 +517,28 @@ class Engine:
                         rows[0] += read
                 busy[name] = (newest, total)
                 out[name] = total
+            if LANE_BUSY in out:
+                self._share_lane(out, shares)
             return out
 
         return await self._call(ask)
+
+    def _share_lane(self, out: dict[str, float], shares: dict[str, float]) -> None:
+        """Replace the lane's entry in ``out`` by its members' equal shares (cumulative per
+        member: what the lane spent since the last count, split among today's members)."""
+        total = out[LANE_BUSY]
+        new = total - shares[""] if total >= shares[""] else total
+        shares[""] = total
+        members = self.lane.member_names()
+        for name in list(shares):
+            if name and name not in members:
+                del shares[name]
+        if not members:
+            return
+        for name in members:
+            shares[name] = shares.get(name, 0.0) + new / len(members)
+            out[name] = shares[name]
+        del out[LANE_BUSY]
 
     def input_readers(self) -> list[tuple[str, str]]:
         """(stream, reader) of every input this engine's queries and lane read."""

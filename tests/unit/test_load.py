@@ -250,3 +250,33 @@ def test_engine_counts_the_lane_apart_from_the_fragments(tmp_path: Path) -> None
     loads = fragment_loads(2.0, dict(busy))
     assert loads["q"] == pytest.approx(0.5)
     assert fragment_loads(2.0, {"q": busy["q"]})["q"] == pytest.approx(1.0)
+
+
+def test_engine_shares_the_lane_among_its_members(tmp_path: Path) -> None:
+    """Lane members move (issue 28), so the brain needs their load: the lane's batches are
+    split equally among the members it has when counted; a member that joins later shares
+    only what came after, and one that left drops out. A lane without members stays apart."""
+    from peer.engine.lane import LaneMember
+    from peer.engine.runner import LANE_BUSY, Engine
+    from peer.storage.spool import SpoolSet
+
+    engine = Engine(SpoolSet(tmp_path / "spool", fsync=False), tmp_path / "checkpoints")
+    reports = [progress("2026-01-01T00:00:00.000Z", 0, 1200)]
+    engine.lane.handle = SimpleNamespace(recentProgress=reports)  # type: ignore[assignment]
+
+    def member() -> LaneMember:
+        return SimpleNamespace()  # type: ignore[return-value]
+
+    try:
+        assert asyncio.run(engine.busy_seconds()) == {LANE_BUSY: pytest.approx(1.2)}
+        engine.lane.members = {"a": member(), "b": member()}
+        reports.append(progress("2026-01-01T00:00:01.000Z", 1, 600))
+        first = asyncio.run(engine.busy_seconds())
+        engine.lane.members = {"a": member(), "c": member(), "d": member()}
+        reports.append(progress("2026-01-01T00:00:02.000Z", 2, 900))
+        second = asyncio.run(engine.busy_seconds())
+    finally:
+        engine._executor.shutdown(wait=True)
+        engine.lane.handle = None
+    assert first == {"a": pytest.approx(0.3), "b": pytest.approx(0.3)}
+    assert second == {"a": pytest.approx(0.6), "c": pytest.approx(0.3), "d": pytest.approx(0.3)}
