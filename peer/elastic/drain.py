@@ -15,7 +15,8 @@ to shrink; or the plan dropped it before it came up), it drains:
    protocol, under :data:`peer.move.SIBLING`);
 4. when nothing is left to move it stops the peer (``peer join`` exits 0).
 
-What cannot move (a member of the shared lane) keeps the peer up: it says so in its status and
+What cannot move (a fragment whose result stream another fragment here reads; a lane member
+whose input the target's lane reads already) keeps the peer up: it says so in its status and
 tries again each round. Its follower roles in replicated streams are not handed over: the
 control plane repairs them once the peer is gone, as for any peer that leaves.
 """

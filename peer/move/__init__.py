@@ -14,7 +14,12 @@ The sender P, holding the move lock (one move in or out at a time):
    each input that travels that the fragment has yet to read, and of each result spool, as
    they are now, go to Q as a first tar (``move_chunk`` with ``part: pre``); batch files are
    immutable, so this copy stays valid, and the pause then ships only what came after it;
-1. stops the fragment's streaming query: the *pause* starts;
+1. stops the fragment's streaming query: the *pause* starts. A member of the shared lane
+   (``peer.engine.lane``) is not stopped: the lane holds at a batch boundary (its other
+   members wait too) and says where the member stands, the spool offset through which it
+   took each input and its windows; these travel in place of a checkpoint, the lane reader's
+   offsets in the input copies say where the target's lane starts them, and the lane goes on
+   without the member once the target installed it (with it, exactly where it was, if not);
 2. for each input that is a replica of a stream hosted by U: refuses further mirrored appends
    (and waits for those landing), then asks U to stop mirroring to P (``unmirror``), which
    answers with the last offset P acknowledged; P's replica is final from then on;
@@ -51,9 +56,12 @@ can undo or finish the move after a crash, and stays *in doubt* (the fragment st
 cannot be asked. So a crash at any step, or a lost reply, leaves exactly one running copy:
 see :mod:`~peer.move.journal`.
 
-Movable: a RUNNING fragment with its own streaming query (not in the stateless lane), whose
+Movable: a RUNNING fragment (its own streaming query, or a member of the shared lane), whose
 result streams no other local query reads and whose replica inputs no other local query
-reads. Q refuses a fragment whose streams or name it already holds.
+reads. Q refuses a fragment whose streams or name it already holds, and a lane member whose
+input its own lane reads already (its lane reads each stream at one position). A lane
+member runs at Q under a new incarnation, the move's: its results are tagged with Q's lane
+batch ids, which under the old one could pass for replays of P's.
 
 The stages live in their own modules: :mod:`~peer.move.candidates` (what may move, and how each
 input travels), :mod:`~peer.move.package` (manifest, tar and their checks),

@@ -22,17 +22,18 @@ def movable(site: LocalSite, hosted: Collection[str]) -> list[tuple[str, tuple[s
 
 
 def why_not(site: LocalSite, hosted: Collection[str], name: str) -> str | None:
-    """Why fragment ``name`` may not move (None: it may). Movable: a RUNNING fragment with
-    its own streaming query, whose result streams and replica inputs no other local query
-    reads, and whose inputs are all held here."""
+    """Why fragment ``name`` may not move (None: it may). Movable: a RUNNING fragment (with
+    its own streaming query, or a member of the shared lane), whose result streams and
+    replica inputs no other local query reads, and whose inputs are all held here."""
     catalog = site.catalog
     entry = catalog.find_query(name)
     if entry is None:
         return f"no fragment {name} runs here"
     if entry.status != "RUNNING":
         return f"fragment {name} is {entry.status}, not RUNNING"
-    if site.engine is None or name not in site.engine.running:
-        return f"fragment {name} runs in the shared lane"
+    engine = site.engine
+    if engine is None or (name not in engine.running and name not in engine.lane.members):
+        return f"fragment {name} is not running on this peer's engine"
     if site.replicated_outputs(entry.query):
         return f"fragment {name} writes replicated streams: it runs where their primary is"
     checked = site.checked(entry.query)

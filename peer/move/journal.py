@@ -59,6 +59,7 @@ class Intent:
     kept: list[str] = field(default_factory=list)  # inputs hosted here, hosted here after
     # replica inputs whose host stopped mirroring here: stream -> [host hex, last acked]
     detached: dict[str, tuple[str, int]] = field(default_factory=dict)
+    lane: bool = False  # a member of the shared lane (held in the lane, not stopped)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Intent:
@@ -75,6 +76,7 @@ class Intent:
             readers={str(k): [str(r) for r in v] for k, v in raw.get("readers", {}).items()},
             kept=[str(s) for s in raw.get("kept", [])],
             detached={str(k): (str(v[0]), int(v[1])) for k, v in raw.get("detached", {}).items()},
+            lane=raw.get("lane") is True,
         )
 
 

@@ -16,7 +16,9 @@ import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import msgpack
 
 from peer.errors import InvalidInput
 from peer.federation.mirror import MIRROR_PREFIX, ORIGIN_FILE
@@ -26,12 +28,16 @@ from peer.site import LocalSite
 from peer.storage.catalog import QueryEntry
 from peer.storage.spool_format import write_reader_offset
 
+if TYPE_CHECKING:
+    from peer.engine.lane import MemberCut
+
 _READER = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
 CHUNK_BYTES = 4 * 1024 * 1024
 # a manifest's contract between peers of one participant: they need none (peer.elastic.balance)
 SIBLING = ""
 MAX_MOVE_BYTES = 8 * 1024**3
 MAX_MOVE_FILES = 100_000
+LANE_FILE = "lane.msgpack"  # a lane member's windows, in place of a checkpoint
 
 
 @dataclass
@@ -59,6 +65,19 @@ class Packed:
 
     size: int
     sha256: str
+
+
+@dataclass(frozen=True)
+class Sealed:
+    """The final tar, and the reader offsets of the inputs the target holds already (stream
+    -> reader -> offset): what ``move_install`` says besides the pre-copy."""
+
+    tar: Packed
+    offsets: dict[str, dict[str, int]]
+
+    def install(self) -> dict[str, Any]:
+        """The fields ``move_install`` carries for it (``check_install`` reads them)."""
+        return {"size": self.tar.size, "sha256": self.tar.sha256, "offsets": self.offsets}
 
 
 @dataclass(frozen=True)
@@ -116,21 +135,30 @@ def export_fragment(
     own_origin: dict[str, str],
     target: bytes,
     present: dict[str, int] | None = None,
-) -> dict[str, Any]:
-    """Write the tar; what ``move_install`` says besides it (size, hash, reader offsets
-    of the inputs the target holds already). A stream's batch files through
-    ``present[stream]`` are left out: the pre-copy carried them."""
+    cut: MemberCut | None = None,
+) -> Sealed:
+    """Write the tar, ``stage/move.tar``. A stream's batch files through
+    ``present[stream]`` are left out: the pre-copy carried them. A member of the shared lane
+    (``cut``: where the lane held it) carries its windows instead of a checkpoint, and its
+    position as the lane reader's offset in each input."""
     present = present or {}
     spools = site.spools
     assert site.engine is not None
     tree = stage / "tree"
     name = manifest["fragment"]
-    shutil.copytree(site.engine.checkpoint_dir(name, entry.incarnation), tree / "checkpoint")
+    if cut is None:
+        shutil.copytree(site.engine.checkpoint_dir(name, entry.incarnation), tree / "checkpoint")
+    else:
+        tree.mkdir(parents=True, exist_ok=True)
+        (tree / LANE_FILE).write_bytes(msgpack.packb({"window": cut.window}, use_bin_type=True))
     offsets: dict[str, dict[str, int]] = {}
     for stream, info in manifest["inputs"].items():
         spool = spools.get(stream)
         ids = readers.get(stream, [])
-        committed = {r: spool.committed(r) for r in ids}
+        if cut is None:
+            committed = {r: spool.committed(r) for r in ids}
+        else:  # the lane commits a batch late: the member's own position is the cut's
+            committed = {cut.reader: cut.positions[stream]}
         if info["mode"] == "local":
             offsets[stream] = committed
             continue
@@ -151,6 +179,8 @@ def export_fragment(
             seqs=seqs,
             present=present.get(stream, -1),
         )
+        if cut is not None:
+            write_reader_offset(tree / info["dir"], cut.reader, committed[cut.reader])
     for stream, info in manifest["outputs"].items():
         spool = spools.get(stream)
         mirror_readers = [r for r in spool.readers() if r.startswith(MIRROR_PREFIX)]
@@ -158,8 +188,7 @@ def export_fragment(
             tree / info["dir"], after=-1, readers=mirror_readers, present=present.get(stream, -1)
         )
         (tree / info["dir"] / ORIGIN_FILE).write_text(own_origin[stream])
-    packed = _pack(tree, stage / "move.tar")
-    return {"size": packed.size, "sha256": packed.sha256, "offsets": offsets}
+    return Sealed(_pack(tree, stage / "move.tar"), offsets)
 
 
 def append_chunk(path: Path, data: bytes) -> None:
@@ -227,6 +256,8 @@ def check_manifest(manifest: Any) -> dict[str, Any]:
     types = need("box_types", list)
     if sorted({b.type for b in parsed.boxes}) != types:
         raise InvalidInput("move_begin: box_types do not match the definition")
+    if not isinstance(manifest.get("lane", False), bool):
+        raise InvalidInput("move_begin: manifest field 'lane' must be true or false")
     for key in ("inputs", "outputs"):
         streams = need(key, dict)
         for stream, info in streams.items():

@@ -8,7 +8,10 @@ import logging
 import shutil
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Protocol
+
+import msgpack
 
 from contracts.book import ContractBook
 from contracts.contract import covers
@@ -25,6 +28,7 @@ from peer.model.query import parse_query
 from peer.model.schema import parse_schema
 from peer.move.journal import MOVE_ID, Journal, Outcome
 from peer.move.package import (
+    LANE_FILE,
     MAX_MOVE_BYTES,
     SIBLING,
     Incoming,
@@ -35,12 +39,41 @@ from peer.move.package import (
     extract,
 )
 from peer.site import LocalSite
-from peer.storage.spool_format import write_reader_offset
+from peer.storage.spool_format import atomic_write, write_reader_offset
 from peer.timing import MONOTONIC, WALL
 
 log = logging.getLogger(__name__)
 
 INCOMING_IDLE_S = 300.0  # an incoming move with no chunk for this long is dropped
+
+
+def landed_incarnation(manifest: dict[str, Any]) -> str:
+    """The incarnation a fragment runs under here. A lane member's results are tagged with
+    (incarnation, lane batch id), and this peer's lane numbers its batches otherwise than the
+    sender's: under the old incarnation its results could pass for replays of older ones. So
+    a member takes a new incarnation, the move's own (the same after a crash mid-install)."""
+    return str(manifest["id"])[:8] if manifest.get("lane") else str(manifest["incarnation"])
+
+
+def lane_window(path: Path) -> dict[str, Any] | None:
+    """The windows a lane member arrives with (None: a per-tuple member); InvalidInput if the
+    file is not what a sender writes."""
+    try:
+        raw = msgpack.unpackb(path.read_bytes(), strict_map_key=False)
+    except (OSError, ValueError, msgpack.UnpackException) as exc:
+        raise InvalidInput(f"move: the lane member's state is unreadable: {exc}") from None
+    if not isinstance(raw, dict) or "window" not in raw:
+        raise InvalidInput("move: the lane member's state names no windows")
+    window = raw["window"]
+    if window is None:
+        return None
+    if (
+        isinstance(window, dict)
+        and isinstance(window.get("wm"), int)
+        and isinstance(window.get("g"), list)
+    ):
+        return window
+    raise InvalidInput("move: the lane member's windows are not a watermark and groups")
 
 
 class ArrivalHook(Protocol):
@@ -215,6 +248,16 @@ class MoveReceiver:
         for stream in checked_manifest["outputs"]:
             if stream in spools:
                 raise Conflict(f"this peer holds stream {stream} already", stream=stream)
+        if checked_manifest.get("lane"):
+            lane_reads = set(site.engine.lane.streams)
+            for stream in checked_manifest["inputs"]:
+                if stream in lane_reads:
+                    # the lane reads each stream at one position: the member's cannot be kept
+                    raise Conflict(
+                        f"this peer's lane reads stream {stream} already: a lane member "
+                        "arriving could not start where it stopped",
+                        stream=stream,
+                    )
         if self.lock.locked():
             raise Unavailable("this peer has a move in flight; retry later")
         await self.lock.acquire()
@@ -276,7 +319,7 @@ class MoveReceiver:
         tree = where / "tree"
         catalog, spools = site.catalog, site.spools
         query = parse_query(manifest["definition"])
-        incarnation = manifest["incarnation"]
+        incarnation = landed_incarnation(manifest)
 
         def land() -> None:
             for stream, offsets in sealed["offsets"].items():  # streams held here already
@@ -307,12 +350,19 @@ class MoveReceiver:
                 schema = parse_schema(info["schema"])
                 spools.adopt(stream, tree / info["dir"])
                 catalog.add_stream(stream, schema, name)
-            checkpoint = engine.checkpoint_dir(name, incarnation)
-            shutil.rmtree(checkpoint, ignore_errors=True)
-            checkpoint.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(tree / "checkpoint"), checkpoint)
+            if manifest.get("lane"):  # its windows, for the lane to start it with
+                window = lane_window(tree / LANE_FILE)
+                if window is not None:
+                    seed = engine.lane_seed(name, incarnation)
+                    seed.parent.mkdir(parents=True, exist_ok=True)
+                    atomic_write(seed, msgpack.packb(window, use_bin_type=True))
+            else:
+                checkpoint = engine.checkpoint_dir(name, incarnation)
+                shutil.rmtree(checkpoint, ignore_errors=True)
+                checkpoint.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(tree / "checkpoint"), checkpoint)
             catalog.add_query(query, incarnation)
-            catalog.set_placement(name, "own")
+            catalog.set_placement(name, "lane" if manifest.get("lane") else "own")
             catalog.forget_moved(name)
 
         move_id = manifest["id"]
@@ -378,10 +428,11 @@ class MoveReceiver:
         site, name = self.site, manifest["fragment"]
         log.warning("fragment %s did not arrive; rolling back what landed of it", name)
         entry = site.catalog.find_query(name)
+        incarnation = landed_incarnation(manifest)
         try:
-            if entry is not None and entry.incarnation == manifest["incarnation"]:
+            if entry is not None and entry.incarnation == incarnation:
                 if site.engine is not None:  # stop it, drop its readers and checkpoint
-                    await site.engine.drop_query(name, manifest["incarnation"])
+                    await site.engine.drop_query(name, incarnation)
                 await asyncio.to_thread(site.catalog.remove_query, name)
             await asyncio.to_thread(self._forget_readers, arrival.get("offsets", {}))
             landed = [s for s, i in manifest["inputs"].items() if i["mode"] == "copy"]

@@ -92,10 +92,15 @@ class MoveSender:
         catalog, spools = site.catalog, site.spools
         entry = catalog.query(name)
         checked = site.checked(entry.query)
-        running = engine.running[name]
+        # A member of the shared lane reads through the lane's reader, which stays here for
+        # the other members: the move takes its position from the lane, and unregisters nothing.
+        in_lane = name in engine.lane.members
         readers: dict[str, list[str]] = {}
-        for stream, reader in running.readers:
-            readers.setdefault(stream, []).append(reader)
+        if in_lane:
+            readers = {s: [engine.lane_reader] for s in checked.inputs}
+        else:
+            for stream, reader in engine.running[name].readers:
+                readers.setdefault(stream, []).append(reader)
         replicas = catalog.replicas()
         replica_inputs = [s for s in checked.inputs if s in replicas]
         modes = input_modes(site, name, target)
@@ -112,7 +117,8 @@ class MoveSender:
             replica_inputs=replica_inputs,
             hosted_inputs=hosted_inputs,
             outputs=outputs,
-            readers=readers,
+            readers={} if in_lane else readers,
+            lane=in_lane,
             kept=[s for s in checked.inputs if s not in replicas],  # we go on hosting these
         )
         stage = self.root / f"out-{intent.id}"
@@ -127,6 +133,7 @@ class MoveSender:
             "load": load,
             "price": price,
             "from_node": fed.node_id.hex(),
+            "lane": in_lane,  # it runs in the target's lane too, from its position and windows
             "inputs": {
                 s: {
                     "dir": f"in{i}",
@@ -173,7 +180,11 @@ class MoveSender:
             def lap(step: str) -> None:  # the pause, step by step
                 steps[step] = self.clock() - started - sum(steps.values())
 
-            await engine.stop_query(name)  # the pause starts
+            # the pause starts: the fragment's streaming query stops, or the lane holds at a
+            # batch boundary and says where the member stands
+            cut = await engine.hold_member(name) if in_lane else None
+            if cut is None:
+                await engine.stop_query(name)
             lap("stop_s")
             holds = {s: spools.get(s).latest for s in held}
             await self._mirrors_caught_up({s: holds[s] for s in mirrored}, target, strict=True)
@@ -200,6 +211,7 @@ class MoveSender:
                 own_origin,
                 target,
                 pre.present,
+                cut,
             )
             lap("export_s")
             await self._send_chunks(target, stage / "move.tar")
@@ -216,7 +228,7 @@ class MoveSender:
             raise
         try:
             async with asyncio.timeout(INSTALL_TIMEOUT_S):
-                install = {"move": intent.id, **sealed, "holds": holds, "pre": pre_sealed}
+                install = {"move": intent.id, **sealed.install(), "holds": holds, "pre": pre_sealed}
                 reply = await fed.router.call(target, Raw("move_install", install))
         except (FedstreamError, OSError, TimeoutError) as exc:
             reply = await self._after_lost_install(intent, exc)
@@ -241,7 +253,7 @@ class MoveSender:
             "fragment": name,
             "to": target.hex(),
             "pause_s": round(pause_s, 3),
-            "bytes": sealed["size"],
+            "bytes": sealed.tar.size,
             "precopy_bytes": pre.tar.size,
             "precopy_s": round(precopy_s, 3),
             "resume_s": reply.get("resume_s"),
@@ -391,6 +403,8 @@ class MoveSender:
                 fed.mirrors.resume_stream(stream)
         for stream in intent.replica_inputs:
             site.thaw(stream)
+        if intent.lane and site.engine is not None:  # the member goes on where it was held
+            await site.engine.release_member(name, moved=False)
         await site.resume_query(name)
         await asyncio.to_thread(self.journal.drop_intent, intent.id)
 
@@ -415,6 +429,8 @@ class MoveSender:
                 await fed.hosting.hand_over(stream, target, HANDOVER_S)
             except FedstreamError as exc:  # the target claims it anyway once our lease ends
                 log.error("handing %s over to the new site: %s", stream, exc)
+        if intent.lane and site.engine is not None:  # the lane goes on without it
+            await site.engine.release_member(name, moved=True)
         await asyncio.to_thread(self._release, intent)
         await asyncio.to_thread(site.catalog.add_moved, name, intent.target, self.wall())
         for stream in intent.replica_inputs:

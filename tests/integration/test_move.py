@@ -113,10 +113,12 @@ def pair(
     tmp_path: Path, spark: Any, request: pytest.FixtureRequest
 ) -> Iterator[tuple[PeerThread, PeerThread, str]]:
     """Two partners; with the parameter "shared", their checkpoints in one shared directory
-    (``--checkpoint-dir``: a directory of its own each, beneath it), as on a cluster."""
+    (``--checkpoint-dir``: a directory of its own each, beneath it), as on a cluster; with
+    "lane", every windowed aggregate in the shared lane."""
     from peer.engine.checkpoint_home import resolve
 
-    shared = getattr(request, "param", "data-dir") == "shared"
+    mode = getattr(request, "param", "data-dir")
+    shared, lane = mode == "shared", mode == "lane"
     keys, contract_id, contracts = write_contract(tmp_path)
     fast = {"gossip_interval_s": 0.3, "suspect_after_s": 3.0, "dead_after_s": 8.0}
     started: list[PeerThread] = []
@@ -137,9 +139,10 @@ def pair(
                 contracts_dir=contracts,
                 bootstrap=bootstrap,
                 brain=False,
-                # Each windowed aggregate in its own streaming query: these tests move a
-                # peer's second one too, and a query in the shared lane does not move.
-                fuse_stateless=False,
+                # Each windowed aggregate in its own streaming query (the lane's members are
+                # moved by the "lane" tests), or every one of them in the lane.
+                fuse_stateless=lane,
+                lane_after=0,
                 **fast,  # type: ignore[arg-type]
             )
             started.append(PeerThread(config, spark).__enter__())
@@ -244,6 +247,60 @@ def test_a_fragment_moves_with_its_state_and_the_output_stays_exact(
     assert engine_a is not None and engine_b is not None
     assert engine_a.checkpoint_root != engine_b.checkpoint_root
     assert any(engine_b.checkpoint_root.iterdir())  # B runs it from its own directory
+
+
+@pytest.mark.parametrize("pair", ["lane"], indirect=True)
+def test_a_lane_member_moves_with_its_windows_and_both_outputs_stay_exact(
+    pair: tuple[PeerThread, PeerThread, str],
+) -> None:
+    """Two windowed aggregates share A's lane over one stream (issue 28: lane members move).
+    One moves to B mid-stream: A's lane holds at a batch boundary without stopping Spark, the
+    member's windows and position travel, and B's lane starts the stream there. The other
+    member cannot follow (B's lane reads the stream now, at its own position): refused before
+    anything stops, it goes on in A's lane. Both outputs equal plain Python."""
+    a, b, contract_id = pair
+    a_id, b_id = overlay_of(a).node_id, overlay_of(b).node_id
+    source = stream_name_on(a_id, (a_id, b_id), "laneticks")
+    batches = make_batches(seed=31)
+    want = reference(batches)
+    third = BATCHES // 3
+    stayer = keyed_window_query("stayer", source, "stayed_out", site="alpha", kept="kept2")
+
+    async def scenario() -> tuple[dict[str, Any], str, list[dict[str, Any]], list[Any]]:
+        await set_up(a.port, 2, source, query(source), stayer)
+        assert sorted(engine_of(a).lane.member_names()) == ["mover", "stayer"]
+        await push(a.port, source, batches[:third], 0)
+        async with Client("127.0.0.1", b.port, timeout_s=120) as cl:
+            assert await collect(cl, "moved_out", 1, timeout_s=120), "no result before the move"
+        await push(a.port, source, batches[third : 2 * third], third)
+        moved = await on_peer(a, a.peer.move_fragment("mover", b_id, contract=contract_id))
+        try:
+            await on_peer(a, a.peer.move_fragment("stayer", b_id, contract=contract_id))
+            refused = ""
+        except FedstreamError as exc:
+            refused = exc.message
+        await push(b.port, source, batches[2 * third :], 2 * third)
+        async with Client("127.0.0.1", b.port, timeout_s=120) as cl:
+            rows = await collect(cl, "moved_out", sum(want.values()), timeout_s=300, settle_s=3)
+            stayed = await collect(cl, "stayed_out", sum(want.values()), timeout_s=300, settle_s=3)
+        return moved, refused, rows, stayed
+
+    moved, refused, rows, stayed = asyncio.run(scenario())
+    print("move:", moved, "refused:", refused)
+    assert moved["to"] == b_id.hex() and moved["pause_s"] > 0
+    assert "lane reads stream" in refused and source in refused
+    # B runs the member in its own lane, under a new incarnation; A's lane keeps the other
+    assert site_of(b).catalog.query("mover").placement == "lane"
+    assert engine_of(b).lane.member_names() == ["mover"]
+    assert engine_of(a).lane.member_names() == ["stayer"]
+    assert site_of(a).catalog.find_query("mover") is None
+    assert site_of(a).catalog.query("stayer").status == "RUNNING"
+
+    def as_counter(got: list[dict[str, Any]]) -> Counter[tuple[int, ...]]:
+        return Counter((r["window_start"], r["window_end"], r["k"], r["s"], r["n"]) for r in got)
+
+    assert as_counter(rows) == want
+    assert as_counter(stayed) == want
 
 
 def test_a_fragment_moves_there_and_back_and_the_output_stays_exact(

@@ -248,7 +248,7 @@ def test_status_shows_the_burst_leader_its_decisions_and_a_drain(
     elastic = {"participant": "acme", "min": 1, "max": 3, "leader": "ab" * 20, "leading": True,
                "term": 2, "launched": ["acme-e1", "acme-e2"], "counts": {"grow": 1},
                "decisions": [grow], "launched_as": "acme-e3", "draining": True,
-               "left": ["fragment q9 runs in the shared lane"]}  # fmt: skip
+               "left": ["another query here reads its result stream q9_out"]}  # fmt: skip
     print_status({**base, "elastic": elastic})
     out = capsys.readouterr().out
     assert "elastic acme 1:3: leader abababababab (this peer), term 2" in out
@@ -256,4 +256,5 @@ def test_status_shows_the_burst_leader_its_decisions_and_a_drain(
     row = next(line for line in out.splitlines() if "grow" in line)
     for shown in ("1 -> 3", "24,000", "10,000", "held at MAX (3)"):
         assert shown in row, (shown, row)
-    assert "launched as acme-e3: draining; waiting on: fragment q9 runs in the shared lane" in out
+    waiting = "waiting on: another query here reads its result stream q9_out"
+    assert f"launched as acme-e3: draining; {waiting}" in out

@@ -94,7 +94,7 @@ def test_a_peer_out_of_the_plan_hands_over_moves_everything_and_stops() -> None:
 def test_a_failed_move_or_an_unmovable_fragment_keeps_the_peer_up_until_it_can_go() -> None:
     port = Port(())
     port.fail_once = {"q2"}
-    port.stuck = ["fragment q9 runs in the shared lane"]
+    port.stuck = ["another query here reads its result stream q9_out"]
     drainer, stopped = drain(port)
     assert asyncio.run(drainer.round()) is False
     assert not stopped

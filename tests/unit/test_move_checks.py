@@ -15,6 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -92,6 +93,7 @@ def test_a_good_manifest_passes() -> None:
         ({"contract": 5}, "contract"),
         ({"epoch": 0}, "epoch"),
         ({"epoch": "1"}, "epoch"),
+        ({"lane": "yes"}, "lane"),
     ],
 )
 def test_a_bad_manifest_is_refused_with_a_reason(change: dict[str, Any], words: str) -> None:
@@ -531,3 +533,50 @@ def test_a_pre_copy_announced_whole_is_checked_then_closed(
             await mover.handle({"op": "move_precopied", "move": m["id"], **sealed}, "alpha")
 
     run(go())
+
+
+def test_a_lane_member_whose_input_this_lane_reads_is_refused(
+    receiver: tuple[Mover, str],
+) -> None:
+    """The lane reads each stream at one position: an arriving member could not start where it
+    stopped. Refused at ``move_begin``, before the sender holds anything."""
+    mover, cid = receiver
+    mover.site.engine = SimpleNamespace(lane=SimpleNamespace(streams=["src"]))  # type: ignore[assignment]
+    with pytest.raises(Conflict) as err:
+        run(mover.handle({"op": "move_begin", "manifest": manifest(cid, lane=True)}, "alpha"))
+    assert "lane reads stream src" in err.value.message and not mover.busy
+    mover.site.engine = SimpleNamespace(lane=SimpleNamespace(streams=["other"]))  # type: ignore[assignment]
+    assert run(mover.handle({"op": "move_begin", "manifest": manifest(cid, lane=True)}, "alpha"))
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"not msgpack at all \xc1",
+        msgpack.packb([1, 2]),
+        msgpack.packb({"windows": None}),
+        msgpack.packb({"window": {"wm": "0", "g": []}}),
+        msgpack.packb({"window": {"wm": 0, "g": {}}}),
+        msgpack.packb({"window": 7}),
+    ],
+)
+def test_a_lane_members_state_that_is_not_windows_is_refused(
+    tmp_path: Path, content: bytes
+) -> None:
+    from peer.move.receiver import lane_window
+
+    path = tmp_path / "lane.msgpack"
+    path.write_bytes(content)
+    with pytest.raises(InvalidInput) as err:
+        lane_window(path)
+    assert "lane member" in err.value.message
+
+
+def test_a_lane_member_takes_a_new_incarnation_and_a_fragment_keeps_its_own() -> None:
+    """Its results are tagged (incarnation, lane batch id), and lanes number batches apart."""
+    from peer.move.receiver import landed_incarnation
+
+    member = manifest(lane=True)
+    assert landed_incarnation(member) == member["id"][:8] != member["incarnation"]
+    assert landed_incarnation(member) == landed_incarnation(dict(member))  # after a crash too
+    assert landed_incarnation(manifest()) == manifest()["incarnation"]
