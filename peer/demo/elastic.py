@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import random
 import shutil
 import tempfile
 import time
@@ -41,6 +40,7 @@ from rich.table import Table
 from peer.demo.board import show_table
 from peer.examples.keyed_window import keyed_window_query, keyed_window_schema, keyed_window_sums
 from peer.testing.cluster import LocalFederation, collect, make_participants, participant_args
+from peer.testing.push import KeyedFeed
 
 __all__ = ["Elastic", "kill_launched", "launched_pids"]
 
@@ -51,7 +51,6 @@ INTERVAL_S = 3.0  # the burst leader decides every 3 s (peer join's default: 10 
 FAST = ("--gossip-interval", "0.3", "--suspect-after", "3", "--dead-after", "8")
 GROW_S = 420.0  # the ramp goes on until the participant has grown and spread (at most)
 SHRINK_S = 420.0  # after the ramp, the wait for the shrink and the drains (at most)
-Batch = dict[str, list[int]]
 
 
 def launched_pids(work: Path) -> dict[str, int]:
@@ -92,9 +91,7 @@ class Elastic:
         self.keep = keep
         self.summary_path = summary
         self.live = live
-        self.rng = random.Random(seed)
-        self.pushed: list[Batch] = []
-        self.t = 0
+        self.feed = KeyedFeed(SOURCE, producer="ramp", seed=seed)
         self.phase = "starting"
         self.status: dict[str, Any] = {}
         self.most_launched = 0
@@ -135,7 +132,7 @@ class Elastic:
     async def _main(self, fed: LocalFederation, work: Path) -> int:
         from peer.client import Client
 
-        self.port = fed.procs["acme1"].port
+        self.port = self.feed.port = fed.procs["acme1"].port
         async with Client("127.0.0.1", self.port, timeout_s=120) as cl:
             await cl.create_schema(keyed_window_schema("tick"))
             await cl.create_stream(SOURCE, "tick")
@@ -149,8 +146,8 @@ class Elastic:
             grew, moved = await self._ramp(work)
             shrank = await self._wind_down(work) if grew and moved else False
             for _ in range(5):
-                await self._send(self._batch(50))
-            await self._send({"k": [0], "v": [49], "t": [self.t + 100]})  # closes every window
+                await self.feed.send(self.feed.batch(50))
+            await self.feed.close_windows()
             self.phase = "checking against plain Python"
             return await self._check(grew, moved, shrank)
         finally:
@@ -164,8 +161,8 @@ class Elastic:
         self.phase = "ramp: batches back to back"
         began = time.monotonic()
         while time.monotonic() - began < GROW_S:
-            await self._send(self._batch(400))
-            if len(self.pushed) % 10:
+            await self.feed.send(self.feed.batch(400))
+            if len(self.feed.pushed) % 10:
                 continue
             await self._look(work)
             elastic = self.status.get("elastic") or {}
@@ -186,31 +183,6 @@ class Elastic:
             if not (self.status.get("elastic") or {}).get("launched") and not alive:
                 return True
         return False
-
-    def _batch(self, rows: int) -> Batch:
-        rng, t = self.rng, self.t
-        self.t += 2
-        return {
-            "k": [rng.randrange(8) for _ in range(rows)],
-            "v": [rng.randrange(-10, 50) for _ in range(rows)],
-            "t": [t + i * 2 // rows for i in range(rows)],
-        }
-
-    async def _send(self, batch: Batch) -> None:
-        from peer.client import Client
-        from peer.errors import FedstreamError
-
-        seq = len(self.pushed)
-        for _ in range(240):
-            try:
-                async with Client("127.0.0.1", self.port, timeout_s=60) as cl:
-                    await cl.push(SOURCE, {"columns": batch}, producer="ramp", seq=seq)
-                break
-            except (FedstreamError, OSError, TimeoutError):
-                await asyncio.sleep(0.5)
-        else:
-            raise RuntimeError(f"batch {seq} was never acknowledged")
-        self.pushed.append(batch)
 
     async def _look(self, work: Path) -> dict[str, int]:
         from peer.client import Client
@@ -263,7 +235,7 @@ class Elastic:
         exact = {}
         async with Client("127.0.0.1", self.port, timeout_s=120) as cl:
             for i in range(QUERIES):
-                want = keyed_window_sums(self.pushed, at_least=5 * i)
+                want = keyed_window_sums(self.feed.pushed, at_least=5 * i)
                 rows = await collect(
                     cl, f"ramp_out{i}", sum(want.values()), timeout_s=240, settle_s=3
                 )
@@ -303,8 +275,8 @@ class Elastic:
             "decisions": decisions,
             "moves": moves,
             "most_launched": self.most_launched,
-            "batches": len(self.pushed),
-            "tuples": sum(len(b["t"]) for b in self.pushed),
+            "batches": len(self.feed.pushed),
+            "tuples": sum(len(b["t"]) for b in self.feed.pushed),
         }
         if self.summary_path is not None:
             self.summary_path.write_text(json.dumps(summary, indent=1, default=str))

@@ -18,7 +18,8 @@
   uvloop loop, bounded in time;
 - the local federation of :mod:`peer.testing.cluster` (``PeerProcess``, ``LocalFederation``,
   keys, trust and signed contracts, ``stream_name_on``, ``collect``), a process harness that
-  the demo, the benchmarks and the attack scripts use too;
+  the demo, the benchmarks and the attack scripts use too, and :class:`KeyedFeed`
+  (:mod:`peer.testing.push`), the keyed-window workload pushed to one of its peers;
 - from the product, for tests to import from one place: the keyed-window workload of
   :mod:`peer.examples.keyed_window` with its plain-Python reference.
 
@@ -52,11 +53,13 @@ from peer.testing.loops import LOOPS, run_async
 from peer.testing.manual_clock import ManualClock
 from peer.testing.members import member_states, members_alive
 from peer.testing.peer_thread import PeerThread
+from peer.testing.push import KeyedFeed
 from peer.timing import wait_until_sync
 
 __all__ = [
     "LOOPS",
     "FetchServerThread",
+    "KeyedFeed",
     "LocalFederation",
     "ManualClock",
     "PeerProcess",

@@ -64,3 +64,48 @@ async def push_anywhere(
             seq=seq,
             deadline_s=deadline_s,
         )
+
+
+Batch = dict[str, list[int]]
+
+
+class KeyedFeed:
+    """The keyed-window workload (``peer.examples.keyed_window``) pushed to one peer under one
+    producer id, as the balancing test and the elastic demo push it: each batch holds ``rows``
+    tuples over 8 keys, values in [-10, 50), event time rising 2 s a batch. A batch refused or
+    lost is pushed again with the same seq; one acknowledged is in ``pushed`` (what the
+    plain-Python reference, ``keyed_window_sums``, takes)."""
+
+    def __init__(self, stream: str, *, producer: str, port: int = 0, seed: int = 28) -> None:
+        self.stream, self.producer, self.port = stream, producer, port
+        self.rng = random.Random(seed)
+        self.pushed: list[Batch] = []
+        self.t = 0  # the event time of the next batch
+
+    def batch(self, rows: int) -> Batch:
+        rng, t = self.rng, self.t
+        self.t += 2
+        return {
+            "k": [rng.randrange(8) for _ in range(rows)],
+            "v": [rng.randrange(-10, 50) for _ in range(rows)],
+            "t": [t + i * 2 // rows for i in range(rows)],
+        }
+
+    async def send(self, batch: Batch, *, tries: int = 240) -> None:
+        """Push ``batch`` to ``port`` until acknowledged (RuntimeError after ``tries``)."""
+        seq = len(self.pushed)
+        for _ in range(tries):
+            try:
+                async with Client("127.0.0.1", self.port, timeout_s=60) as cl:
+                    await cl.push(self.stream, {"columns": batch}, producer=self.producer, seq=seq)
+                break
+            except (FedstreamError, OSError, TimeoutError):
+                await asyncio.sleep(0.5)
+        else:
+            raise RuntimeError(f"batch {seq} was never acknowledged")
+        self.pushed.append(batch)
+
+    async def close_windows(self) -> None:
+        """A last tuple far ahead (passing every filter of the workload): the watermark passes
+        every window pushed."""
+        await self.send({"k": [0], "v": [49], "t": [self.t + 100]})

@@ -26,9 +26,9 @@ from typing import Any
 import pytest
 
 from peer.client import Client
-from peer.errors import FedstreamError
 from peer.examples.keyed_window import keyed_window_query, keyed_window_schema, keyed_window_sums
 from peer.testing import (
+    KeyedFeed,
     LocalFederation,
     PeerProcess,
     collect,
@@ -45,7 +45,6 @@ FAST = ("--gossip-interval", "0.3", "--suspect-after", "3", "--dead-after", "8")
 CAPACITY = {"acme1": "0.2", "acme2": "4", "acme3": "4"}
 QUERIES = 3
 SPREAD_S = 300.0  # the pushes go on until the load has spread (at most)
-Batch = dict[str, list[int]]
 
 
 def test_a_hot_peer_spreads_its_load_over_its_participants_other_peers(tmp_path: Path) -> None:
@@ -95,7 +94,7 @@ async def scenario(procs: dict[str, PeerProcess]) -> None:
             q = keyed_window_query(f"hot{i}", source, f"hot_out{i}", at_least=5 * i)
             await cl.create_query(q)
             await cl.start_query(q["name"])
-    pusher = Pusher(hot, source)
+    pusher = KeyedFeed(source, producer="hot", port=hot.port)
 
     def moves(found: dict[str, Any]) -> list[dict[str, Any]]:
         ledger = (found.get("brain") or {}).get("ledger", [])
@@ -135,42 +134,3 @@ async def scenario(procs: dict[str, PeerProcess]) -> None:
             rows = await collect(cl, f"hot_out{i}", sum(want.values()), timeout_s=240, settle_s=3)
         got = Counter((r["window_start"], r["window_end"], r["k"], r["s"], r["n"]) for r in rows)
         assert got == want, f"hot{i}: {sum(got.values())} windows, plain Python {len(want)}"
-
-
-class Pusher:
-    """Pushes keyed batches to ``proc`` under one producer id, retrying a refused or lost one
-    with the same seq (a batch acknowledged is in ``pushed``)."""
-
-    def __init__(self, proc: PeerProcess, stream: str) -> None:
-        import random
-
-        self.proc, self.stream = proc, stream
-        self.rng = random.Random(28)
-        self.pushed: list[Batch] = []
-        self.t = 0
-
-    def batch(self, rows: int) -> Batch:
-        rng, t = self.rng, self.t
-        self.t += 2
-        return {
-            "k": [rng.randrange(8) for _ in range(rows)],
-            "v": [rng.randrange(-10, 50) for _ in range(rows)],
-            "t": [t + i * 2 // rows for i in range(rows)],
-        }
-
-    async def send(self, batch: Batch) -> None:
-        seq = len(self.pushed)
-        for _ in range(240):
-            try:
-                async with Client("127.0.0.1", self.proc.port, timeout_s=60) as cl:
-                    await cl.push(self.stream, {"columns": batch}, producer="hot", seq=seq)
-                break
-            except (FedstreamError, OSError, TimeoutError):
-                await asyncio.sleep(0.5)
-        else:
-            raise AssertionError(f"batch {seq} was never acknowledged")
-        self.pushed.append(batch)
-
-    async def close_windows(self) -> None:
-        """A last tuple far ahead: the watermark passes every window pushed."""
-        await self.send({"k": [0], "v": [49], "t": [self.t + 100]})
