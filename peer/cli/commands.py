@@ -23,7 +23,6 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from peer.cli.explain import cmd_query_explain
 from peer.cli.options import UsageError, add_client_options, client_tls, peer_addrs
 from peer.cli.render import print_json, print_status
 from peer.errors import Unavailable
@@ -418,3 +417,11 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     p = add_client_options(sub.add_parser("status", help="what the peer runs"))
     p.add_argument("--json", action="store_true", help="print the whole status as JSON")
     p.set_defaults(run=cmd_status)
+
+
+async def cmd_query_explain(args: argparse.Namespace) -> int:
+    """``peer query explain`` (:mod:`peer.cli.explain`, imported when run: the SQL compiler
+    loads sqlglot, which every other command, ``peer join`` first, does without)."""
+    from peer.cli.explain import cmd_query_explain as explain
+
+    return await explain(args)

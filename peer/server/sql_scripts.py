@@ -30,13 +30,15 @@ import asyncio
 import functools
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from peer.errors import NotFound, SqlError
 from peer.model.limits import DEFAULT_LIMITS, ContentLimits
 from peer.model.schema import Schema, check_name, parse_schema
-from peer.model.sql import Script, compile_script, read_streams
 from peer.model.sql.submit import submit_script
+
+if TYPE_CHECKING:
+    from peer.model.sql import Script
 from peer.protocol.api import CreateSql
 from peer.protocol.replies import CreateSqlReply
 from peer.server.service import PeerService
@@ -68,6 +70,8 @@ class SqlScripts:
     async def create(self, request: CreateSql) -> CreateSqlReply:
         """Compile ``request``'s script and create it; SqlError (with line and column where
         there is one) if it is refused, before anything is created."""
+        from peer.model.sql import compile_script, read_streams  # (sqlglot: on first use)
+
         deadline = asyncio.get_running_loop().time() + self._timeout_s
         read = await self._compiling(deadline, read_streams, request.sql, limits=self._limits)
         known = await self._known(read, request.namespace)

@@ -28,9 +28,9 @@ from peer.errors import ExpressionError, SqlError
 from peer.model.expr import parse_expression
 from peer.model.sql.build import Boxes, Scope, interval_seconds, scope_of
 from peer.model.sql.relation import Column, Relation
+from peer.model.sql.unbounded import UNBOUNDED_S
 
 EPSILON_S = 0.001  # TIMESTAMP(3): one millisecond past a bound
-UNBOUNDED_S = 10 * 365 * 86400.0  # ten years: a join without a time bound keeps everything
 _US = 1_000_000
 _SIDES = ("left", "right")
 _SYMBOLS: dict[type[exp.Expr], str] = {

@@ -14,10 +14,12 @@ document path does).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from peer.model.query import query_to_dict
-from peer.model.sql.script import Script
+
+if TYPE_CHECKING:
+    from peer.model.sql.script import Script
 
 __all__ = ["ScriptClient", "ScriptSubmitted", "submit_script"]
 

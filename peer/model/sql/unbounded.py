@@ -3,7 +3,7 @@
 A stream-stream join keeps each side's tuples for its buffer (``left-buffer-size``,
 ``right-buffer-size``: how long the other side may look back). A join that SQL writes without
 a time bound (NEXMark q3's ``auction JOIN person ON seller = id``) is compiled with buffers of
-ten years (:data:`peer.model.sql.joins.UNBOUNDED_S`): it keeps every tuple of that side for
+ten years (:data:`UNBOUNDED_S`): it keeps every tuple of that side for
 as long as the query runs. A join box of any form (SQL, XML, JSON) with a buffer that long is
 named, with the query inputs it keeps (followed back through the boxes before the join, so
 the sentence says ``auction`` rather than ``q3.filter0``). Pure: no Spark, no I/O.
@@ -14,7 +14,8 @@ from __future__ import annotations
 from peer.errors import QueryError
 from peer.model.params import BoxParams
 from peer.model.query import Box, Query
-from peer.model.sql.joins import UNBOUNDED_S
+
+UNBOUNDED_S = 10 * 365 * 86400.0  # ten years: a join without a time bound keeps everything
 
 __all__ = ["unbounded_state"]
 
