@@ -70,6 +70,7 @@ from peer.engine.lanesql import (
     window_partial_sql,
 )
 from peer.engine.lanewin import WindowState, narrow_schema, prefix_query, window_box
+from peer.errors import Unavailable
 from peer.model.plan import AggregateSpec, CheckedQuery, FilterSpec, MapSpec, UnionSpec
 from peer.model.schema import Schema
 from peer.storage.spool import SpoolSet
@@ -261,9 +262,9 @@ class Lane:
 
     def stop(self, *, release: bool = False) -> None:
         if self._holding:
-            # A held sink would keep Spark's stop waiting: let batches run again, without
-            # the held member (it is on its way out; should the move fail after all, it
-            # misses these batches, as a member stopped meanwhile would).
+            # A held sink would keep Spark's stop waiting: let the batch waiting at the gate
+            # go, to fail (``_sink``), uncommitted: a restart runs it again, the held member
+            # with it unless it moved away.
             self._holding = False
             self._gate.release()
         if self.handle is not None:
@@ -350,6 +351,10 @@ class Lane:
             return sorted({s for m in self.members.values() for s in m.checked.inputs})
 
     def _restart(self, spark: SparkSession, streams: list[str]) -> None:
+        if self._held is not None:  # (its batches wait at the gate until the move ends)
+            raise Unavailable(
+                f"the lane is held while {self._held} moves out; start the query again in a moment"
+            )
         self.stop()
         for stream in set(self.streams) - set(streams):
             self.spools.get(stream).unregister_reader(READER)
@@ -403,6 +408,8 @@ class Lane:
 
     def _sink(self, df: DataFrame, batch_id: int) -> None:
         with self._gate:  # (``hold`` keeps the batch from starting while a member moves out)
+            if self._held is not None:  # the lane stopped while holding: no batch past the cut
+                raise RuntimeError(f"the lane stopped while {self._held} was held for a move")
             self._run_batch(df, batch_id)
             self._done_batch = batch_id
 
@@ -413,9 +420,7 @@ class Lane:
             members = [
                 m
                 for m in self.members.values()
-                if set(m.checked.inputs) <= set(layout)
-                and batch_id >= m.first_batch
-                and m.checked.query.name != self._held
+                if set(m.checked.inputs) <= set(layout) and batch_id >= m.first_batch
             ]
         if not members:
             return

@@ -37,7 +37,7 @@ from peer.engine.lane import READER as LANE_READER
 from peer.engine.lane import Lane, MemberCut, error_line, lane_kind
 from peer.engine.lane_source import register_lane_source
 from peer.engine.seams import EngineSeams
-from peer.errors import EngineError
+from peer.errors import EngineError, Unavailable
 from peer.fetch.protocol import FetchEndpoint
 from peer.model.plan import CheckedQuery
 from peer.model.schema import Schema, spark_ddl
@@ -270,6 +270,8 @@ class Engine:
             assert spark is not None
             try:
                 await self._call(lambda: self.lane.add(spark, checked, incarnation, resume=resume))
+            except Unavailable:  # the lane is held for a move: a retry will do
+                raise
             except Exception as exc:
                 raise EngineError(
                     f"query {name}: Spark refused to start it: {error_line(exc)}", query=name
