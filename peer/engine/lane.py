@@ -350,6 +350,11 @@ class Lane:
         with self._lock:
             return sorted({s for m in self.members.values() for s in m.checked.inputs})
 
+    def restart(self, spark: SparkSession) -> None:
+        """Start the lane again over the same streams (after it failed): from its checkpoint,
+        every member with it."""
+        self._restart(spark, list(self.streams))
+
     def _restart(self, spark: SparkSession, streams: list[str]) -> None:
         if self._held is not None:  # (its batches wait at the gate until the move ends)
             raise Unavailable(

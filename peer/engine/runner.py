@@ -626,6 +626,29 @@ class Engine:
 
         return await self._call(ask)
 
+    def runs(self, name: str, incarnation: str) -> bool:
+        """Whether this engine runs ``incarnation`` of query ``name`` (in the lane or in its
+        own streaming query; a warm standby's run is another incarnation)."""
+        running = self.running.get(name)
+        if running is not None:
+            return running.incarnation == incarnation
+        member = self.lane.members.get(name)
+        return member is not None and member.origin == f"query:{name}:{incarnation}"
+
+    async def restart_query(self, name: str) -> str:
+        """Start a failed query again from its checkpoint: the lane, for a member of it (all
+        its members with it); else its own streaming query, stopped first. Says which."""
+        if name in self.lane.members:
+            spark = self.spark
+            assert spark is not None
+            await self._call(lambda: self.lane.restart(spark))
+            return "lane"
+        running = self.running[name]
+        await self.stop_query(name, forks=False)
+        return await self.run_query(
+            running.checked, running.incarnation, resume=True, placement="own"
+        )
+
     async def failed(self) -> dict[str, str]:
         """Queries whose streaming query died, with the reason."""
         running = list(self.running.items())  # snapshot on the loop, which owns the dict

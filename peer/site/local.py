@@ -22,7 +22,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Collection
 from typing import TYPE_CHECKING, Any
 
-from peer.errors import Conflict, EngineError, InvalidInput, NotFound, Unavailable
+from peer.errors import Conflict, EngineError, FedstreamError, InvalidInput, NotFound, Unavailable
 from peer.model.plan import CheckedQuery, check_query
 from peer.model.query import Query, parse_query, query_to_dict
 from peer.model.schema import Schema, check_name, parse_schema, to_arrow_schema
@@ -33,6 +33,7 @@ from peer.protocol import replies
 from peer.protocol.api import QUERY_STATUSES, START_POSITIONS
 from peer.protocol.link_replies import MirrorAppendReply
 from peer.site.ports import NoReplicaLogs, Reachable, ReplicaLogs, always_reachable
+from peer.site.restarts import Restarts
 from peer.site.store import SiteConfig, SiteStore
 from peer.site.subscribe import follow
 from peer.storage import spool_format as fmt
@@ -77,11 +78,13 @@ class LocalSite:
         logs: ReplicaLogs | None = None,
         address: Callable[[], str] = lambda: "",
         clock: Clock = MONOTONIC,
+        restarts: Restarts | None = None,
     ) -> None:
         """``store``: opened here if not given (the engine's spools must be its spools);
         ``availability``: the engine's tentative forks (None: queries are never forked);
         ``logs``: the replicated streams' appenders; ``address``: HOST:PORT of the client API
-        (empty until it listens); ``clock``: for the uptime and the backlog wait."""
+        (empty until it listens); ``clock``: for the uptime, the backlog wait and the restarts of
+        failed queries; ``restarts``: when those happen (default: ``RestartPolicy()``)."""
         self.config = config
         self.data_dir = config.data_dir
         self.engine = engine
@@ -89,6 +92,7 @@ class LocalSite:
         self.started_at = clock()
         self._address = address
         self.query_errors: dict[str, str] = {}
+        self.restarts = restarts or Restarts()  # failed queries started again (and when)
         store = store or SiteStore.open(config.data_dir)
         self.catalog = store.catalog
         self.spools = store.spools
@@ -156,10 +160,47 @@ class LocalSite:
                 keep = self.logs.trim_limit(name)
                 await asyncio.to_thread(spool.trim, retain, max_age_s=age, keep_after=keep)
         if self.engine is not None:
-            for name, reason in (await self.engine.failed()).items():
+            failed = await self.engine.failed()
+            for name, reason in failed.items():
                 if self.query_errors.get(name) != reason:
                     log.error("query %s failed: %s", name, reason)
                     self.query_errors[name] = reason
+            await self._restart_failed(failed)
+
+    async def _restart_failed(self, failed: dict[str, str]) -> None:
+        """Start failed queries again from their checkpoints, as ``self.restarts`` says when
+        (peer.site.restarts: exponential delay, a bounded number of times)."""
+        engine = self.engine
+        assert engine is not None
+        now = self.clock()
+        lane_restarted = False
+        for name in self.restarts.due(failed, now):
+            entry = self.catalog.find_query(name)
+            if (
+                entry is None
+                or entry.status != "RUNNING"
+                or not engine.runs(name, entry.incarnation)
+            ):
+                self.restarts.forget(name)  # not ours to restart (gone, stopped, a standby)
+                continue
+            self.restarts.restarted(name, now)
+            try:
+                if name in engine.lane.members:
+                    if not lane_restarted:
+                        await engine.restart_query(name)
+                    lane_restarted = True
+                else:
+                    await engine.restart_query(name)
+            except FedstreamError as exc:
+                log.error("query %s could not start again: %s", name, exc.message)
+                continue
+            log.warning(
+                "query %s had failed (%s); started again from its checkpoint (restart %d)",
+                name,
+                failed[name],
+                self.restarts.attempts(name),
+            )
+            self.query_errors.pop(name, None)
 
     async def _run(self, entry: QueryEntry, *, resume: bool = False) -> None:
         """Start a query where it ran before (its checkpoint is there), or where the engine
@@ -301,6 +342,7 @@ class LocalSite:
     async def set_query_status_here(self, name: str, status: str) -> replies.SetQueryStatusReply:
         status = checked_status(status)
         entry = self.catalog.query(name)
+        self.restarts.forget(name)  # set by hand: its restarts count from zero again
         if status == "RUNNING" and entry.status != "RUNNING":
             if self.engine is None:
                 raise Conflict(
