@@ -54,6 +54,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -216,6 +217,7 @@ class Lane:
         self._held: str | None = None  # the member held for a move: no batch includes it
         self._holding = False  # whether ``hold`` has the gate (a stop takes it back)
         self._done_batch = -1  # the last batch whose sink ended (or was committed at start)
+        self._replaying = False  # (re)started with a planned, uncommitted batch not run yet
 
     def add(
         self, spark: SparkSession, checked: CheckedQuery, incarnation: str, *, resume: bool = False
@@ -297,9 +299,20 @@ class Lane:
     def hold(self, name: str, timeout_s: float) -> MemberCut:
         """Wait (at most ``timeout_s``) for the batch under way to end, keep the next from
         starting until :meth:`release`, and say where member ``name`` stands. Any thread.
-        TimeoutError if the batch did not end; KeyError if no such member (nothing held)."""
-        if not self._gate.acquire(timeout=timeout_s):
-            raise TimeoutError(f"the lane's batch did not end within {timeout_s:.0f} s")
+        TimeoutError if the batch did not end; KeyError if no such member (nothing held).
+
+        After a (re)start, a batch Spark had planned and not committed runs again first: its
+        outputs may be in the result spools already, under this incarnation, so the member
+        stands after it only once it ran (the hold waits for it)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._gate.acquire(timeout=left):
+                raise TimeoutError(f"the lane's batch did not end within {timeout_s:.0f} s")
+            if self._done_batch >= self._planned() or not self._replaying:
+                break
+            self._gate.release()  # the batch to run again is at the gate: let it in
+            time.sleep(0.05)
         try:
             with self._lock:
                 member = self.members[name]
@@ -380,6 +393,7 @@ class Lane:
             )
         self.root.mkdir(parents=True, exist_ok=True)
         self._done_batch = self._logged("commits")
+        self._replaying = self._planned() > self._done_batch
         spec_path = self.root / "spec.json"
         spec_path.write_text(json.dumps(spec))
         self.layout = {
@@ -416,7 +430,7 @@ class Lane:
             if self._held is not None:  # the lane stopped while holding: no batch past the cut
                 raise RuntimeError(f"the lane stopped while {self._held} was held for a move")
             self._run_batch(df, batch_id)
-            self._done_batch = batch_id
+            self._done_batch, self._replaying = batch_id, False
 
     def _run_batch(self, df: DataFrame, batch_id: int) -> None:
         started = self.clock()

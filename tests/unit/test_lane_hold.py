@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -156,3 +157,30 @@ def test_an_arriving_member_starts_from_its_seed(lane: Lane, tmp_path: Path) -> 
     assert member.window.to_state() == donor.window.to_state()
     lane.remove("q")
     assert not seed.exists()
+
+
+def test_after_a_restart_the_hold_waits_for_the_batch_run_again(lane: Lane) -> None:
+    """Batch 5 was planned, maybe appended, not committed: Spark runs it again first, and the
+    member stands after it only then (its outputs may be in the spool under its origin)."""
+    lane.members["q"] = LaneMember.make(windowed("q", "a"), "query:q:i1", first_batch=0)
+    lane._windows_loaded = True
+    log_batch(lane.root, 4, {"a": 20})
+    log_batch(lane.root, 5, {"a": 25})
+    commit = lane.root / "checkpoint" / "commits" / "4"
+    commit.parent.mkdir(parents=True)
+    commit.write_text("v1\n{}")
+    lane._done_batch = lane._logged("commits")
+    lane._replaying = lane._planned() > lane._done_batch
+    with pytest.raises(TimeoutError):
+        lane.hold("q", timeout_s=0.2)
+
+    def replayed() -> None:  # what the sink does when batch 5 has run again
+        time.sleep(0.2)
+        with lane._gate:
+            lane._done_batch, lane._replaying = 5, False
+
+    worker = threading.Thread(target=replayed)
+    worker.start()
+    cut = lane.hold("q", timeout_s=5)
+    worker.join(5)
+    assert cut.positions == {"a": 25}
