@@ -363,6 +363,12 @@ class Lane:
         with self._lock:
             return sorted({s for m in self.members.values() for s in m.checked.inputs})
 
+    def narrow(self, spark: SparkSession) -> None:
+        """Stop reading the streams no member reads any more (a restart over the others)."""
+        needed = self._needed()
+        if self.handle is not None and needed and set(self.streams) - set(needed):
+            self._restart(spark, needed)
+
     def restart(self, spark: SparkSession) -> None:
         """Start the lane again over the same streams (after it failed): from its checkpoint,
         every member with it."""

@@ -409,8 +409,19 @@ class Engine:
         return await asyncio.to_thread(self.lane.hold, name, HOLD_TIMEOUT_S)
 
     async def release_member(self, name: str, *, moved: bool) -> None:
-        """The lane goes on, with member ``name`` or (``moved``) without it."""
-        await self._call(lambda: self.lane.release(name, drop=moved))
+        """The lane goes on, with member ``name`` or (``moved``) without it: then no longer
+        over the streams only it read (the move drops its replica inputs here)."""
+        spark = self.spark
+
+        def release() -> None:
+            self.lane.release(name, drop=moved)
+            if moved and spark is not None:
+                try:
+                    self.lane.narrow(spark)
+                except Exception as exc:  # it failed: the restarts of failed queries retry
+                    log.error("the lane did not restart without %s: %s", name, error_line(exc))
+
+        await self._call(release)
 
     @property
     def lane_reader(self) -> str:
