@@ -610,7 +610,9 @@ class Lane:
         return self.handle is not None and bool(self.handle.isActive)
 
     def failure(self) -> str | None:
-        if self.handle is None or self.handle.isActive:
+        if self.handle is None:  # a (re)start that Spark refused leaves members without it
+            return "not running" if self.members and self._held is None else None
+        if self.handle.isActive:
             return None
         exc = self.handle.exception()
         return error_line(exc) if exc is not None else "stopped"

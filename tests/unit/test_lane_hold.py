@@ -184,3 +184,13 @@ def test_after_a_restart_the_hold_waits_for_the_batch_run_again(lane: Lane) -> N
     cut = lane.hold("q", timeout_s=5)
     worker.join(5)
     assert cut.positions == {"a": 25}
+
+
+def test_a_lane_with_members_and_no_spark_query_is_reported_failed(lane: Lane) -> None:
+    """A (re)start Spark refused leaves the members without a query: the restarts of failed
+    queries must see it (peer.site.restarts), unless a move holds the lane."""
+    assert lane.failure() is None  # no members: nothing to run
+    lane.members["q"] = LaneMember.make(windowed("q", "a"), "query:q:i1", first_batch=0)
+    assert lane.failure() == "not running"
+    lane._held = "q"
+    assert lane.failure() is None
