@@ -6,9 +6,10 @@ alpha and gamma. alpha offers half a core (``--capacity 0.5``) and runs three wi
 aggregates over a stream it hosts. Pushes go from a trickle to a spike and back: alpha's load
 rises over its capacity, its brain offers boxes to beta (its only partner), beta takes them
 while its own cost stays under the price, and the fragments move with their state. alpha's
-first aggregate runs as its own streaming query and is the one that can move; the other two
-share the lane (``peer.engine.lane``), whose members stay on their peer, and whose busy time
-the brain counts apart so that it is not charged to the movable one. The live
+first aggregate runs as its own streaming query; the other two share the lane
+(``peer.engine.lane``), whose busy time the brain shares equally among them. Each may move
+(a lane member with its windows, the lane held at a batch boundary meanwhile); once one lane
+member is on beta, beta's lane reads the stream at its own position, so the other stays. The live
 view shows each peer's utilisation, fragments and ledger. At the end every result stream is
 read (through gamma, which runs none of them) and compared tuple for tuple with plain Python.
 
