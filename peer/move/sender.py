@@ -275,6 +275,10 @@ class MoveSender:
             await self._undo(intent)
             raise Unavailable(f"moving {name} failed, it runs here again: {message}", query=name)
         self._watch(intent)
+        if intent.lane and self.site.engine is not None:
+            # stopped here until the target answers: out of the lane, which goes on without
+            # it (its other members do not wait on the target)
+            await self.site.engine.release_member(name, moved=True)
         raise Unavailable(
             f"moving {name}: the target did not answer whether it installed the fragment; "
             "it stays stopped here until the target answers",
