@@ -400,6 +400,9 @@ class Lane:
         self.root.mkdir(parents=True, exist_ok=True)
         self._done_batch = self._logged("commits")
         self._replaying = self._planned() > self._done_batch
+        # A batch that failed may have changed the windows in memory before it failed:
+        # they are read again from the state files at the first batch
+        self._windows_loaded = False
         spec_path = self.root / "spec.json"
         spec_path.write_text(json.dumps(spec))
         self.layout = {

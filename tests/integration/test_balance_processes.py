@@ -5,9 +5,10 @@ output equals plain Python.
 Participant acme runs three peers, each with its own Spark (``local[1]``) and no contract
 file. acme1 offers a fifth of a core (``--capacity 0.2``), acme2 and acme3 four cores: the same
 work is a high utilisation on acme1 and a low one on the others (on one machine, the stand-in
-for a small host beside two large ones). Three keyed windowed aggregates, each in its own
-streaming query (``--no-lane``), run on acme1 over a stream it hosts (one copy:
-``--replicas 1``). Batches are pushed back to back until acme1's brain has handed fragments to
+for a small host beside two large ones). Three keyed windowed aggregates run on acme1 over a
+stream it hosts (one copy: ``--replicas 1``): the first in its own streaming query, the other
+two in the shared lane, so lane members move too (held at a batch boundary, their windows and
+position travel). Batches are pushed back to back until acme1's brain has handed fragments to
 both other peers (peer.elastic.siblings: above them by the margin for two rounds, it hands
 what fits to the least loaded). Checked: every move out of acme1 went to a peer of acme under
 no contract (``contract`` empty, price 0, a reason naming the margin), the receiving peers'
@@ -54,7 +55,6 @@ def test_a_hot_peer_spreads_its_load_over_its_participants_other_peers(tmp_path:
         "--bpm-period", "1",
         "--spark-master", "local[1]",
         "--http", "off",
-        "--no-lane",
         "--replicas", "1",
         *FAST,
     ]  # fmt: skip
@@ -109,6 +109,10 @@ async def scenario(procs: dict[str, PeerProcess]) -> None:
         out = moves(await status(hot))
     await pusher.close_windows()
 
+    # hot0 runs on its own, hot1 and hot2 in acme1's lane: spreading to two peers took a lane
+    # member's move at least
+    moved = {str(e["fragment"]).partition("#")[0] for e in out}
+    assert moved & {"hot1", "hot2"}, f"no lane member moved: {sorted(moved)}"
     for move in out:  # under no contract, at no price, for the margin's sake
         assert (move["partner"], move["contract"], move["price"]) == ("acme", "", 0.0), move
         assert "margin" in move["reason"], move

@@ -3,7 +3,7 @@ output stays exact (peer.site.restarts: Flink's restart strategy, on a peer).
 
 One peer on the test process's Spark session runs two keyed windowed aggregates over one
 stream: the first in its own streaming query, the second in the shared lane. Each result
-spool refuses one append mid-stream (as a full or failing disk would), which fails the batch
+spool refuses its first append (as a full or failing disk would), which fails the batch
 and with it the streaming query (the whole lane, for the second). The peer's maintenance
 sees them failed, waits its first delay and starts them again: Spark re-runs the failed
 batch from the checkpoint, and both outputs equal plain Python, no window lost or twice.
@@ -56,14 +56,14 @@ def test_failed_queries_start_again_and_their_outputs_stay_exact(peer: PeerThrea
                 await cl.start_query(name)
             assert "own_q" in engine.running and "lane_q" in engine.lane.members
             refused: list[str] = []
-            for out in QUERIES.values():  # each result spool refuses its second append
+            for out in QUERIES.values():  # each result spool refuses its first append
                 spool = site.spools.get(out)
                 real, calls = spool.append, [0]
 
                 def failing(*args: Any, _real: Any = real, _calls: list[int] = calls,
                             _out: str = out, **kwargs: Any) -> Any:  # fmt: skip
                     _calls[0] += 1
-                    if _calls[0] == 2:
+                    if _calls[0] == 1:
                         refused.append(_out)
                         raise OSError(f"{_out}: no space left on device (injected)")
                     return _real(*args, **kwargs)
