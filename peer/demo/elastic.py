@@ -91,7 +91,8 @@ class Elastic:
         self.keep = keep
         self.summary_path = summary
         self.live = live
-        self.feed = KeyedFeed(SOURCE, producer="ramp", seed=seed)
+        self.seed = seed
+        self.feed = KeyedFeed(SOURCE, producer="ramp", seed=seed)  # (its peer's port once up)
         self.phase = "starting"
         self.status: dict[str, Any] = {}
         self.most_launched = 0
@@ -132,7 +133,8 @@ class Elastic:
     async def _main(self, fed: LocalFederation, work: Path) -> int:
         from peer.client import Client
 
-        self.port = self.feed.port = fed.procs["acme1"].port
+        self.port = fed.procs["acme1"].port
+        self.feed = KeyedFeed(SOURCE, producer="ramp", port=self.port, seed=self.seed)
         async with Client("127.0.0.1", self.port, timeout_s=120) as cl:
             await cl.create_schema(keyed_window_schema("tick"))
             await cl.create_stream(SOURCE, "tick")

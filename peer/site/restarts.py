@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from peer.timing import Backoff
 
@@ -40,7 +40,7 @@ class RestartPolicy:
             raise ValueError(f"healthy_s must be a positive number, not {self.healthy_s}")
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Record:
     attempts: int = 0  # restarts since the query last ran healthy_s without failing
     due_at: float | None = None  # when the pending restart is due (None: none pending)
@@ -62,26 +62,26 @@ class Restarts:
         for name, record in list(self._records.items()):
             if name in failing:
                 continue
-            record.due_at = None
             since = record.restarted_at
             if since is None or now - since >= self.policy.healthy_s:
                 del self._records[name]
+            else:
+                self._records[name] = replace(record, due_at=None)
         out = []
         for name in sorted(failing):
-            record = self._records.setdefault(name, _Record())
+            record = self._records.get(name, _Record())
             if record.attempts >= self.policy.max_attempts:
                 continue  # given up: it stays failed
             if record.due_at is None:
-                record.due_at = now + self.policy.backoff.delay_s(record.attempts + 1)
-            if now >= record.due_at:
+                due_at = now + self.policy.backoff.delay_s(record.attempts + 1)
+                record = self._records[name] = replace(record, due_at=due_at)
+            if record.due_at is not None and now >= record.due_at:
                 out.append(name)
         return out
 
     def restarted(self, name: str, now: float) -> None:
-        record = self._records.setdefault(name, _Record())
-        record.attempts += 1
-        record.due_at = None
-        record.restarted_at = now
+        record = self._records.get(name, _Record())
+        self._records[name] = _Record(record.attempts + 1, None, now)
 
     def attempts(self, name: str) -> int:
         """Restarts of ``name`` since it last ran ``healthy_s`` without failing."""
