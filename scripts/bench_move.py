@@ -19,8 +19,14 @@ stops the query, copies its checkpoint to a new directory (what a move must ship
 starts the query again from the copy; measured the same way (until the new query runs; until
 its first batch with output completes).
 
+With ``--placements own lane`` the same moves run twice over, on two pairs of peers: the
+fragment in its own streaming query, and as a member of the shared lane (issue 28: the lane
+holds at a batch boundary instead of stopping, and the member's windows travel instead of a
+checkpoint).
+
     .venv/bin/python scripts/bench_move.py                 # K = 0, 100, 400; 3 runs each
     .venv/bin/python scripts/bench_move.py --backlogs 0 --runs 1   # a quick look
+    .venv/bin/python scripts/bench_move.py --placements own lane   # lane members beside
 """
 
 from __future__ import annotations
@@ -90,7 +96,7 @@ def query(name: str, source: str, out: str) -> dict[str, Any]:
 # -- fedstream: a move between two peers --------------------------------------------------------
 
 
-def start_pair(work: Path, spark: Any) -> tuple[Any, Any, str]:
+def start_pair(work: Path, spark: Any, *, lane: bool = False) -> tuple[Any, Any, str]:
     from peer.node import PeerConfig
     from peer.testing import PeerThread, signed_contracts
 
@@ -109,6 +115,8 @@ def start_pair(work: Path, spark: Any) -> tuple[Any, Any, str]:
             bootstrap=bootstrap,
             brain=False,
             gossip_interval_s=0.3,
+            fuse_stateless=lane,  # the aggregate in the shared lane, or in a query of its own
+            lane_after=0,
         )
         peers.append(PeerThread(config, spark).__enter__())
     return peers[0], peers[1], ids[("alpha", "beta")]
@@ -250,6 +258,13 @@ def main() -> int:
     parser.add_argument("--backlogs", type=int, nargs="+", default=[0, 100, 400])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--placements",
+        nargs="+",
+        choices=["own", "lane"],
+        default=["own"],
+        help="where the moving aggregate runs: its own streaming query, the shared lane, or both",
+    )
     args = parser.parse_args()
 
     from peer.engine.session import build_session
@@ -259,28 +274,32 @@ def main() -> int:
     spark = build_session(master="local[2]", app_name="bench-move", warehouse_dir=str(work / "wh"))
     register_sources(spark)
     results: dict[str, Any] = {"ours": [], "reference": []}
-    a = b = None
+    pairs: dict[str, tuple[Any, Any, str]] = {}
     try:
-        a, b, contract = start_pair(work, spark)
-        asyncio.run(_schema(a.port))
+        for placement in args.placements:
+            pairs[placement] = start_pair(work / placement, spark, lane=placement == "lane")
+            asyncio.run(_schema(pairs[placement][0].port))
         run = 0
         for backlog in args.backlogs:
             for _ in range(args.runs):
-                run += 1
-                ours = ours_once(a, b, contract, run, backlog)
+                for placement, (a, b, contract) in pairs.items():  # taking turns
+                    run += 1
+                    ours = ours_once(a, b, contract, run, backlog)
+                    results["ours"].append({"backlog": backlog, "placement": placement, **ours})
+                    line = {"backlog": backlog, "placement": placement, "ours": ours}
+                    print(json.dumps(line), flush=True)
                 ref = reference_once(spark, work, run, backlog)
-                results["ours"].append({"backlog": backlog, **ours})
                 results["reference"].append({"backlog": backlog, **ref})
-                print(json.dumps({"backlog": backlog, "ours": ours, "reference": ref}), flush=True)
+                print(json.dumps({"backlog": backlog, "reference": ref}), flush=True)
     finally:
-        for p in (b, a):
-            if p is not None:
-                p.close()
+        for a, b, _ in pairs.values():
+            b.close()
+            a.close()
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
     if args.json:
         args.json.write_text(json.dumps(jsonable(results), indent=1))
-    print_table(results, args.backlogs)
+    print_table(results, args.backlogs, args.placements)
     return 0
 
 
@@ -294,26 +313,28 @@ async def _schema(port: int) -> None:
         await c.create_schema(SCHEMA)
 
 
-def print_table(results: dict[str, Any], backlogs: list[int]) -> None:
+def print_table(results: dict[str, Any], backlogs: list[int], placements: list[str]) -> None:
     def med(rows: list[dict[str, Any]], key: str) -> str:
         values = [r[key] for r in rows if r.get(key) is not None]
         return f"{statistics.median(values):.3f}" if values else "-"
 
     print(
-        "| backlog (batches of 1,000) | ours: pause s | ours: to first output s | ours: bytes "
-        "| exact | Spark: stop+copy+restart s | Spark: to first output s "
+        "| backlog (batches of 1,000) | placement | ours: pause s | ours: to first output s "
+        "| ours: bytes | exact | Spark: stop+copy+restart s | Spark: to first output s "
         "| Spark: checkpoint bytes |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for k in backlogs:
-        ours = [r for r in results["ours"] if r["backlog"] == k]
         ref = [r for r in results["reference"] if r["backlog"] == k]
-        exact = sum(1 for r in ours if r["exact"])
-        print(
-            f"| {k} | {med(ours, 'pause_s')} | {med(ours, 'first_output_s')} | "
-            f"{med(ours, 'bytes').split('.')[0]} | {exact}/{len(ours)} | {med(ref, 'restart_s')} | "
-            f"{med(ref, 'first_output_s')} | {med(ref, 'checkpoint_bytes').split('.')[0]} |"
-        )
+        for placement in placements:
+            ours = [r for r in results["ours"] if r["backlog"] == k and r["placement"] == placement]
+            exact = sum(1 for r in ours if r["exact"])
+            print(
+                f"| {k} | {placement} | {med(ours, 'pause_s')} | {med(ours, 'first_output_s')} | "
+                f"{med(ours, 'bytes').split('.')[0]} | {exact}/{len(ours)} | "
+                f"{med(ref, 'restart_s')} | {med(ref, 'first_output_s')} | "
+                f"{med(ref, 'checkpoint_bytes').split('.')[0]} |"
+            )
 
 
 if __name__ == "__main__":
