@@ -13,7 +13,9 @@ to shrink; or the plan dropped it before it came up), it drains:
    lost, pushes in flight are retried), replicated fragments going with their input's primary;
 3. it moves every other fragment, with its state, to the least loaded live sibling (the move
    protocol, under :data:`peer.move.SIBLING`);
-4. when nothing is left to move it stops the peer (``peer join`` exits 0).
+4. when nothing is left to move, and no move into it is under way (a sibling that chose it
+   before it gossiped ``drain``: stopping mid-install would leave that move in doubt for
+   good), it stops the peer (``peer join`` exits 0).
 
 What cannot move (a fragment whose result stream another fragment here reads; a lane member
 whose input the target's lane reads already) keeps the peer up: it says so in its status and
@@ -72,6 +74,10 @@ class DrainPort(Protocol):
 
     def unmovable(self) -> Sequence[str]:
         """Fragments here that cannot move, each with why."""
+        ...
+
+    def moving(self) -> bool:
+        """A move into or out of this peer is under way."""
         ...
 
 
@@ -137,6 +143,8 @@ class Drainer:
         for fragment, _inputs in port.movable_fragments():
             await self._try(left, f"fragment {fragment}", self._move(fragment, siblings[0]))
         left.extend(port.unmovable())
+        if port.moving():  # a sibling's move into this peer: stopping now would leave it in doubt
+            left.append("a move into this peer is under way")
         return left
 
     async def _move(self, fragment: str, target: bytes) -> object:

@@ -121,6 +121,10 @@ class BrainPort:
     def movable_fragments(self) -> Sequence[tuple[str, tuple[str, ...]]]:
         return self._mover.movable()
 
+    def moving(self) -> bool:
+        """A move into or out of this peer is under way."""
+        return self._mover.busy
+
     def handover_fragments(self) -> Sequence[tuple[str, tuple[str, ...], frozenset[bytes]]]:
         if self._replicated is None:
             return []
@@ -198,6 +202,9 @@ class ElasticPort:
 
     def movable_fragments(self) -> Sequence[tuple[str, tuple[str, ...]]]:
         return self._brain.movable_fragments()
+
+    def moving(self) -> bool:
+        return self._brain.moving()
 
     def handover_fragments(self) -> Sequence[tuple[str, tuple[str, ...], frozenset[bytes]]]:
         return self._brain.handover_fragments()

@@ -24,6 +24,7 @@ class Port:
         self.stuck: list[str] = []
         self.calls: list[tuple[str, str, str]] = []
         self.fail_once: set[str] = set()
+        self.incoming = False  # a sibling's move into this peer under way
 
     async def read_burst(self, participant: str) -> BurstState | None:
         assert participant == "acme"
@@ -60,6 +61,9 @@ class Port:
 
     def unmovable(self) -> Sequence[str]:
         return list(self.stuck)
+
+    def moving(self) -> bool:
+        return self.incoming
 
 
 def drain(port: Port) -> tuple[Drainer, list[bool]]:
@@ -112,3 +116,18 @@ def test_without_a_live_sibling_nothing_moves() -> None:
     assert asyncio.run(drainer.round()) is False
     assert port.calls == [] and not stopped
     assert drainer.left == ["no live sibling to take the load"]
+
+
+def test_a_move_into_the_draining_peer_keeps_it_up_until_it_landed() -> None:
+    """A sibling chose this peer before it gossiped ``drain``: stopping mid-install would leave
+    that move in doubt for good (the sender keeps the fragment stopped until we answer). Once
+    it landed, the next pass moves it on, and the peer stops."""
+    port = Port(())
+    port.incoming = True
+    drainer, stopped = drain(port)
+    assert asyncio.run(drainer.round()) is False
+    assert not stopped and drainer.left == ["a move into this peer is under way"]
+    port.incoming = False
+    port.movable = [("arrived", ("aggregate",))]
+    assert asyncio.run(drainer.round()) is True
+    assert stopped == [True] and ("fragment", "arrived", S2.hex()) in port.calls
