@@ -54,7 +54,6 @@ import json
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -214,6 +213,7 @@ class Lane:
         self._state_paths: list[Path] = []  # the state files on disk, oldest first
         # Held while a batch runs in the sink, and by ``hold`` while a member moves out.
         self._gate = threading.Lock()
+        self._batch_ran = threading.Condition(self._gate)  # notified as each batch ends
         self._held: str | None = None  # the member held for a move: no batch includes it
         self._holding = False  # whether ``hold`` has the gate (a stop takes it back)
         self._done_batch = -1  # the last batch whose sink ended (or was committed at start)
@@ -304,15 +304,17 @@ class Lane:
         After a (re)start, a batch Spark had planned and not committed runs again first: its
         outputs may be in the result spools already, under this incarnation, so the member
         stands after it only once it ran (the hold waits for it)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self._gate.acquire(timeout=left):
-                raise TimeoutError(f"the lane's batch did not end within {timeout_s:.0f} s")
-            if self._done_batch >= self._planned() or not self._replaying:
-                break
-            self._gate.release()  # the batch to run again is at the gate: let it in
-            time.sleep(0.05)
+        if not self._gate.acquire(timeout=timeout_s):
+            raise TimeoutError(f"the lane's batch did not end within {timeout_s:.0f} s")
+        # the batch to run again is at the gate: let it in (wait releases the gate meanwhile)
+        replayed = self._batch_ran.wait_for(
+            lambda: not self._replaying or self._done_batch >= self._planned(), timeout_s
+        )
+        if not replayed:
+            self._gate.release()
+            raise TimeoutError(
+                f"the lane's batch to run again did not end within {timeout_s:.0f} s"
+            )
         try:
             with self._lock:
                 member = self.members[name]
@@ -440,6 +442,7 @@ class Lane:
                 raise RuntimeError(f"the lane stopped while {self._held} was held for a move")
             self._run_batch(df, batch_id)
             self._done_batch, self._replaying = batch_id, False
+            self._batch_ran.notify_all()
 
     def _run_batch(self, df: DataFrame, batch_id: int) -> None:
         started = self.clock()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -175,9 +174,9 @@ def test_after_a_restart_the_hold_waits_for_the_batch_run_again(lane: Lane) -> N
         lane.hold("q", timeout_s=0.2)
 
     def replayed() -> None:  # what the sink does when batch 5 has run again
-        time.sleep(0.2)
         with lane._gate:
             lane._done_batch, lane._replaying = 5, False
+            lane._batch_ran.notify_all()
 
     worker = threading.Thread(target=replayed)
     worker.start()
