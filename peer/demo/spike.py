@@ -44,6 +44,7 @@ from peer.testing.cluster import (
     stream_name_on,
     trust_all,
 )
+from peer.testing.push import push_acknowledged
 from peer.timing import every
 
 NAMES = ("alpha", "beta", "gamma")
@@ -201,19 +202,8 @@ class Spike:
         return result
 
     async def _send(self, source: str, batch: Batch) -> None:
-        from peer.client import Client
-        from peer.errors import FedstreamError
-
-        seq = len(self.pushed)
-        for _ in range(120):
-            try:
-                async with Client("127.0.0.1", self.procs["alpha"].port, timeout_s=60) as cl:
-                    await cl.push(source, {"columns": batch}, producer="spike", seq=seq)
-                break
-            except (FedstreamError, OSError, TimeoutError):
-                await asyncio.sleep(0.5)
-        else:
-            raise RuntimeError(f"batch {seq} was never acknowledged")
+        port, seq = self.procs["alpha"].port, len(self.pushed)
+        await push_acknowledged(port, source, batch, producer="spike", seq=seq, tries=120)
         self.pushed.append(batch)
 
     async def _push(

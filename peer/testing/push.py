@@ -69,6 +69,22 @@ async def push_anywhere(
 Batch = dict[str, list[int]]
 
 
+async def push_acknowledged(
+    port: int, stream: str, batch: Batch, *, producer: str, seq: int, tries: int
+) -> None:
+    """Push ``batch`` (columns) to the peer at ``port`` with (``producer``, ``seq``), again
+    every 0.5 s on any refusal or lost connection, until acknowledged (RuntimeError after
+    ``tries``): a demo's or a test's pusher, which must not lose a batch to a busy peer."""
+    for _ in range(tries):
+        try:
+            async with Client("127.0.0.1", port, timeout_s=60) as cl:
+                await cl.push(stream, {"columns": batch}, producer=producer, seq=seq)
+            return
+        except (FedstreamError, OSError, TimeoutError):
+            await asyncio.sleep(0.5)
+    raise RuntimeError(f"batch {seq} was never acknowledged")
+
+
 class KeyedFeed:
     """The keyed-window workload (``peer.examples.keyed_window``) pushed to one peer under one
     producer id, as the balancing test and the elastic demo push it: each batch holds ``rows``
@@ -94,15 +110,9 @@ class KeyedFeed:
     async def send(self, batch: Batch, *, tries: int = 240) -> None:
         """Push ``batch`` to ``port`` until acknowledged (RuntimeError after ``tries``)."""
         seq = len(self.pushed)
-        for _ in range(tries):
-            try:
-                async with Client("127.0.0.1", self.port, timeout_s=60) as cl:
-                    await cl.push(self.stream, {"columns": batch}, producer=self.producer, seq=seq)
-                break
-            except (FedstreamError, OSError, TimeoutError):
-                await asyncio.sleep(0.5)
-        else:
-            raise RuntimeError(f"batch {seq} was never acknowledged")
+        await push_acknowledged(
+            self.port, self.stream, batch, producer=self.producer, seq=seq, tries=tries
+        )
         self.pushed.append(batch)
 
     async def close_windows(self) -> None:
