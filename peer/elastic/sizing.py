@@ -11,7 +11,9 @@ idle or backlogged; true rates do, so one decision reaches the right size instea
 one peer at a time.
 
 For a participant, each peer reports over the last window how many tuples its fragments
-processed per second (``processed``) and the busy share of the window (``useful``). Their true
+processed per second (``processed``) and its useful time per second of the window
+(``useful``: the busy share, in units of the peer's capacity, so more than 1 for a peer that
+used more cores than it offers; :mod:`peer.elastic.figures`). Their true
 rate per peer is ``sum(processed) / sum(useful)`` (tuples per busy second, weighted by how busy
 each peer was). The offered load is what arrives at the participant's inputs per second, plus
 the backlog to be worked off within ``drain_s``. A peer should run at ``target`` utilisation
@@ -59,7 +61,9 @@ __all__ = ["PeerRates", "SizeDecision", "SizingPolicy", "decide_size", "true_rat
 @dataclass(frozen=True)
 class PeerRates:
     """One peer's figures over the last window: ``processed`` tuples per second of wall time,
-    and ``useful``, the share of the window its engine spent processing (0 to 1)."""
+    and ``useful``, its useful time per second of the window, in units of its capacity (the
+    share of the window its engine spent processing, more than 1 for a peer that used more
+    than its capacity: :func:`peer.elastic.figures.useful_time`)."""
 
     node: str
     processed: float
@@ -68,8 +72,8 @@ class PeerRates:
     def __post_init__(self) -> None:
         if not (math.isfinite(self.processed) and self.processed >= 0):
             raise ValueError(f"peer {self.node}: processed must be a number >= 0")
-        if not (math.isfinite(self.useful) and 0 <= self.useful <= 1):
-            raise ValueError(f"peer {self.node}: useful must be between 0 and 1")
+        if not (math.isfinite(self.useful) and self.useful >= 0):
+            raise ValueError(f"peer {self.node}: useful must be a number >= 0")
 
 
 @dataclass(frozen=True)
