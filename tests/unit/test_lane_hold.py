@@ -193,3 +193,45 @@ def test_a_lane_with_members_and_no_spark_query_is_reported_failed(lane: Lane) -
     assert lane.failure() == "not running"
     lane._held = "q"
     assert lane.failure() is None
+
+
+def test_a_brake_plans_short_batches_until_the_hold_is_released(lane: Lane, tmp_path: Path) -> None:
+    """The lane's source reads the brake file at each plan (no JVM: the reader alone)."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+    from pyspark.sql.types import IntegerType, LongType, StructField, StructType
+
+    from peer.engine.lane_source import LaneStreamReader
+
+    spool = lane.spools.get("a")
+    for i in range(10):
+        spool.append(pa.table({"k": [i] * 1000, "v": [i] * 1000, "t": [i] * 1000}))
+    spec = tmp_path / "spec.json"
+    fields = [["k", "int"], ["v", "long"], ["t", "long"]]
+    entry = {"name": "a", "dir": str(spool.directory), "reader": READER, "fields": fields}
+    spec.write_text(json.dumps({"streams": [entry]}))
+    types = [("__stream", IntegerType()), ("__seq", LongType()), ("c0_k", IntegerType())]
+    types += [("c0_v", LongType()), ("c0_t", LongType())]
+    schema = StructType([StructField(n, t) for n, t in types])
+    options = {"spec": str(spec), "maxRowsPerBatch": "200000", "brake": str(lane.brake_path)}
+    reader = LaneStreamReader(options, schema)
+    start = reader.initialOffset()
+    limit = ReadMaxRows(200_000)
+
+    def planned() -> int:
+        return int(reader.latestOffset(start, limit)["o"]["a"]) - int(start["o"]["a"])
+
+    assert planned() == 10  # every file, 10,000 rows
+    lane.brake(2_500)
+    assert planned() == 2  # two files of 1,000 rows fit 2,500
+    lane.members["q"] = LaneMember.make(windowed("q", "a"), "query:q:1", 0)
+    lane.hold("q", timeout_s=1)
+    lane.release("q", drop=False)
+    assert not lane.brake_path.exists() and planned() == 10
+    lane.brake(1)
+    assert planned() == 1  # a file is always taken whole
+    lane.unbrake()
+    assert planned() == 10
+    with pytest.raises(ValueError, match="number of rows > 0"):
+        lane.brake(0)
+    lane.brake_path.write_text("not a number")  # a torn or foreign file brakes nothing
+    assert planned() == 10
