@@ -122,7 +122,8 @@ def report(results: dict[str, Any]) -> str:
             steps = move.get("pause_steps") or {}
             detail = ", ".join(f"{k.removesuffix('_s')} {v:.2f}" for k, v in steps.items())
             lines.append(
-                f"- {run['code']} run {run['run']}: {move['pause_s']:.2f} s ({detail or '-'})"
+                f"- {run['code']} run {run['run']}, {move['fragment']}: {move['pause_s']:.2f} s "
+                f"({detail or '-'})"
             )
     lines.append("")
     for code in ("before", "after"):
@@ -138,7 +139,9 @@ def report(results: dict[str, Any]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", required=True, help="a commit without the pre-copy")
+    parser.add_argument(
+        "--before", required=True, help="the code to compare with (a commit without the pre-copy)"
+    )
     parser.add_argument("--runs", type=int, default=3, help="runs of each version (default 3)")
     parser.add_argument("--duration", type=int, default=25, help="the spike's seconds")
     parser.add_argument("--json", type=Path, help="write the results here too")
