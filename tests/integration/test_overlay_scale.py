@@ -20,7 +20,7 @@ from peer.testing import PeerProcess, members_alive
 # pytest-timeout's clock covers the fixture too: starting 100 peers takes 100-150 s on 2 cores,
 # and a create_stream among 100 no-engine peers 6-15 s (measured at this commit and the one
 # before it), so the default 300 s was the sum of the parts. The test's own waits stay bounded.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.solo, pytest.mark.timeout(900)]
 
 PEERS = 100
 KILLED = 30
