@@ -296,26 +296,6 @@ class Lane:
         return max(ids, default=-1)
 
     # ------------------------------------------------------------------ moving a member out
-    @property
-    def brake_path(self) -> Path:
-        """The file the lane's source reads its braked row limit from (``fedlane``)."""
-        return self.root / "brake"
-
-    def brake(self, rows: int) -> None:
-        """Plan the lane's next batches at most ``rows`` rows each, until :meth:`release` (or
-        :meth:`unbrake`): a member about to move out, so that the batch its hold waits for is
-        short even when the lane has a backlog. Any thread."""
-        if rows <= 0:
-            raise ValueError(f"a lane brake is a number of rows > 0, not {rows}")
-        self.root.mkdir(parents=True, exist_ok=True)
-        staged = self.brake_path.with_suffix(".tmp")
-        staged.write_text(str(rows))
-        os.replace(staged, self.brake_path)
-
-    def unbrake(self) -> None:
-        """Plan batches at the lane's own limit again. Any thread."""
-        self.brake_path.unlink(missing_ok=True)
-
     def hold(self, name: str, timeout_s: float) -> MemberCut:
         """Wait (at most ``timeout_s``) for the batch under way to end, keep the next from
         starting until :meth:`release`, and say where member ``name`` stands. Any thread.
@@ -357,7 +337,6 @@ class Lane:
                 member = self.members.pop(name, None)
             if member is not None:
                 self._forget_seed(member)
-        self.unbrake()
         if self._held == name:
             self._held = None
             if self._holding:
@@ -403,7 +382,6 @@ class Lane:
                 f"the lane is held while {self._held} moves out; start the query again in a moment"
             )
         self.stop()
-        self.unbrake()  # a brake left by a move that never held (the peer stopped meanwhile)
         for stream in set(self.streams) - set(streams):
             self.spools.get(stream).unregister_reader(READER)
         self.streams = streams
@@ -438,7 +416,6 @@ class Lane:
             .options(**({} if self.fetch is None else self.fetch.to_options()))
             .option("spec", str(spec_path))
             .option("maxRowsPerBatch", str(self.max_rows))
-            .option("brake", str(self.brake_path.resolve()))
             .load()
         )
         self.handle = (

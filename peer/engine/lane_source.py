@@ -16,10 +16,7 @@ committed last, or before its first file. Each micro-batch shares the row limit 
 streams (each gets at least one file when it has one), partitions are runs of files of one
 stream, and ``commit`` writes every stream's reader offset so the peer can trim. No stream is
 read past its spool's watermark (a replicated stream's acknowledged end, ``Spool.hold``;
-read once per stream and ``latestOffset`` call; no file: no bound). While a member is about to
-move out, the lane *brakes*: the option ``brake`` names a file (``peer.engine.lane.Lane.brake``)
-that, when present, lowers the row limit of each batch planned from then on, so that the batch
-under way when the move's pause starts is a short one (read once per ``latestOffset`` call).
+read once per stream and ``latestOffset`` call; no file: no bound).
 
 Input without a shared disk: with the options ``fetch=remote``, ``fetchAddress``, ``fetchPin``,
 ``fetchKey`` and ``fetchTtlS`` (``peer.fetch.protocol.FetchEndpoint``, set by the lane when the
@@ -132,7 +129,6 @@ class LaneStreamReader(DataSourceStreamReader):
         self.shapes = shapes(spec)
         self.dirs = [Path(s["dir"]) for s in self.streams]
         self.max_rows = int(lowered.get("maxrowsperbatch", 200_000))
-        self.brake = lowered.get("brake")
         fetch = FetchEndpoint.from_options(lowered)
         self._tickets = None if fetch is None else Tickets(fetch)
         self.arrow_schema: pa.Schema = to_arrow_schema(schema, timezone="UTC")
@@ -163,21 +159,8 @@ class LaneStreamReader(DataSourceStreamReader):
             self._rows[key] = fmt.file_rows(fmt.offset_path(self.dirs[index], offset))
         return self._rows[key]
 
-    def _braked(self) -> int | None:
-        """The brake's row limit, while its file is there (None: no brake)."""
-        if not self.brake:
-            return None
-        try:
-            rows = int(Path(self.brake).read_text())
-        except (FileNotFoundError, ValueError):
-            return None
-        return rows if rows > 0 else None
-
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        braked = self._braked()
-        if braked is not None:
-            budget = braked if budget is None else min(budget, braked)
         share = None if budget is None else max(1, budget // max(1, len(self.names)))
         end: dict[str, int] = {}
         for i, name in enumerate(self.names):

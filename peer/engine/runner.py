@@ -55,9 +55,6 @@ T = TypeVar("T")
 # The lane's entry in busy_seconds: object names start with a letter, digit or underscore.
 LANE_BUSY = "(lane)"
 HOLD_TIMEOUT_S = 60.0  # a lane batch that runs longer than this fails a member's move out
-# While a lane member's move copies its files, the lane plans batches of at most this many
-# rows: the batch its hold then waits for is short even with a backlog (Lane.brake).
-LANE_BRAKE_ROWS = 5_000
 
 
 def query_key(name: str, incarnation: str) -> str:
@@ -405,15 +402,6 @@ class Engine:
 
         await self._call(stop)
         log.info("query %s stopped", name)
-
-    async def brake_lane(self) -> None:
-        """A lane member is about to move out: the lane plans short batches until the hold's
-        release (``Lane.brake``), or :meth:`unbrake_lane`."""
-        await asyncio.to_thread(self.lane.brake, LANE_BRAKE_ROWS)
-
-    async def unbrake_lane(self) -> None:
-        """The move stopped before its hold: the lane plans batches at its own limit again."""
-        await asyncio.to_thread(self.lane.unbrake)
 
     async def hold_member(self, name: str) -> MemberCut:
         """Hold the lane at a batch boundary for moving member ``name`` out, and say where it

@@ -13,10 +13,7 @@ The sender P, holding the move lock (one move in or out at a time):
 0. pre-copies while the fragment still runs (as a live migration does): the batch files of
    each input that travels that the fragment has yet to read, and of each result spool, as
    they are now, go to Q as a first tar (``move_chunk`` with ``part: pre``); batch files are
-   immutable, so this copy stays valid, and the pause then ships only what came after it.
-   A member of the shared lane first *brakes* the lane (``Lane.brake``): the lane plans
-   batches of a few thousand rows from then on, so that the batch its hold waits for at the
-   pause is short even when the lane has a backlog; the hold's release ends the brake;
+   immutable, so this copy stays valid, and the pause then ships only what came after it;
 1. stops the fragment's streaming query: the *pause* starts. A member of the shared lane
    (``peer.engine.lane``) is not stopped: the lane holds at a batch boundary (its other
    members wait too) and says where the member stands, the spool offset through which it

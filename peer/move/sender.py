@@ -160,8 +160,6 @@ class MoveSender:
         # fragment runs; the pause then ships only what came after (as a live migration).
         precopy_started = self.clock()
         try:
-            if in_lane:  # short batches from now on: the hold then waits for a short one
-                await engine.brake_lane()
             await self._mirrors_caught_up({s: spools.get(s).latest - 16 for s in mirrored}, target)
             pre = await asyncio.to_thread(export_precopy, site, stage, manifest, readers)
             await self._send_chunks(target, stage / "pre.tar", part="pre")
@@ -172,8 +170,6 @@ class MoveSender:
             await asyncio.to_thread(self.journal.write_intent, intent)  # from here, undoable
         except BaseException:
             shutil.rmtree(stage, ignore_errors=True)
-            if in_lane:
-                await engine.unbrake_lane()
             await self._tell_target(intent)
             raise
         precopy_s = self.clock() - precopy_started
