@@ -9,8 +9,6 @@ Everything runs on one event loop, so nothing here is locked.
 from __future__ import annotations
 
 import dataclasses
-import signal
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -56,23 +54,15 @@ def print_dashboards(console: Console, procs: Mapping[str, PeerProcess]) -> None
 
 
 def hold(console: Console, procs: Mapping[str, PeerProcess]) -> None:
-    """``--hold``: keep the peers up (their dashboards live) until Ctrl-C (or SIGTERM, where
-    the caller maps it to KeyboardInterrupt)."""
+    """``--hold``: keep the peers up (their dashboards live) until Ctrl-C or SIGTERM (both
+    KeyboardInterrupt in every demo: ``peer.demo.run.main``)."""
     console.print("[bold]--hold[/]: the federation stays up; Ctrl-C stops it. Dashboards:")
     print_dashboards(console, procs)
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        # A process started in the background by a shell without job control inherits
-        # SIGINT ignored, and Python then leaves it so: Ctrl-C (kill -INT) must stop it here.
-        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
         console.print("Ctrl-C: stopping the federation")
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
 
 
 class DemoFailed(Exception):

@@ -22,6 +22,7 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -116,7 +117,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+@contextlib.contextmanager
+def interrupts() -> Iterator[None]:
+    """Ctrl-C and SIGTERM end a demo as KeyboardInterrupt, so that its peers are stopped on the
+    way out. SIGINT too is set here: a process started in the background by a shell without
+    job control inherits it ignored, and Python then installs no handler of its own."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    wanted = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, signal.default_int_handler) for sig in wanted}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def main(args: argparse.Namespace) -> int:
+    with interrupts():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.elastic:
         from rich.console import Console
 
@@ -244,10 +267,6 @@ class Demo:
         from peer.errors import FedstreamError
 
         code = 1
-        previous = None
-        if threading.current_thread() is threading.main_thread():
-            # SIGTERM ends the demo like Ctrl-C does: the peers are stopped on the way out
-            previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
         try:
             self._start_peers()
             code = asyncio.run(self._main())
@@ -266,8 +285,6 @@ class Demo:
             code = 1
         finally:
             self._stop_peers()
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
             if code in (0, 130) and not self.keep:  # a failure keeps its logs
                 shutil.rmtree(self.workdir, ignore_errors=True)
             else:
