@@ -54,6 +54,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -304,11 +305,13 @@ class Lane:
         After a (re)start, a batch Spark had planned and not committed runs again first: its
         outputs may be in the result spools already, under this incarnation, so the member
         stands after it only once it ran (the hold waits for it)."""
+        deadline = time.monotonic() + timeout_s  # one budget for both waits
         if not self._gate.acquire(timeout=timeout_s):
             raise TimeoutError(f"the lane's batch did not end within {timeout_s:.0f} s")
         # the batch to run again is at the gate: let it in (wait releases the gate meanwhile)
         replayed = self._batch_ran.wait_for(
-            lambda: not self._replaying or self._done_batch >= self._planned(), timeout_s
+            lambda: not self._replaying or self._done_batch >= self._planned(),
+            max(0.0, deadline - time.monotonic()),
         )
         if not replayed:
             self._gate.release()
